@@ -1,0 +1,3 @@
+"""gpudoctor: keeps GPU inference hosts healthy."""
+
+__version__ = "0.1.0"

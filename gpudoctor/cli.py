@@ -1,0 +1,94 @@
+"""The command line: thin. It parses, calls the library, renders. Subcommands load lazily so `check` starts fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from gpudoctor import __version__
+from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError
+
+# name -> "module:attribute"; each command lives in gpudoctor/commands/<module>.py
+COMMANDS = {
+    "check": ("gpudoctor.commands.check:check", "Diagnose a GPU host layer by layer and name the root cause."),
+    "snapshot": ("gpudoctor.commands.check:snapshot", "Gather a host's facts into a JSON snapshot for offline diagnosis."),
+    "checks": ("gpudoctor.commands.check:list_checks", "List every check id, its layer and purpose."),
+    "fix": ("gpudoctor.commands.fix:fix", "Plan (and with --apply, make) guarded fixes for failing checks."),
+    "lxc": ("gpudoctor.commands.lxc:lxc", "Audit and fix a Proxmox LXC container's GPU device boundary."),
+    "model": ("gpudoctor.commands.model:model", "Verify and stage model weights (tmpfs, Hugging Face cache)."),
+    "gate": ("gpudoctor.commands.gate:gate", "Pre-flight gate: exit 0 only when the host is ready for a campaign."),
+    "daemon": ("gpudoctor.commands.daemon:daemon", "Watch the host and heal it after reboots, within budgets."),
+    "bench": ("gpudoctor.commands.bench:bench", "The benchmark stage: load generator, campaigns, reports."),
+    "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang server arguments before a long model load."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported only when used."""
+
+    def list_commands(self, ctx):
+        return [name for name in COMMANDS if self._available(name)]
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        mod = COMMANDS[name][0].split(":")[0]
+        return importlib.util.find_spec(mod) is not None
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS or not self._available(name):
+            return None
+        target, _ = COMMANDS[name]
+        mod, attr = target.split(":")
+        return getattr(importlib.import_module(mod), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(n, COMMANDS[n][1]) for n in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gpudoctor")
+@click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
+@click.pass_context
+def cli(ctx, verbose):
+    """gpudoctor keeps GPU inference hosts healthy.
+
+    \b
+    Typical use:
+      gpudoctor check                      diagnose this host
+      gpudoctor check --host ct200         diagnose an inventory host over SSH
+      gpudoctor check --snapshot FILE      diagnose a saved snapshot offline
+      gpudoctor fix                        show the plan (dry run); --apply to change
+      gpudoctor gate --profile benchmark   pre-flight gate before a campaign
+
+    Exit codes: 0 ok, 1 warning, 2 failure, 3 unknown or bad input.
+    """
+    from gpudoctor import log
+
+    log.configure(verbose)
+    ctx.ensure_object(dict)
+
+
+def main(argv=None) -> None:
+    """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code."""
+    try:
+        cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
+    except GpudoctorError as exc:
+        click.echo(f"gpudoctor: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_UNKNOWN)  # bad flags are bad input: exit 3
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(EXIT_UNKNOWN)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    sys.exit(0)

@@ -1,0 +1,241 @@
+"""The Host API shared by every backend (local, ssh, replay). Every operation has a deadline.
+
+Contract: a transport failure raises HostUnreachable; a command's non-zero exit, a missing file or an
+errno is a *result*, never an exception. A deadline that passes is a result with timed_out=True.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+
+# Small python programs that backends without in-process access run on the target (ssh).
+_PY_STAT = r"""
+import json, os, stat, sys
+out = {}
+for p in sys.argv[1:]:
+    try:
+        st = os.lstat(p)
+    except OSError as e:
+        import errno
+        out[p] = {"exists": False, "error": errno.errorcode.get(e.errno, str(e.errno))}
+        continue
+    m = st.st_mode
+    kind = ("char" if stat.S_ISCHR(m) else "block" if stat.S_ISBLK(m) else "dir" if stat.S_ISDIR(m)
+            else "link" if stat.S_ISLNK(m) else "file" if stat.S_ISREG(m) else "other")
+    d = {"exists": True, "kind": kind, "mode": stat.S_IMODE(m), "uid": st.st_uid, "gid": st.st_gid, "size": st.st_size,
+         "mtime": st.st_mtime}
+    if kind in ("char", "block"):
+        d["major"], d["minor"] = os.major(st.st_rdev), os.minor(st.st_rdev)
+    if kind == "link":
+        d["target"] = os.readlink(p)
+    out[p] = d
+print(json.dumps(out))
+"""
+
+_PY_OPEN = r"""
+import errno, json, os, sys
+out = {}
+for p in sys.argv[1:]:
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        os.close(fd)
+        out[p] = "OK"
+    except OSError as e:
+        out[p] = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps(out))
+"""
+
+_PY_LISTDIR = r"""
+import errno, json, os, sys
+try:
+    print(json.dumps({"entries": sorted(os.listdir(sys.argv[1]))}))
+except OSError as e:
+    print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
+"""
+
+_PY_STATVFS = r"""
+import errno, json, os, sys
+try:
+    s = os.statvfs(sys.argv[1])
+    print(json.dumps({"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize}))
+except OSError as e:
+    print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
+"""
+
+
+@dataclass
+class CommandResult:
+    """What a command did. rc None means it did not finish (timed out) or could not start."""
+
+    argv: list[str]
+    rc: int | None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    timed_out: bool = False
+    timeout_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+    @property
+    def cmdline(self) -> str:
+        return " ".join(shlex.quote(a) for a in self.argv)
+
+    def describe(self) -> str:
+        """One line of evidence: `$ cmd → rc N` or `did not answer in N s`."""
+        if self.timed_out:
+            return f"$ {self.cmdline} → did not answer in {self.timeout_s:g} s"
+        first = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        tail = f": {first[0][:200]}" if first and self.rc else ""
+        return f"$ {self.cmdline} → rc {self.rc}{tail}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FileRead:
+    """A file's content, or the errno name (ENOENT, EACCES, TIMEOUT) that stopped the read."""
+
+    path: str
+    data: bytes | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.data is not None
+
+    @property
+    def text(self) -> str | None:
+        return None if self.data is None else self.data.decode("utf-8", "replace")
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "error": self.error,
+                "data_b64": None if self.data is None else base64.b64encode(self.data).decode()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "FileRead":
+        raw = d.get("data_b64")
+        return cls(d["path"], None if raw is None else base64.b64decode(raw), d.get("error"))
+
+
+@dataclass
+class StatResult:
+    """lstat() of a path: kind char|block|dir|file|link|other, mode bits, device numbers for nodes."""
+
+    path: str
+    exists: bool
+    kind: str | None = None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    major: int | None = None
+    minor: int | None = None
+    size: int | None = None
+    mtime: float | None = None
+    target: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class Host:
+    """Base of every backend. Subclasses implement `run`; the rest has portable defaults built on it."""
+
+    name: str = "localhost"
+    python: list[str] = field(default_factory=lambda: ["python3"])
+    default_timeout: float = 10.0
+
+    # --- the one primitive every backend must implement -------------------------------------
+    def run(self, argv: list[str], timeout: float | None = None, input: bytes | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        raise NotImplementedError
+
+    # --- operations with portable defaults (backends may do them in-process) ---------------
+    def read_file(self, path: str, timeout: float = 3.0, max_bytes: int = 4 << 20) -> FileRead:
+        """Read up to max_bytes of a file on the target."""
+        prog = ("import base64,errno,json,sys\n"
+                "try:\n"
+                f" d=open(sys.argv[1],'rb').read({int(max_bytes)})\n"
+                " print(json.dumps({'b':base64.b64encode(d).decode()}))\n"
+                "except OSError as e:\n"
+                " print(json.dumps({'e':errno.errorcode.get(e.errno,str(e.errno))}))\n")
+        res = self.run([*self.python, "-c", prog, path], timeout=timeout)
+        if res.timed_out:
+            return FileRead(path, error="TIMEOUT")
+        try:
+            d = json.loads(res.stdout)
+        except ValueError:
+            return FileRead(path, error=f"PROBE_FAILED rc={res.rc}")
+        return FileRead(path, error=d["e"]) if "e" in d else FileRead(path, base64.b64decode(d["b"]))
+
+    def stat_many(self, paths: list[str], timeout: float = 3.0) -> dict[str, StatResult]:
+        """lstat() each path; a missing path is a result with exists=False."""
+        if not paths:
+            return {}
+        res = self.run([*self.python, "-c", _PY_STAT, *paths], timeout=timeout)
+        data = self._json_or_none(res)
+        if data is None:
+            err = "TIMEOUT" if res.timed_out else f"PROBE_FAILED rc={res.rc}"
+            return {p: StatResult(p, False, error=err) for p in paths}
+        return {p: StatResult(p, **data[p]) for p in paths}
+
+    def stat(self, path: str, timeout: float = 3.0) -> StatResult:
+        return self.stat_many([path], timeout)[path]
+
+    def try_open_many(self, paths: list[str], timeout: float = 5.0) -> dict[str, str]:
+        """open(O_RDWR|O_NONBLOCK) each path as the target's user; "OK" or the errno name."""
+        if not paths:
+            return {}
+        res = self.run([*self.python, "-c", _PY_OPEN, *paths], timeout=timeout)
+        data = self._json_or_none(res)
+        if data is None:
+            err = "TIMEOUT" if res.timed_out else f"PROBE_FAILED rc={res.rc}"
+            return {p: err for p in paths}
+        return data
+
+    def listdir(self, path: str, timeout: float = 3.0) -> list[str] | str:
+        """Sorted entries, or the errno name."""
+        data = self._json_or_none(self.run([*self.python, "-c", _PY_LISTDIR, path], timeout=timeout))
+        if data is None:
+            return "TIMEOUT"
+        return data.get("entries", data.get("error"))
+
+    def statvfs(self, path: str, timeout: float = 3.0) -> dict:
+        """Filesystem sizes in bytes: total, free, avail — or {"error": ...}."""
+        data = self._json_or_none(self.run([*self.python, "-c", _PY_STATVFS, path], timeout=timeout))
+        return data if data is not None else {"error": "TIMEOUT"}
+
+    def write_file(self, path: str, data: bytes, timeout: float = 10.0) -> None:
+        """Write a file on the target (used only by remedies, which go through gpudoctor.edit)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the transport (no-op for local)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @staticmethod
+    def _json_or_none(res: CommandResult):
+        if not res.ok:
+            return None
+        try:
+            return json.loads(res.stdout)
+        except ValueError:
+            return None
+
+
+def quote_argv(argv: list[str]) -> str:
+    """The one place arguments are quoted for a remote shell: every argument, always."""
+    return " ".join(shlex.quote(str(a)) for a in argv)

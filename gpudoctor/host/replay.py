@@ -1,0 +1,107 @@
+"""Record every Host operation during a gather, and replay it later: the snapshot backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult
+
+
+def _key(op: str, *args) -> str:
+    return json.dumps([op, *args], separators=(",", ":"))
+
+
+def _run_key(host: Host, argv) -> str:
+    """Key of a command; the target's python interpreter path is normalised so replays match anywhere."""
+    argv = list(argv)
+    n = len(host.python)
+    if argv[:n] == list(host.python):
+        argv = ["<python>", *argv[n:]]
+    return _key("run", argv)
+
+
+@dataclass
+class RecordingHost(Host):
+    """Wraps a live host and keeps a transcript of every answer (secrets are never read, so none are kept)."""
+
+    inner: Host | None = None
+    transcript: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.name = self.inner.name
+        self.python = self.inner.python
+        self._lock = threading.Lock()
+
+    def _keep(self, key, value):
+        with self._lock:
+            self.transcript[key] = value
+
+    def run(self, argv, timeout=None, input=None, env=None):
+        res = self.inner.run(argv, timeout=timeout, input=input, env=env)
+        self._keep(_run_key(self, argv), res.to_json())
+        return res
+
+    def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
+        res = self.inner.read_file(path, timeout, max_bytes)
+        self._keep(_key("read", path), res.to_json())
+        return res
+
+    def stat_many(self, paths, timeout=3.0):
+        res = self.inner.stat_many(paths, timeout)
+        for p, r in res.items():
+            self._keep(_key("stat", p), r.to_json())
+        return res
+
+    def try_open_many(self, paths, timeout=5.0):
+        res = self.inner.try_open_many(paths, timeout)
+        for p, r in res.items():
+            self._keep(_key("open", p), r)
+        return res
+
+    def listdir(self, path, timeout=3.0):
+        res = self.inner.listdir(path, timeout)
+        self._keep(_key("listdir", path), res)
+        return res
+
+    def statvfs(self, path, timeout=3.0):
+        res = self.inner.statvfs(path, timeout)
+        self._keep(_key("statvfs", path), res)
+        return res
+
+    def close(self):
+        self.inner.close()
+
+
+@dataclass
+class ReplayHost(Host):
+    """Answers from a transcript. An operation that was never recorded answers like a missing thing."""
+
+    transcript: dict = field(default_factory=dict)
+
+    def run(self, argv, timeout=None, input=None, env=None):
+        rec = self.transcript.get(_run_key(self, argv))
+        if rec is None:
+            return CommandResult(list(argv), 127, "", f"{argv[0]}: not in snapshot")
+        return CommandResult(**rec)
+
+    def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
+        rec = self.transcript.get(_key("read", path))
+        return FileRead.from_json(rec) if rec else FileRead(path, error="ENOENT")
+
+    def stat_many(self, paths, timeout=3.0):
+        out = {}
+        for p in paths:
+            rec = self.transcript.get(_key("stat", p))
+            out[p] = StatResult(**rec) if rec else StatResult(p, False, error="ENOENT")
+        return out
+
+    def try_open_many(self, paths, timeout=5.0):
+        return {p: self.transcript.get(_key("open", p), "ENOENT") for p in paths}
+
+    def listdir(self, path, timeout=3.0):
+        return self.transcript.get(_key("listdir", path), "ENOENT")
+
+    def statvfs(self, path, timeout=3.0):
+        return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})

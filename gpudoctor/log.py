@@ -1,0 +1,40 @@
+"""Logging through structlog, configured here and only here. JSON when stderr is not a TTY."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_configured = False
+
+
+def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
+    """Configure structlog once: level from -v count, JSON lines when not on a TTY."""
+    global _configured
+    import structlog
+
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str = "gpudoctor", **ctx):
+    """A bound logger; configures a quiet default on first use."""
+    import structlog
+
+    if not _configured:
+        configure()
+    return structlog.get_logger(name).bind(**ctx)
