@@ -76,6 +76,15 @@ def present(facts):
                 out.append(Finding("devices.node.present", Status.UNKNOWN, f"{p}: stat() did not answer", subject=p,
                                    evidence=[f"stat {p} → TIMEOUT"]))
                 continue
+            cuda_ok = ((facts.get("cuda") or {}).get("cuinit")) == 0
+            if essential and cuda_ok:
+                # libcuda runs the setuid nvidia-modprobe to create missing nodes where it may (not in an LXC guest).
+                out.append(Finding("devices.node.present", Status.WARN, f"{p} was missing when probed; cuInit still "
+                                   "succeeded (libcuda's nvidia-modprobe can recreate it where mknod is allowed)",
+                                   subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}", "cuInit(0) → 0"],
+                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them.",
+                                   remedy="devices.node.create"))
+                continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
                                hint="Run `nvidia-modprobe -u -c 0` (uvm nodes) or `nvidia-modprobe -c N` on the host; "

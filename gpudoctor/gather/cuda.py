@@ -7,6 +7,9 @@ import json
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
+# -I -S: no site-packages, no user env: the probe needs only the stdlib and starts in a fraction of the time.
+FAST = ["-I", "-S"]
+
 # Runs on the target. Loads libcuda.so.1 by SONAME (never bare libcuda.so, which may be the toolkit stub).
 PROBE = r"""
 import ctypes, json, os, time
@@ -45,7 +48,7 @@ print(json.dumps(out))
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:
-    res = host.run([*host.python, "-c", PROBE], timeout=ctx.timeout)
+    res = host.run([*host.python, *FAST, "-c", PROBE], timeout=ctx.timeout)
     out = {"command": "python3 -c <cuInit probe>", "rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
            "duration_s": round(res.duration_s, 4)}
     if res.timed_out:

@@ -8,6 +8,9 @@ import re
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
+# -I -S: no site-packages, no user env: the probe needs only the stdlib and starts in a fraction of the time.
+FAST = ["-I", "-S"]
+
 # One program on the target scans sysfs (one round trip over SSH, one key in a snapshot).
 PROBE = r"""
 import json, os, re
@@ -104,7 +107,7 @@ def parse_topo(text: str) -> dict:
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:
-    res = host.run([*host.python, "-c", PROBE], timeout=ctx.timeout)
+    res = host.run([*host.python, *FAST, "-c", PROBE], timeout=ctx.timeout)
     out: dict = {"timed_out": res.timed_out}
     if res.ok:
         try:
