@@ -143,3 +143,58 @@ def nccl_env(facts):
                        evidence=ev)
     return Finding("fabric.nccl.env", Status.OK, "NCCL environment is valid" if nccl else "No NCCL overrides",
                    evidence=ev)
+
+
+# Link types from best to worst (nvidia-smi topo -m legend); NV# is NVLink with # links.
+_LINK_RANK = {"X": 0, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
+
+
+def _link_rank(v: str) -> int:
+    return 1 if v.startswith("NV") else _LINK_RANK.get(v, 7)
+
+
+def tp_groups(topo: dict, size: int) -> list[dict]:
+    """Disjoint GPU sets of `size` with the best worst-link, packed by NUMA node first (greedy, deterministic)."""
+    gpus = topo.get("gpus") or []
+    pairs = topo.get("pairs") or {}
+    aff = topo.get("affinity") or {}
+
+    def link(a, b):
+        return pairs.get(f"{a}-{b}") or pairs.get(f"{b}-{a}") or "SYS"
+
+    order = sorted(gpus, key=lambda g: (str((aff.get(g) or {}).get("numa")), int(g[3:])))
+    groups = []
+    for i in range(0, len(order) - size + 1, size):
+        members = order[i:i + size]
+        worst = max((link(a, b) for j, a in enumerate(members) for b in members[j + 1:]), key=_link_rank, default="X")
+        numas = sorted({str((aff.get(g) or {}).get("numa")) for g in members})
+        groups.append({"gpus": members, "worst_link": worst, "numa_nodes": numas})
+    return groups
+
+
+@check("fabric.topo.tp_groups", summary="Which GPU sets to use for each tensor-parallel size (inside one NUMA node / "
+       "NVLink domain when they fit).")
+def tp_advice(facts):
+    """TP all-reduce pays the worst link in the group: a TP4 group inside one socket beats one spanning two."""
+    fab = _fab(facts)
+    topo = (fab or {}).get("topo") or {}
+    gpus = topo.get("gpus") or []
+    if len(gpus) < 2:
+        return None
+    sizes = (_policy(facts).get("tp_sizes")) or [s for s in (2, 4, 8) if s <= len(gpus)]
+    ev, data = [], {}
+    crosses = []
+    for s in sizes:
+        gs = tp_groups(topo, s)
+        data[str(s)] = gs
+        for g in gs:
+            ev.append(f"TP{s}: {','.join(x[3:] for x in g['gpus'])} — worst link {g['worst_link']}, "
+                      f"NUMA {'+'.join(g['numa_nodes'])}")
+            if len(g["numa_nodes"]) > 1:
+                crosses.append(s)
+    st = Status.INFO
+    summary = ("TP groups fit inside one NUMA node" if not crosses else
+               f"TP{min(crosses)}+ groups must span NUMA nodes (expect cross-socket all-reduce latency)")
+    return Finding("fabric.topo.tp_groups", st, summary, evidence=ev,
+                   hint="Pin each server to one group with CUDA_VISIBLE_DEVICES and numactl --cpunodebind.",
+                   data={"groups": data})

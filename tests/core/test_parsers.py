@@ -85,3 +85,32 @@ def test_mounts_last_mount_of_dev_shm_wins():
     assert m["fstype"] == "tmpfs" and "size=67108864k" in m["options"]
     assert mount_of(ms, "/dev/shm/models/x")["target"] == "/dev/shm"
     assert mount_of(ms, "/usr/local/nvidia/lib64")["fstype"] == "squashfs"
+
+
+def eight_gpu_topo():
+    hdr = "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    rows = []
+    for i in range(8):
+        cells = ["X" if i == j else ("NODE" if (i < 4) == (j < 4) else "SYS") for j in range(8)]
+        rows.append("\t".join([f"GPU{i}", *cells, "0-31" if i < 4 else "32-63", "0" if i < 4 else "1", "N/A"]))
+    return parse_topo("\n".join([hdr, *rows, "", "Legend:"]))
+
+
+def test_tp_group_advice_on_two_socket_box():
+    from gpudoctor.checks.fabric import tp_groups
+
+    topo = eight_gpu_topo()
+    tp4 = tp_groups(topo, 4)
+    assert [g["gpus"] for g in tp4] == [["GPU0", "GPU1", "GPU2", "GPU3"], ["GPU4", "GPU5", "GPU6", "GPU7"]]
+    assert all(g["worst_link"] == "NODE" and len(g["numa_nodes"]) == 1 for g in tp4)
+    (tp8,) = tp_groups(topo, 8)
+    assert tp8["worst_link"] == "SYS" and tp8["numa_nodes"] == ["0", "1"]
+
+
+def test_tp_advice_finding():
+    from gpudoctor.diagnose import diagnose
+
+    facts = {"fabric": {"gpus": [], "topo": eight_gpu_topo()}, "meta": {"context": {}}}
+    f = diagnose(facts).by_key()["fabric.topo.tp_groups"]
+    assert f.summary.startswith("TP8+ groups must span NUMA nodes")
+    assert "TP4: 0,1,2,3 — worst link NODE, NUMA 0" in f.evidence
