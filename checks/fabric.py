@@ -4,6 +4,7 @@ import re
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.gather.fabric import tp_groups
 
 
 def _fab(facts):
@@ -145,33 +146,6 @@ def nccl_env(facts):
                    evidence=ev)
 
 
-# Link types from best to worst (nvidia-smi topo -m legend); NV# is NVLink with # links.
-_LINK_RANK = {"X": 0, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
-
-
-def _link_rank(v: str) -> int:
-    return 1 if v.startswith("NV") else _LINK_RANK.get(v, 7)
-
-
-def tp_groups(topo: dict, size: int) -> list[dict]:
-    """Disjoint GPU sets of `size` with the best worst-link, packed by NUMA node first (greedy, deterministic)."""
-    gpus = topo.get("gpus") or []
-    pairs = topo.get("pairs") or {}
-    aff = topo.get("affinity") or {}
-
-    def link(a, b):
-        return pairs.get(f"{a}-{b}") or pairs.get(f"{b}-{a}") or "SYS"
-
-    order = sorted(gpus, key=lambda g: (str((aff.get(g) or {}).get("numa")), int(g[3:])))
-    groups = []
-    for i in range(0, len(order) - size + 1, size):
-        members = order[i:i + size]
-        worst = max((link(a, b) for j, a in enumerate(members) for b in members[j + 1:]), key=_link_rank, default="X")
-        numas = sorted({str((aff.get(g) or {}).get("numa")) for g in members})
-        groups.append({"gpus": members, "worst_link": worst, "numa_nodes": numas})
-    return groups
-
-
 @check("fabric.topo.tp_groups", summary="Which GPU sets to use for each tensor-parallel size (inside one NUMA node / "
        "NVLink domain when they fit).")
 def tp_advice(facts):
@@ -198,3 +172,26 @@ def tp_advice(facts):
     return Finding("fabric.topo.tp_groups", st, summary, evidence=ev,
                    hint="Pin each server to one group with CUDA_VISIBLE_DEVICES and numactl --cpunodebind.",
                    data={"groups": data})
+
+
+@check("fabric.nccl.allreduce", summary="Deep tier (--deep): NCCL all-reduce bus bandwidth of each candidate TP group.")
+def allreduce(facts):
+    """Measured with torch.distributed (NVLS off); a group far below its peers has a bad link or placement."""
+    deep = facts.get("deep") or {}
+    groups = deep.get("groups")
+    if not groups:
+        return None
+    out, floor = [], (_policy(facts).get("min_busbw_gbs"))
+    for g in groups:
+        subj = f"TP{g['tp']}:{','.join(x[3:] for x in g['gpus'])}"
+        if g.get("error"):
+            out.append(Finding("fabric.nccl.allreduce", Status.UNKNOWN, f"{subj}: all-reduce probe failed", subject=subj,
+                               evidence=[g["error"][:300]]))
+            continue
+        ev = [f"all_reduce {g['bytes'] >> 20} MiB x{g['iters']}: {g['seconds_per_op'] * 1e3:.2f} ms/op, "
+              f"algbw {g['algbw_gbs']:.1f} GB/s, busbw {g['busbw_gbs']:.1f} GB/s (NCCL {g.get('nccl')}, NVLS off)"]
+        st = Status.WARN if floor and g["busbw_gbs"] < floor else Status.INFO
+        out.append(Finding("fabric.nccl.allreduce", st, f"{subj}: bus bandwidth {g['busbw_gbs']:.1f} GB/s "
+                           f"(worst link {g.get('worst_link')})", subject=subj, evidence=ev,
+                           data={"busbw_gbs": g["busbw_gbs"], "algbw_gbs": g["algbw_gbs"]}))
+    return out

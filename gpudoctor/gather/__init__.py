@@ -21,6 +21,7 @@ SUBSYSTEMS = {
     "workload": "gpudoctor.gather.workload:gather",
     "boundary": "gpudoctor.gather.boundary:gather",
     "model": "gpudoctor.gather.model:gather",
+    "deep": "gpudoctor.gather.deep:gather",
 }
 
 

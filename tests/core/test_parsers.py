@@ -97,7 +97,7 @@ def eight_gpu_topo():
 
 
 def test_tp_group_advice_on_two_socket_box():
-    from gpudoctor.checks.fabric import tp_groups
+    from gpudoctor.gather.fabric import tp_groups
 
     topo = eight_gpu_topo()
     tp4 = tp_groups(topo, 4)
