@@ -110,7 +110,7 @@ def _render(result) -> None:
                 click.echo(f"       evidence: {e}")
             if f.hint:
                 click.echo(f"       fix: {f.hint}")
-            click.echo(f"       source: {f.data.get('source')} (fails at: {f.data.get('stage')})")
+            click.echo(f"       source: {f.data.get('source')} (stage: {f.data.get('stage')})")
     r = result.resolved
     if r.get("speculative_algorithm"):
         click.echo(f"resolved: {r['speculative_algorithm']} steps={r.get('speculative_num_steps')} "

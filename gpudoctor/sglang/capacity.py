@@ -292,7 +292,8 @@ def memory_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts |
                      source="python/sglang/srt/managers/tp_worker.py (max_req_len = min(context_len - 1, max_total_num_tokens - 1))",
                      stage="request", evidence=ev, fix="raise --tp-size or --mem-fraction-static, or shorten the request", plan=plan))
     elif tokens < ctx:
-        out.append(F("sglang.memory.kv_below_context", "warn",
+        fits = bool(total) and tokens >= total  # the workload's requests fit: only longer ones would be refused
+        out.append(F("sglang.memory.kv_below_context", "info" if fits else "warn",
                      f"the KV cache holds {tokens} tokens, less than the context length {ctx}: longer requests are rejected",
                      source="python/sglang/srt/managers/tp_worker.py (max_req_len = min(context_len - 1, max_total_num_tokens - 1))",
                      stage="request", evidence=ev, fix=f"use --context-length {tokens} or free memory (higher --tp-size)", plan=plan))
