@@ -24,7 +24,8 @@ def parallel_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts
     nnodes, dp = a.get("nnodes") or 1, a.get("dp_size") or 1
     if (tp * pp) % nnodes:
         out.append(F("sglang.tp.nnodes", "fail", f"tp_size {tp} x pp_size {pp} is not divisible by nnodes {nnodes}",
-                     source="python/sglang/srt/arg_groups/validation_hook.py::check_server_args", stage="resolve",
+                     source="python/sglang/srt/arg_groups/validation_hook.py::check_server_args (called at launch, after resolve_once)",
+                     stage="launch",
                      error="AssertionError: tp_size must be divisible by number of nodes",
                      fix=f"choose --tp-size a multiple of {nnodes}"))
     if opt.gpus is not None and tp * pp * dp > opt.gpus:
@@ -234,7 +235,10 @@ def memory_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts |
     if model.is_hybrid and model.hybrid_kind == "gdn":
         per_req = _gdn_state_per_req(a, model, tp)
         r = a.get("mamba_full_memory_ratio") or 0.9
-        ratio = 3 + (2 if a.get("mamba_radix_cache_strategy") == "extra_buffer" else 0)
+        # auto resolves to extra_buffer for GDN hybrids on CUDA (seen in the differential): 3 + 2 slots with overlap
+        strategy = a.get("mamba_radix_cache_strategy") or "auto"
+        ratio = 3 + (2 if strategy in ("auto", "extra_buffer") and not a.get("disable_overlap_schedule") else
+                     1 if strategy in ("auto", "extra_buffer") else 0)
         mbudget = rest * r / (1 + r)
         D = res.values.get("speculative_num_draft_tokens") if res.values.get("speculative_algorithm") else None
         if D:

@@ -16,49 +16,63 @@ FIELDS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_t
           "max_running_requests", "page_size", "tp_size", "context_length", "attention_backend", "mem_fraction_static")
 
 _SCRIPT = r"""
-import json, sys, io, contextlib, logging
-argv = json.loads(sys.stdin.read())
-out = {"stage": "parse"}
-try:
-    from sglang.srt.server_args import prepare_server_args
-    err = io.StringIO()
+import json, os, sys, io, contextlib, logging
+def one(argv):
+  out = {"stage": "parse"}
+  try:
+      from sglang.srt.server_args import prepare_server_args
+      err = io.StringIO()
+      try:
+          with contextlib.redirect_stderr(err):
+              sa = prepare_server_args(argv)
+      except SystemExit as e:
+          out.update(ok=False, error_type="SystemExit", error=(err.getvalue().strip().splitlines() or [str(e.code)])[-1])
+          return out
+      logging.disable(logging.CRITICAL)
+      out["stage"] = "resolve"
+      sa.resolve_once()
+      from sglang.srt.arg_groups.overrides import resolving_view
+      v = resolving_view(sa)
+      out.update(ok=True, resolved={k: getattr(v, k, None) for k in FIELDS})
+  except BaseException as e:
+      out.update(ok=False, error_type=type(e).__name__, error=str(e).strip().splitlines()[0] if str(e).strip() else "")
+  try:
+      import sglang; out["version"] = sglang.__version__
+  except Exception:
+      pass
+  return out
+
+jobs = json.loads(sys.stdin.read())
+for job in jobs:
+    saved = dict(os.environ)
+    os.environ.update(job.get("env") or {})
     try:
-        with contextlib.redirect_stderr(err):
-            sa = prepare_server_args(argv)
-    except SystemExit as e:
-        out.update(ok=False, error_type="SystemExit", error=(err.getvalue().strip().splitlines() or [str(e.code)])[-1])
-        print(json.dumps(out)); sys.exit(0)
-    logging.disable(logging.CRITICAL)
-    out["stage"] = "resolve"
-    sa.resolve_once()
-    from sglang.srt.arg_groups.overrides import resolving_view
-    v = resolving_view(sa)
-    out.update(ok=True, resolved={k: getattr(v, k, None) for k in FIELDS})
-except BaseException as e:
-    out.update(ok=False, error_type=type(e).__name__, error=str(e).strip().splitlines()[0] if str(e).strip() else "")
-try:
-    import sglang; out["version"] = sglang.__version__
-except Exception:
-    pass
-print(json.dumps(out, default=str))
+        print(json.dumps(one(job["argv"]), default=str), flush=True)
+    finally:
+        os.environ.clear(); os.environ.update(saved)
 """
 
 
 def resolve_with_sglang(argv: list[str], python: str | None = None, timeout: float = 120.0, env: dict | None = None) -> dict:
     """{"ok": bool, "stage": parse|resolve, "error_type", "error", "resolved": {...}} from the real resolver."""
+    return resolve_many([{"argv": argv}], python=python, timeout=timeout, env=env)[0]
+
+
+def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 600.0, env: dict | None = None) -> list[dict]:
+    """Resolve several argument sets ({"argv": [...], "env": {...}}) in one SGLang import."""
     code = f"FIELDS = {FIELDS!r}\n" + _SCRIPT
     try:
-        cp = subprocess.run([python or sys.executable, "-c", code], input=json.dumps(argv), capture_output=True,
+        cp = subprocess.run([python or sys.executable, "-c", code], input=json.dumps(jobs), capture_output=True,
                             text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"ok": None, "error_type": "Timeout", "error": f"SGLang's resolver did not answer in {timeout:g} s"}
+        return [{"ok": None, "error_type": "Timeout", "error": f"SGLang's resolver did not answer in {timeout:g} s"}] * len(jobs)
     except OSError as exc:
-        return {"ok": None, "error_type": "OSError", "error": str(exc)}
-    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
+        return [{"ok": None, "error_type": "OSError", "error": str(exc)}] * len(jobs)
+    lines = [json.loads(ln) for ln in cp.stdout.splitlines() if ln.startswith("{")]
+    if len(lines) < len(jobs):
         tail = (cp.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": None, "error_type": "NoResult", "error": f"rc {cp.returncode}: {tail}"}
-    return json.loads(lines[-1])
+        lines += [{"ok": None, "error_type": "NoResult", "error": f"rc {cp.returncode}: {tail}"}] * (len(jobs) - len(lines))
+    return lines
 
 
 def predicted_failure(result) -> bool:
