@@ -161,3 +161,14 @@ class LocalHost(Host):
         from gpudoctor.atomic import atomic_write
 
         atomic_write(self._p(path), data)
+
+    def rename(self, src, dst, timeout=10.0):
+        os.replace(self._p(src), self._p(dst))
+        try:
+            dfd = os.open(os.path.dirname(self._p(dst)) or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
