@@ -191,9 +191,14 @@ class Host:
     # --- operations with portable defaults (backends may do them in-process) ---------------
     def read_file(self, path: str, timeout: float = 3.0, max_bytes: int = 4 << 20) -> FileRead:
         """Read up to max_bytes of a file on the target."""
+        # Read in 64 KiB steps: one huge read() of a /proc/sys file fails with ENOMEM.
         prog = ("import base64,errno,json,sys\n"
                 "try:\n"
-                f" d=open(sys.argv[1],'rb').read({int(max_bytes)})\n"
+                " f=open(sys.argv[1],'rb',buffering=0);d=b'';n=" + str(int(max_bytes)) + "\n"
+                " while len(d)<n:\n"
+                "  c=f.read(min(65536,n-len(d)))\n"
+                "  if not c: break\n"
+                "  d+=c\n"
                 " print(json.dumps({'b':base64.b64encode(d).decode()}))\n"
                 "except OSError as e:\n"
                 " print(json.dumps({'e':errno.errorcode.get(e.errno,str(e.errno))}))\n")
@@ -296,3 +301,15 @@ def raise_errno(name: str, path: str) -> None:
     if not isinstance(code, int):
         raise OSError(errno.EIO, f"{name} on the target", path)
     raise OSError(code, os.strerror(code), path)
+
+
+def read_capped(fh, max_bytes: int, step: int = 65536) -> bytes:
+    """Read up to max_bytes in modest steps (one huge read() of a /proc/sys file fails with ENOMEM)."""
+    chunks, left = [], max_bytes
+    while left > 0:
+        chunk = fh.read(min(step, left))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
