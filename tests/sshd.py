@@ -203,6 +203,7 @@ class CutProxy:
         self.target_port = target_port
         self.cut_after = cut_after
         self.cuts = 0
+        self.forwarded = 0  # bytes passed on, both directions, all connections
         self._srv = socket.socket()
         self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._srv.bind(("127.0.0.1", 0))
@@ -245,6 +246,7 @@ class CutProxy:
                         self.cuts += 1
                     elif budget[0] is not None:
                         budget[0] -= len(data)
+                    self.forwarded += len(data)
                 if data:
                     dst.sendall(data)
                 if cut:
