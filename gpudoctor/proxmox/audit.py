@@ -32,8 +32,9 @@ class RuleRef:
     line: Line | None = None
 
     def describe(self) -> str:
-        verb = "allow" if self.allow else "deny"
-        return f"{self.origin} ({verb} {self.rule})"
+        if self.line is not None:
+            return f"line {self.line.no} `{self.line.text.strip()}`"
+        return f"{self.origin} ({'allow' if self.allow else 'deny'} {self.rule})"
 
 
 @dataclass
@@ -47,6 +48,14 @@ class Need:
     @property
     def optional(self) -> bool:
         return any(ln.mount is not None and ln.mount.optional for ln in self.via)
+
+    @property
+    def guest_path(self) -> str:
+        """Where the container sees the node (the subject its own probes use): the mount target, else the path."""
+        for ln in self.via:
+            if ln.mount is not None:
+                return "/" + ln.mount.target.strip("/")
+        return self.node.path
 
 
 @dataclass
@@ -225,12 +234,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
     cfg, procdev, label = inp.cfg, inp.procdev, inp.label
     needs = needed_nodes(cfg)
     if not needs:
-        return [Finding("boundary.lxc.cgroup_allow", Status.WARN,
-                        f"{label}'s config passes no /dev/nvidia* node to the container", subject=None,
-                        evidence=[f"{cfg.path}: no lxc.mount.entry or devN: names /dev/nvidia* in the live section"],
-                        hint="pass the nodes with devN: entries (dev0: /dev/nvidia0, dev1: /dev/nvidiactl, "
-                             "dev2: /dev/nvidia-uvm, dev3: /dev/nvidia-uvm-tools) or bind mounts plus allow rules",
-                        data={"config": cfg.path})]
+        return []
     rules = live_rules(cfg)
     run_rules = running_rules(inp.running) if inp.running_applies else None
     have = ", ".join(allow_list_majors(cfg)) or "none"
@@ -239,13 +243,14 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
         node = need.node
         major = node.live_major(procdev)
         via = ", ".join(f"line {ln.no} {ln.key}" for ln in need.via)
-        base = {"config": cfg.path, "driver": node.driver, "minor": node.minor, "vmid": inp.vmid, "via": via}
+        base = {"config": cfg.path, "driver": node.driver, "minor": node.minor, "vmid": inp.vmid, "via": via,
+                "host_path": node.path}
         bad = Status.FAIL if node.critical else Status.WARN
         if major is None:
             out.append(Finding(
                 "boundary.lxc.cgroup_allow", Status.UNKNOWN,
                 f"{node.path}: {node.driver} is not in the host's /proc/devices, so its major is unknown",
-                subject=node.path,
+                subject=need.guest_path,
                 evidence=[f"host /proc/devices has no '{node.driver}' entry"
                           + ("" if procdev.text_ok else " (could not read /proc/devices)"),
                           f"{cfg.path}: {via} passes {node.path}"],
@@ -259,7 +264,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
             ln = need.passthrough
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} is passed through by {ln.key}: Proxmox allows its live "
-                               f"{major}:{minor_s} at every start", subject=node.path,
+                               f"{major}:{minor_s} at every start", subject=need.guest_path,
                                evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}"], data=base))
             continue
         live = decide(rules, node, major)
@@ -269,7 +274,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                 out.append(Finding(
                     "boundary.lxc.cgroup_allow", bad,
                     f"{node.path}: the config allows major {major} but the running container does not "
-                    f"(edited, not restarted)", subject=node.path,
+                    f"(edited, not restarted)", subject=need.guest_path,
                     evidence=[f"{cfg.path}: {by} allows {major}:{minor_s}",
                               f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
                     hint=f"restart the container so LXC rebuilds its device cgroup: pct reboot {inp.vmid or 'VMID'} "
@@ -278,7 +283,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                 continue
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {label}'s config",
-                               subject=node.path, evidence=[f"{cfg.path}: {by}"], data=base))
+                               subject=need.guest_path, evidence=[f"{cfg.path}: {by}"], data=base))
             continue
         fix = allow_line(cfg, major)
         evidence = [f"major {major} ({node.driver}) is not in {label}'s allow-list (has {have})"]
@@ -293,7 +298,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
         out.append(Finding(
             "boundary.lxc.cgroup_allow", bad,
             f"{node.path}: major {major} ({node.driver}) is not allowed by {label}'s config; opening it in the "
-            f"container fails with EPERM", subject=node.path, evidence=evidence,
+            f"container fails with EPERM", subject=need.guest_path, evidence=evidence,
             hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then pct reboot "
                   f"{inp.vmid or 'VMID'}; `gpudoctor lxc fix {inp.vmid or '--config ' + cfg.path} --apply` does this "
                   f"safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
@@ -457,10 +462,12 @@ def _running_values(text: str | None) -> list[str]:
     return out
 
 
-# --- boundary.lxc.mount_source -----------------------------------------------------------------
+# --- boundary.lxc.mount_entry -----------------------------------------------------------------
 
 def check_mount_sources(inp: AuditInput) -> list[Finding]:
     """A GPU node the config passes must exist on the host: `optional` mounts skip a missing one silently."""
+    if not needed_nodes(inp.cfg):
+        return _no_gpu_nodes(inp)
     if inp.host_nodes is None:
         return []
     out = []
@@ -475,8 +482,8 @@ def check_mount_sources(inp: AuditInput) -> list[Finding]:
             effect = "the mount is `optional`: LXC skips it silently and the node is simply absent in the container"
         else:
             effect = "the bind mount fails and the container does not start"
-        out.append(Finding("boundary.lxc.mount_source", bad, f"{need.node.path} does not exist on the Proxmox host",
-                           subject=need.node.path,
+        out.append(Finding("boundary.lxc.mount_entry", bad, f"{need.node.path} does not exist on the Proxmox host",
+                           subject=need.guest_path,
                            evidence=[f"host stat {need.node.path} → ENOENT", effect],
                            hint=("create it on the host: nvidia-modprobe -u -c 0 (uvm nodes) or nvidia-smi (others); "
                                  "nvidia-persistenced at boot keeps them"),
@@ -501,3 +508,13 @@ def input_from_facts(b: dict) -> AuditInput:
     return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
                       vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
                       name=b.get("name"), host_nodes=b.get("host_nodes"))
+
+
+def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:
+    cfg, label = inp.cfg, inp.label
+    return [Finding("boundary.lxc.mount_entry", Status.WARN,
+                    f"{label}'s config passes no /dev/nvidia* node to the container", subject=None,
+                    evidence=[f"{cfg.path}: no lxc.mount.entry or devN: names /dev/nvidia* in the live section"],
+                    hint="pass the nodes with devN: entries (dev0: /dev/nvidia0, dev1: /dev/nvidiactl, "
+                         "dev2: /dev/nvidia-uvm, dev3: /dev/nvidia-uvm-tools) or bind mounts plus allow rules",
+                    data={"config": cfg.path})]
