@@ -12,8 +12,6 @@ NVIDIA_195_NAMES = ("nvidia", "nvidiactl", "nvidia-frontend")
 # Every char driver name that is NVIDIA's; a rule for one of these majors is a GPU rule.
 NVIDIA_DRIVERS = frozenset({*NVIDIA_195_NAMES, "nvidia-uvm", "nvidia-caps", "nvidia-caps-imex-channels",
                             "nvidia-nvswitch", "nvidia-nvlink", "nvidia-modeset"})
-# Drivers whose missing allow rule breaks CUDA (fail); the rest (MIG caps, fabric) only warn.
-CRITICAL_DRIVERS = frozenset({"nvidia", "nvidia-uvm"})
 
 
 def is_dynamic_major(major: int) -> bool:
@@ -71,7 +69,10 @@ class NodeKind:
 
     @property
     def critical(self) -> bool:
-        return self.driver in CRITICAL_DRIVERS
+        """CUDA cannot run without it: /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-uvm (not -tools, not modeset)."""
+        if self.driver == "nvidia":
+            return self.minor != 254
+        return self.driver == "nvidia-uvm" and self.minor == 0
 
     def live_major(self, procdev: ProcDevices) -> int | None:
         if self.driver == "nvidia":

@@ -37,8 +37,9 @@ def test_audit_seed_fails_with_the_evidence_line(work):
     j = gd("lxc", "audit", "--config", conf, "--devices", DEV511, "--json")
     doc = json.loads(j.stdout)
     assert j.returncode == 2 and doc["verdict"] == "fail" and doc["vmid"] == 200
-    assert {f["key"] for f in doc["findings"] if f["status"] == "fail"} == {
-        "boundary.lxc.cgroup_allow[/dev/nvidia-uvm]", "boundary.lxc.cgroup_allow[/dev/nvidia-uvm-tools]"}
+    assert {f["key"] for f in doc["findings"] if f["status"] == "fail"} == {"boundary.lxc.cgroup_allow[/dev/nvidia-uvm]"}
+    assert {f["key"] for f in doc["findings"] if f["status"] == "warn"} >= {
+        "boundary.lxc.cgroup_allow[/dev/nvidia-uvm-tools]", "boundary.lxc.stale_allow[c 509]"}
 
 
 def test_audit_exit_codes_ok_and_warn(tmp_path):
