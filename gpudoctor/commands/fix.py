@@ -123,7 +123,7 @@ def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_jso
     Examples:
       gpudoctor fix                          dry run on this host's facts
       gpudoctor fix --apply                  make the changes, verify, log
-      gpudoctor fix --facts snap.json        plan from a saved snapshot
+      gpudoctor fix --facts snap.json        plan from a saved snapshot (gpudoctor snapshot)
       gpudoctor fix --only lxc.cgroup_allow --apply --reboot
     """
     from gpudoctor import remedies
@@ -148,19 +148,23 @@ def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_jso
 
 
 def _load_facts(path: str) -> dict:
+    """Facts from a snapshot file (gpudoctor snapshot) or a bare facts document."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
     except OSError as exc:
         raise InputError(f"cannot read it: {exc.strerror}", path=path) from None
     try:
-        facts = json.loads(raw)
+        doc = json.loads(raw)
     except ValueError as exc:
-        line = getattr(exc, "lineno", None)
-        raise InputError(f"not JSON: {getattr(exc, 'msg', exc)}", path=path, line=line) from None
-    if not isinstance(facts, dict) or not str(facts.get("schema", "")).startswith("gpudoctor.facts/"):
-        raise InputError("not a gpudoctor facts snapshot (no \"schema\": \"gpudoctor.facts/1\")", path=path, line=1)
-    return facts
+        raise InputError(f"not JSON: {getattr(exc, 'msg', exc)}", path=path, line=getattr(exc, "lineno", None)) from None
+    schema = str(doc.get("schema", "")) if isinstance(doc, dict) else ""
+    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("facts"), dict):
+        return doc["facts"]
+    if schema.startswith("gpudoctor.facts/"):
+        return doc
+    raise InputError("not a gpudoctor snapshot or facts document (no \"schema\": \"gpudoctor.snapshot/1\")",
+                     path=path, line=1)
 
 
 def _gather_local(host) -> dict:
