@@ -99,7 +99,9 @@ class LxcCgroupAllow(Remedy):
                 return Change(ID, b.get("proxmox") or "localhost",
                               f"restart {label} so the allow rules already in {cfg.path} take effect",
                               commands=[f"pct reboot {inp.vmid}"], risk="medium", needs_reboot=True,
-                              fixes=[f.key for f in restart], data=self._data(b, inp, cfg.data, cfg.data, [], [], []))
+                              fixes=[f.key for f in restart],
+                              data=self._data(b, inp, cfg.data, cfg.data,
+                                              sorted({f.data["major"] for f in restart}), [], []))
             return None
         if cfg.lock is not None:
             return self.refuse(f"{label} is locked (lock: {cfg.lock}): an operation is running or was interrupted; "

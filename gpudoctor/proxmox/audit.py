@@ -254,7 +254,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                 evidence=[f"host /proc/devices has no '{node.driver}' entry"
                           + ("" if procdev.text_ok else " (could not read /proc/devices)"),
                           f"{cfg.path}: {via} passes {node.path}"],
-                hint=(f"load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run"
+                hint=("load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run"
                       if procdev.text_ok else "read the Proxmox host's /proc/devices"),
                 data=base))
             continue

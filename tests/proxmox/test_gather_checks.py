@@ -14,7 +14,7 @@ from gpudoctor.host.local import LocalHost
 from gpudoctor.host.replay import RecordingHost, ReplayHost
 from gpudoctor.proxmox import pct
 
-from .conftest import fake_pct, install, pve_root  # noqa: F401 - fixtures
+from .conftest import install
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 

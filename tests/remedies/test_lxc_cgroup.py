@@ -12,7 +12,7 @@ from gpudoctor.proxmox import config as C
 from gpudoctor.remedies.lxc_cgroup import LxcCgroupAllow, fix_text
 from gpudoctor.remedy import AuditLog, Engine, RemedyContext
 
-from proxmox.conftest import CONFIGS, fake_pct, install, pve_root  # noqa: F401 - shared fixtures
+from proxmox.conftest import CONFIGS, install
 
 NEEDS_FIX = ["200-seed.conf", "201-snapshots.conf", "202-pending.conf", "203-crlf.conf",
              "204-trailing-ws-no-eol.conf", "208-no-allow-no-eol.conf"]
@@ -182,4 +182,5 @@ def test_restart_only_change_when_the_file_is_already_fixed(pve_root, fake_pct):
                                                      "lxc.cgroup2.devices.allow = c 511:* rwm\n")
     (out,) = engine(pve_root, host, reboot=True).apply(plan)
     assert out.result == "unchanged" and out.reboot.done and t.read_bytes() == before
+    assert "running config now allows 511" in out.reboot.message
     assert os.path.exists(pve_root / "audit.jsonl")
