@@ -178,9 +178,10 @@ def test_restart_only_change_when_the_file_is_already_fixed(pve_root, fake_pct):
     (c,) = plan.changes
     assert c.diff == "" and c.needs_reboot and c.commands == ["pct reboot 200"]
     before = t.read_bytes()
-    (pve_root / "var/lib/lxc/200/config").write_text("lxc.cgroup2.devices.allow = c 195:* rwm\n"
-                                                     "lxc.cgroup2.devices.allow = c 511:* rwm\n")
+    # what LXC regenerates at start: every allow line of the config
+    (pve_root / "var/lib/lxc/200/config").write_text("".join(
+        f"lxc.cgroup2.devices.allow = c {m}:* rwm\n" for m in (195, 509, 226, 234, 511)))
     (out,) = engine(pve_root, host, reboot=True).apply(plan)
     assert out.result == "unchanged" and out.reboot.done and t.read_bytes() == before
-    assert "running config now allows 511" in out.reboot.message
+    assert "running config now allows 234, 511" in out.reboot.message
     assert os.path.exists(pve_root / "audit.jsonl")
