@@ -113,6 +113,16 @@ try:
         os.unlink(a)
     elif op == "makedirs":
         os.makedirs(a, int(sys.argv[3], 8), exist_ok=True)
+    elif op == "mknod":
+        import stat
+        mode, major, minor = int(sys.argv[3], 8), int(sys.argv[4]), int(sys.argv[5])
+        os.mknod(a, stat.S_IFCHR | mode, os.makedev(major, minor))
+        try:
+            if stat.S_IMODE(os.lstat(a).st_mode) != mode:
+                os.chmod(a, mode)  # mknod's mode was cut by the umask
+        except OSError:
+            os.unlink(a)
+            raise
     print(json.dumps({"ok": 1}))
 except OSError as e:
     print(json.dumps({"errno": e.errno, "msg": e.strerror}))
@@ -300,6 +310,14 @@ class Host:
     def makedirs(self, path: str, mode: int = 0o700, timeout: float = 10.0) -> None:
         """mkdir -p with `mode` for the directories it creates."""
         self._fileop([*self.python, "-c", _PY_FILEOP, "makedirs", path, format(mode, "o")], "makedirs", path, timeout)
+
+    def mknod(self, path: str, major: int, minor: int, mode: int = 0o666, timeout: float = 10.0) -> None:
+        """Create a character device node with exactly `mode` (not cut by the umask); EEXIST when `path` exists.
+
+        Owned by the caller (root). Remedies create nodes under a temp name and rename() them into place.
+        """
+        self._fileop([*self.python, "-c", _PY_FILEOP, "mknod", path, format(mode, "o"), str(int(major)),
+                      str(int(minor))], "mknod", path, timeout)
 
     def _fileop(self, argv: list[str], what: str, path: str, timeout: float, input: bytes | None = None) -> None:
         from gpudoctor.errors import CommandTimeout
