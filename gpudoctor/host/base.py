@@ -113,6 +113,8 @@ try:
         os.unlink(a)
     elif op == "makedirs":
         os.makedirs(a, int(sys.argv[3], 8), exist_ok=True)
+    elif op == "chmod":
+        os.chmod(a, int(sys.argv[3], 8))
     elif op == "mknod":
         import stat
         mode, major, minor = int(sys.argv[3], 8), int(sys.argv[4]), int(sys.argv[5])
@@ -310,6 +312,10 @@ class Host:
     def makedirs(self, path: str, mode: int = 0o700, timeout: float = 10.0) -> None:
         """mkdir -p with `mode` for the directories it creates."""
         self._fileop([*self.python, "-c", _PY_FILEOP, "makedirs", path, format(mode, "o")], "makedirs", path, timeout)
+
+    def chmod(self, path: str, mode: int, timeout: float = 10.0) -> None:
+        """chmod(2) `path` (follows a bind mount to the inode it shows, as chmod does)."""
+        self._fileop([*self.python, "-c", _PY_FILEOP, "chmod", path, format(mode, "o")], "chmod", path, timeout)
 
     def mknod(self, path: str, major: int, minor: int, mode: int = 0o666, timeout: float = 10.0) -> None:
         """Create a character device node with exactly `mode` (not cut by the umask); EEXIST when `path` exists.

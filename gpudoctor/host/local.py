@@ -221,3 +221,6 @@ class LocalHost(Host):
                 raise
 
         self._deadline(f"mknod {path}", mk, timeout)
+
+    def chmod(self, path, mode, timeout=10.0):
+        self._deadline(f"chmod {path}", lambda: os.chmod(self._p(path), mode), timeout)

@@ -89,6 +89,9 @@ class RecordingHost(Host):
     def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
         return self.inner.mknod(path, major, minor, mode, timeout)
 
+    def chmod(self, path, mode, timeout=10.0):
+        return self.inner.chmod(path, mode, timeout)
+
     def close(self):
         self.inner.close()
 
@@ -135,6 +138,9 @@ class ReplayHost(Host):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 
     def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def chmod(self, path, mode, timeout=10.0):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 
     def rename(self, src, dst, timeout=10.0):

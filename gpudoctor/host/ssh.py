@@ -469,6 +469,9 @@ class SSHHost(Host):
     def makedirs(self, path, mode=0o700, timeout=10.0) -> None:
         Host.makedirs(self, self._p(path), mode, timeout)
 
+    def chmod(self, path, mode, timeout=10.0) -> None:
+        Host.chmod(self, self._p(path), mode, timeout)
+
     def mknod(self, path, major, minor, mode=0o666, timeout=10.0) -> None:
         Host.mknod(self, self._p(path), major, minor, mode, timeout)
 
