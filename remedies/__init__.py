@@ -14,6 +14,7 @@ REMEDIES: dict[str, str] = {
     "lxc.cgroup_allow": "gpudoctor.remedies.lxc_cgroup:LxcCgroupAllow",
     "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
+    "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
 }
 
 

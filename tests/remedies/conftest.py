@@ -1,4 +1,6 @@
 # The fake Proxmox root and the `pct` stand-in are shared with tests/proxmox.
+import sys
+
 import pytest
 
 from tests.proxmox.conftest import fake_pct, pve_root  # noqa: F401
@@ -12,5 +14,6 @@ def make_root(tmp_path, monkeypatch):
     def make(**kw) -> HostRoot:
         r = HostRoot(tmp_path, **kw)
         monkeypatch.setenv("GPUDOCTOR_STANDIN_ROOT", str(r.root))
+        monkeypatch.setenv("GPUDOCTOR_STANDIN_PYTHON", sys.executable)  # a real interpreter, not a pyenv shim
         return r
     return make
