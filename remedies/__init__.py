@@ -15,6 +15,7 @@ REMEDIES: dict[str, str] = {
     "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
+    "fabric.numa.balancing": "gpudoctor.remedies.sysctl:NumaBalancing",
 }
 
 

@@ -131,10 +131,31 @@ class HostRoot:
 
     def facts(self, only=("host", "devices", "tools"), policy: dict | None = None) -> dict:
         ctx = GatherContext(name=NAME, timeout=5, policy=policy or {})
-        facts = gather(self.host(), ctx, only=set(only))
+        facts = gather(self.host(), ctx, only=set(only) - {"fabric"})
+        if "fabric" in only:
+            facts["fabric"] = self.fabric_facts()
         facts.setdefault("driver", {"rc": 0, "gpus": [{"minor": i, "bus_id": f"00000000:00:0{6 + i}.0"}
                                                       for i in range(self.gpus)]})
         return facts
+
+    def pci(self, bdf: str = BDF, config: bytes | None = None) -> None:
+        """An NVIDIA function in sysfs with the H200's config space (root can read all 4096 bytes)."""
+        self.write(f"/sys/bus/pci/devices/{bdf}/config", config if config is not None else config_space())
+        self.write(f"/sys/bus/pci/devices/{bdf}/vendor", "0x10de\n")
+
+    def fabric_facts(self, numa_nodes: int = 2) -> dict:
+        """facts["fabric"] as gather.fabric would give on this host: its probe runs a program that reads the real
+        /sys and /proc (not the temp root), so the tests read the root's files with the same decoder."""
+        from gpudoctor.gather.fabric import decode_pcie
+
+        gpus = []
+        base = self.path("/sys/bus/pci/devices")
+        for bdf in sorted(os.listdir(base)) if base.exists() else []:
+            cfg = (base / bdf / "config").read_bytes()
+            gpus.append({"bdf": bdf, "config_bytes": len(cfg), "pcie": decode_pcie(cfg), "numa_node": "-1"})
+        nb = self.path("/proc/sys/kernel/numa_balancing")
+        return {"gpus": gpus, "numa_balancing": nb.read_text().strip() if nb.exists() else None,
+                "numa_nodes": {f"node{i}": f"{8 * i}-{8 * i + 7}" for i in range(numa_nodes)}, "env": {}}
 
     def calls(self, tool: str | None = None) -> list[list[str]]:
         f = self.root / "standin-calls.jsonl"
