@@ -16,6 +16,7 @@ REMEDIES: dict[str, str] = {
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
     "fabric.numa.balancing": "gpudoctor.remedies.sysctl:NumaBalancing",
+    "fabric.pcie.mrrs": "gpudoctor.remedies.pcie:PcieMrrs",
 }
 
 

@@ -39,8 +39,10 @@ def proc_devices(uvm_major: int | None) -> str:
 
 def config_space() -> bytes:
     """The H200's 4096 bytes of PCI config space (PCIe capability at 0x60, DevCtl 0x5134: MRRS 4096)."""
-    text = (CAPTURES / "h200-healthy" / f"pci-{BDF}.config.hex").read_text().splitlines()
-    return bytes.fromhex("".join(ln for ln in text[1:-1]).replace(" ", ""))
+    text = (CAPTURES / "h200-healthy" / f"pci-{BDF}.config.hex").read_text()  # `od -An -tx1` output
+    data = bytes.fromhex("".join(text.split()))
+    assert len(data) == 4096
+    return data
 
 
 class HostRoot:
