@@ -262,7 +262,7 @@ class Host:
     def _mutate(self, what: str, path: str, argv: list[str], timeout: float, data: bytes | None) -> None:
         from gpudoctor.errors import CommandTimeout, HostError
 
-        res = self.run(argv, timeout=timeout, input=data if data is not None else b"")
+        res = self.run(argv, timeout=timeout, input=data)
         if res.timed_out:
             raise CommandTimeout(f"{what} {path} on {self.name}", timeout)
         out = self._json_or_none(res)
