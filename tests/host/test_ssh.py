@@ -135,7 +135,7 @@ def test_a_host_stuck_in_a_command_does_not_block_other_commands(ssh_host):
 
     def slow():
         started.set()
-        results["slow"] = ssh_host.run(["sleep", "30"], timeout=8)
+        results["slow"] = ssh_host.run(["sleep", "30"], timeout=4)
 
     t = threading.Thread(target=slow)
     t.start()
