@@ -70,7 +70,7 @@ def cli(ctx, verbose):
     """
     from gpudoctor import log
 
-    log.configure(verbose)
+    log.set_defaults(verbose)
     ctx.ensure_object(dict)
 
 

@@ -6,6 +6,12 @@ import logging
 import sys
 
 _configured = False
+_settings: dict = {"verbosity": 0, "json_logs": None}
+
+
+def set_defaults(verbosity: int = 0, json_logs: bool | None = None) -> None:
+    """Remember the CLI's choices; structlog itself is imported only when something logs (keeps start-up fast)."""
+    _settings.update(verbosity=verbosity, json_logs=json_logs)
 
 
 class _CurrentStderr:
@@ -46,5 +52,10 @@ def get_logger(name: str = "gpudoctor", **ctx):
     import structlog
 
     if not _configured:
-        configure()
+        configure(**_settings)
     return structlog.get_logger(name).bind(**ctx)
+
+
+def enabled(verbosity: int = 1) -> bool:
+    """Whether the CLI asked for at least this much detail (checked without importing structlog)."""
+    return _configured or _settings["verbosity"] >= verbosity
