@@ -143,8 +143,9 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
     rep = probe.verify_model(src, revision)
     if rep["bad_input"]:
         raise InputError(f"--from: {rep['bad_input']}", path=src)
-    if rep["dir"] is None:
-        raise InputError("--from: " + "; ".join(f"{p['kind']} {p['file']}: {p['detail']}" for p in rep["problems"]),
+    unresolved = [p for p in rep["problems"] if p["kind"] in ("ref_missing", "snapshot_missing")]
+    if rep["dir"] is None or unresolved:
+        raise InputError("--from: " + "; ".join(f"{p['kind']} {p['file']}: {p['detail']}" for p in unresolved),
                          path=src)
     dst = os.path.abspath(dst)
     src_real, dst_real = os.path.realpath(rep["dir"]), os.path.realpath(dst)
@@ -274,16 +275,18 @@ class _Copier:
         self._local = threading.local()
 
     def copy(self, sfd: int, dfd: int, off: int, length: int, tick) -> None:
-        if self.method in ("auto", "copy_file_range"):
+        method = self.method  # read once: another thread may switch it while this one copies
+        if method in ("auto", "copy_file_range"):
             try:
                 self._cfr(sfd, dfd, off, length, tick)
                 return
             except OSError as exc:
-                if self.method != "auto" or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP,
-                                                              errno.EINVAL, errno.ENOTSUP):
+                if method != "auto" or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP,
+                                                         errno.EINVAL, errno.ENOTSUP):
                     raise
-                self.method = "rw"  # across filesystems (disk -> tmpfs) the kernel refuses: read/write it is
-        if self.method == "sendfile":
+                # across filesystems (disk -> tmpfs) the kernel refuses before copying a byte: read/write it is
+                self.method = method = "rw"
+        if method == "sendfile":
             self._sendfile(sfd, dfd, off, length, tick)
         else:
             self._rw(sfd, dfd, off, length, tick)
