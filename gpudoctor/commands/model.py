@@ -106,7 +106,8 @@ def _render_verify(rep: dict) -> None:
     if rep.get("mount"):
         m = rep["mount"]
         where = f"  ({m['fstype']} {m['mountpoint']})"
-    kind = {"dir": "model directory", "hf_repo": "Hugging Face cache repo"}.get(rep["kind"], rep["kind"])
+    kind = {"dir": "model directory", "hf_repo": "Hugging Face cache repo",
+            "not_found": "directory MISSING"}.get(rep["kind"], rep["kind"])
     click.echo(f"{rep['path']}: {kind}{where}")
     if rep["kind"] == "hf_repo":
         click.echo(f"  revision  {rep['revision'] or '?'}  ->  {rep['dir'] or 'no snapshot'}")
@@ -114,10 +115,14 @@ def _render_verify(rep: dict) -> None:
     if w["shards"]:
         via = f" via {w['index']}" if w["index"] else ""
         click.echo(f"  weights   {w['shards']} {w['format'] or ''} file(s){via}, {human_bytes(w['bytes'])}")
-    marker = rep.get("marker")
+    marker, rec = rep.get("marker"), rep.get("record")
     if marker:
         boot = "this boot" if rep.get("marker_boot") == "this" else "an EARLIER boot (boot_id differs)"
         click.echo(f"  staged    {_when(marker.get('staged_at'))} from {marker.get('source')} in {boot}")
+    elif rec:
+        boot = "this boot" if rec.get("boot_id") == rep.get("boot_id") else "an earlier boot"
+        click.echo(f"  record    {rec.get('state')} {_when(rec.get('at'))} from {rec.get('source')} in {boot}; "
+                   f"no marker in the directory ({rep.get('record_path')})")
     if rep.get("hashed"):
         bad = sum(not h["ok"] for h in rep["hashed"])
         click.echo(f"  hashes    {len(rep['hashed']) - bad} of {len(rep['hashed'])} match")

@@ -24,7 +24,7 @@ def gather(host, ctx) -> dict:
     paths = [str(p) for p in (getattr(ctx, "model_paths", None) or [])]
     if not paths:
         return {"schema": _probe.SCHEMA, "paths": [], "error": None}
-    timeout = max(float(getattr(ctx, "timeout", 10.0) or 10.0), 5.0)
+    timeout = float(getattr(ctx, "timeout", None) or 10.0)
     # LocalHost(root=...) maps absolute paths under a temp root in tests; the program does the same mapping.
     args = {"paths": paths, "root": getattr(host, "root", "") or ""}
     res = host.run([*host.python, "-c", _source(), json.dumps(args)], timeout=timeout)

@@ -655,6 +655,15 @@ def read_record(dst: str, root: str = "") -> tuple[dict | None, str | None]:
     return None, None
 
 
+def fill_expected(rep: dict, record: dict | None) -> None:
+    """Missing files whose size the directory cannot tell (the marker was wiped with it) get it from the record."""
+    sizes = {f.get("name"): f.get("size") for f in (record or {}).get("files") or [] if isinstance(f, dict)}
+    for pr in rep["problems"]:
+        if pr.get("expected") is None and isinstance(sizes.get(pr.get("file")), int):
+            pr["expected"] = sizes[pr["file"]]
+            pr["detail"] = (pr.get("detail") + "; " if pr.get("detail") else "") + "size from the stage record"
+
+
 def probe(paths: list[str], root: str = "", revision: str = "main") -> dict:
     """The `model` facts for gather: per path its mount, room, verification, marker and stage record; plus boot
     id, meminfo and the memory cgroup. `root` prefixes every absolute path (tests)."""
@@ -674,6 +683,7 @@ def probe(paths: list[str], root: str = "", revision: str = "main") -> dict:
             if root and isinstance(rep.get(key), str) and rep[key].startswith(root):
                 rep[key] = rep[key][len(root):] or "/"
         rec, rec_at = read_record(p, root)
+        fill_expected(rep, rec)
         out["paths"].append({
             "path": p, "exists": os.path.isdir(full), "nearest_existing": near[len(root):] if root else near,
             "mount": None if m is None else dict(m, tmpfs=m["fstype"] in ("tmpfs", "ramfs")),

@@ -516,7 +516,8 @@ def _write_record(plan: StagePlan, state: str, log, marker: dict | None = None) 
     """The persistent record (outside tmpfs): it survives the reboot that wipes DST and tells "wiped" from "never"."""
     rec = {"schema": "gpudoctor.stage-record/1", "dst": plan.dst, "state": state, "boot_id": probe.boot_id(),
            "at": time.time(), "source": plan.src, "source_kind": plan.src_kind, "revision": plan.revision,
-           "total_bytes": sum(f.size for f in plan.files), "files": len(plan.files)}
+           "total_bytes": sum(f.size for f in plan.files), "files": [{"name": f.name, "size": f.size}
+                                                                     for f in plan.files]}
     if marker:
         rec["staged_at"] = marker["staged_at"]
     from gpudoctor.atomic import atomic_write

@@ -17,11 +17,19 @@ def verify(path: str, *, revision: str = "main", hashes: bool = False, jobs: int
     hashes=True, "hashed": [{file, algo, expected, actual, ok}] (mismatches are also problems: hash_mismatch).
     """
     rep = probe.verify_model(path, revision)
-    if rep["bad_input"]:
+    rep["record"], rep["record_path"] = probe.read_record(path)
+    rep["boot_id"] = probe.boot_id()
+    rec = rep["record"]
+    if rep["kind"] == "not_found" and rec:  # gone, but gpudoctor staged it here: wiped, not a typo
+        boot = "this boot" if rec.get("boot_id") == rep["boot_id"] else "an earlier boot"
+        rep["problems"].append({"kind": "wiped", "file": None, "expected": rec.get("total_bytes"), "actual": None,
+                                "detail": f"the directory is gone; staged here from {rec.get('source')} in {boot} "
+                                          f"(record {rep['record_path']})"})
+    elif rep["bad_input"]:
         raise InputError(rep["bad_input"], path=path)
     mounts = probe.parse_mounts(probe.read_text("/proc/mounts") or "")
-    rep["mount"] = probe.mount_of(os.path.realpath(rep["dir"] or path), mounts)
-    rep["boot_id"] = probe.boot_id()
+    rep["mount"] = probe.mount_of(os.path.realpath(rep["dir"] or probe.nearest_existing(path)), mounts)
+    probe.fill_expected(rep, rec)
     marker = rep.get("marker")
     rep["marker_boot"] = None if not marker else ("this" if marker.get("boot_id") == rep["boot_id"] else "other")
     if hashes:

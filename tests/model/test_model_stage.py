@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -227,3 +228,22 @@ def test_json_plan_and_result(cli, tmp_path, shm_dir, state_dir):
     assert again["result"]["copied_bytes"] == 0 and time.time() - t0 < 5
     digest = hashlib.sha256((shm_dir / "config.json").read_bytes()).hexdigest()
     assert digest == hashlib.sha256((tmp_path / "m" / "config.json").read_bytes()).hexdigest()
+
+
+def test_verify_after_a_wipe_uses_the_stage_record(cli, tmp_path, shm_dir, state_dir):
+    files = write_model(tmp_path / "m", shards=2)
+    assert cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--apply").code == 0
+    shutil.rmtree(shm_dir)  # what a reboot does to tmpfs
+    r = cli("model", "verify", shm_dir)
+    assert r.code == 2 and "directory MISSING" in r.out and "wiped" in r.out
+    assert f"staged here from {tmp_path / 'm'} in this boot" in r.out
+    shm_dir.mkdir()  # the skeleton comes back (a start script), weights do not
+    for n in ("config.json", "model.safetensors.index.json"):
+        (shm_dir / n).write_bytes(files[n])
+    rep = json.loads(cli("model", "verify", "--json", shm_dir).out)
+    missing = {p["file"]: p["expected"] for p in rep["problems"] if p["kind"] == "missing"}
+    assert missing == {shard_name(i, 2): len(files[shard_name(i, 2)]) for i in (1, 2)}  # sizes from the record
+    for p in (state_dir / "staged").iterdir():
+        p.unlink()
+    shutil.rmtree(shm_dir)
+    assert cli("model", "verify", shm_dir).code == 3  # never staged here: a wrong path is bad input
