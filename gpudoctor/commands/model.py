@@ -153,8 +153,10 @@ def _render_verify(rep: dict) -> None:
 @click.option("--apply", "do_apply", is_flag=True, help="Copy (default: dry run, nothing changes).")
 @click.option("--jobs", type=click.IntRange(1, 256), default=None, help="Parallel copy threads [min(8, cores)].")
 @click.option("--revision", default="main", show_default=True, help="HF cache: the ref (or commit) to stage.")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Do not copy source files matching GLOB (relative name; repeatable), e.g. 'original/*'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (and result) as JSON.")
-def stage_cmd(src, hub, dst, do_apply, jobs, revision, as_json):
+def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
     """Copy a model from persistent storage into tmpfs, in parallel, safely.
 
     Dry run by default: shows what would be copied and the space needed. Refuses when DST's filesystem, the memory
@@ -168,7 +170,7 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, as_json):
     Examples:
       gpudoctor model stage --from /data/models/Qwen3-32B --to /dev/shm/Qwen3-32B
       gpudoctor model stage --from /data/hf/hub/models--Qwen--Qwen3-32B --to /dev/shm/Qwen3-32B --apply --jobs 16
-      gpudoctor model stage --from-hub Qwen/Qwen3-32B --to /dev/shm/Qwen3-32B --apply
+      gpudoctor model stage --from-hub meta-llama/Llama-3.1-8B --to /dev/shm/llama --exclude 'original/*' --apply
 
     \b
     Exit codes: 0 planned (dry run) or staged and verified, 2 refused or failed, 3 bad input.
@@ -179,7 +181,7 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, as_json):
         raise InputError("give exactly one of --from SRC or --from-hub REPO")
     if hub:
         src, revision = st.resolve_hub(hub, revision)
-    plan = st.plan_stage(src, dst, revision=revision)
+    plan = st.plan_stage(src, dst, revision=revision, exclude=tuple(exclude))
     if as_json and not do_apply:
         click.echo(json.dumps({"plan": plan.to_json()}, indent=1, sort_keys=True))
         raise SystemExit(EXIT_FAIL if plan.refusals else EXIT_OK)

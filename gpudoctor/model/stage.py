@@ -13,6 +13,7 @@ A SIGKILL anywhere leaves DST incomplete (no config/index) or complete in truth;
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import socket
@@ -137,9 +138,10 @@ def busy_under(dst: str) -> list[dict]:
     return out
 
 
-def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool = True) -> StagePlan:
+def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool = True,
+               exclude: tuple[str, ...] = ()) -> StagePlan:
     """What a stage of src into dst would do, and whether it must refuse. Reads only; raises InputError for bad
-    paths."""
+    paths. `exclude`: fnmatch patterns of source-relative names not to copy (e.g. "original/*")."""
     rep = probe.verify_model(src, revision)
     if rep["bad_input"]:
         raise InputError(f"--from: {rep['bad_input']}", path=src)
@@ -157,6 +159,9 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
         raise InputError("--to is a Hugging Face cache folder; stage into a plain directory", path=dst)
 
     files, _, _ = probe.walk_files(rep["dir"])
+    excluded = sorted(n for n in files if any(fnmatch.fnmatch(n, pat) for pat in exclude))
+    for n in excluded:
+        del files[n]
     plan_files = []
     for name, info in sorted(files.items()):
         sha = None
@@ -219,6 +224,13 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
     if not plan.tmpfs and plan.mount:
         plan.notes.append(f"{dst} is on {plan.mount['fstype']} ({plan.mount['mountpoint']}), not tmpfs: "
                           "a plain copy that survives reboots")
+    if excluded:
+        plan.notes.append(f"excluded {len(excluded)} file(s) by --exclude: " + ", ".join(excluded[:3])
+                          + (" ..." if len(excluded) > 3 else ""))
+    dup = [f for f in plan_files if f.name.startswith("original/") and f.role == "weight"]
+    if dup and rep["weights"]["shards"]:
+        plan.notes.append(f"original/ holds {human_bytes(sum(f.size for f in dup))} of weights in another format "
+                          "(servers load the top-level shards); --exclude 'original/*' skips them")
     if plan.extra:
         plan.notes.append(f"{len(plan.extra)} file(s) in DST are not in the source and are left alone: "
                           + ", ".join(plan.extra[:3]))

@@ -247,3 +247,17 @@ def test_verify_after_a_wipe_uses_the_stage_record(cli, tmp_path, shm_dir, state
         p.unlink()
     shutil.rmtree(shm_dir)
     assert cli("model", "verify", shm_dir).code == 3  # never staged here: a wrong path is bad input
+
+
+def test_exclude_and_the_original_folder_note(cli, tmp_path, shm_dir, state_dir):
+    write_model(tmp_path / "m", shards=2)
+    (tmp_path / "m" / "original").mkdir()
+    (tmp_path / "m" / "original" / "consolidated.00.pth").write_bytes(b"w" * 1000)
+    plan = st.plan_stage(str(tmp_path / "m"), str(shm_dir))
+    assert any("--exclude 'original/*'" in n for n in plan.notes)
+    r = cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--exclude", "original/*", "--apply")
+    assert r.code == 0 and "excluded 1 file(s)" in r.out
+    assert not (shm_dir / "original").exists()
+    marker = json.loads((shm_dir / probe.MARKER_NAME).read_text())
+    assert "original/consolidated.00.pth" not in {f["name"] for f in marker["files"]}
+    assert cli("model", "verify", shm_dir).code == 0
