@@ -108,16 +108,32 @@ def resolve_hub(repo_id: str, revision: str) -> tuple[str, str]:
     return os.path.dirname(os.path.dirname(snap)), os.path.basename(snap)
 
 
-def busy_under(dst: str) -> list[dict]:
-    """Processes (not this one) holding a file open or mapped under dst: [{pid, name, files}]."""
+BUSY_SCAN_S = 15.0
+
+
+def busy_under(dst: str, timeout: float | None = None) -> list[dict]:
+    """Processes (not this one) holding a file open or mapped under dst: [{pid, name, files}]. A process whose /proc
+    entries do not answer within the deadline (its mmap lock held by a hung fault) is reported as
+    {pid, name, files: [], stuck: True}: it cannot be proven not to use DST."""
+    from gpudoctor.host.local import with_deadline
+
+    state: dict = {"pid": None, "name": "?"}
+    timeout = BUSY_SCAN_S if timeout is None else timeout
+    out = with_deadline(lambda: _scan(os.path.realpath(dst), state), timeout, None)
+    if out is None:
+        return [{"pid": state["pid"], "name": state["name"], "files": [], "stuck": True}]
+    return out
+
+
+def _scan(real: str, state: dict) -> list[dict]:
     import psutil
 
-    real = os.path.realpath(dst)
     me = os.getpid()
     out = []
     for p in psutil.process_iter(["pid", "name"]):
         if p.pid == me:
             continue
+        state["pid"], state["name"] = p.pid, p.info.get("name") or "?"
         hits: set[str] = set()
         try:
             hits.update(f.path for f in p.open_files() if _inside(f.path, real))
@@ -219,6 +235,10 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
     if check_busy and plan.dst_exists and not plan.nothing_to_copy:
         plan.busy = busy_under(dst)
         for b in plan.busy:
+            if b.get("stuck"):
+                plan.refusals.append(f"could not tell whether processes use {dst}: /proc/{b['pid']} ({b['name']}) did "
+                                     f"not answer in {BUSY_SCAN_S:g} s (a process stuck in the kernel?)")
+                continue
             plan.refusals.append(f"pid {b['pid']} ({b['name']}) has files open under {dst}: "
                                  + ", ".join(os.path.relpath(x, os.path.realpath(dst)) for x in b["files"][:3]))
     if not plan.tmpfs and plan.mount:
@@ -286,22 +306,29 @@ class _Copier:
         self.method = method  # auto | copy_file_range | sendfile | rw
         self._local = threading.local()
 
-    def copy(self, sfd: int, dfd: int, off: int, length: int, tick) -> None:
+    _FALLBACK = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP)
+
+    def copy(self, sfd: int, dfd: int, tmp: str, off: int, length: int, tick) -> None:
+        """Copy [off, off+length) of sfd into dfd (the file at tmp). auto = copy_file_range (same filesystem,
+        may reflink), else sendfile (one in-kernel copy), else pread/pwrite; each refuses before copying a byte."""
         method = self.method  # read once: another thread may switch it while this one copies
         if method in ("auto", "copy_file_range"):
             try:
                 self._cfr(sfd, dfd, off, length, tick)
                 return
             except OSError as exc:
-                if method != "auto" or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP,
-                                                         errno.EINVAL, errno.ENOTSUP):
+                if method != "auto" or exc.errno not in self._FALLBACK:
                     raise
-                # across filesystems (disk -> tmpfs) the kernel refuses before copying a byte: read/write it is
-                self.method = method = "rw"
+                self.method = method = "sendfile"  # across filesystems (disk -> tmpfs) the kernel says EXDEV
         if method == "sendfile":
-            self._sendfile(sfd, dfd, off, length, tick)
-        else:
-            self._rw(sfd, dfd, off, length, tick)
+            try:
+                self._sendfile(sfd, tmp, off, length, tick)
+                return
+            except OSError as exc:
+                if self.method != "sendfile" or exc.errno not in self._FALLBACK or getattr(exc, "copied", 0):
+                    raise
+                self.method = "rw"
+        self._rw(sfd, dfd, off, length, tick)
 
     @staticmethod
     def _cfr(sfd, dfd, off, length, tick):
@@ -314,15 +341,23 @@ class _Copier:
             tick(n)
 
     @staticmethod
-    def _sendfile(sfd, dfd, off, length, tick):
-        end = off + length
-        os.lseek(dfd, off, os.SEEK_SET)
-        while off < end:
-            n = os.sendfile(dfd, sfd, off, min(STEP, end - off))
-            if n == 0:
-                raise OSError(errno.EIO, "source shrank while copying")
-            off += n
-            tick(n)
+    def _sendfile(sfd, tmp, off, length, tick):
+        start, end = off, off + length
+        dfd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)  # sendfile writes at the fd's position: one per chunk
+        try:
+            os.lseek(dfd, off, os.SEEK_SET)
+            while off < end:
+                try:
+                    n = os.sendfile(dfd, sfd, off, min(STEP, end - off))
+                except OSError as exc:
+                    exc.copied = off - start
+                    raise
+                if n == 0:
+                    raise OSError(errno.EIO, "source shrank while copying")
+                off += n
+                tick(n)
+        finally:
+            os.close(dfd)
 
     def _rw(self, sfd, dfd, off, length, tick):
         buf = getattr(self._local, "buf", None)
@@ -349,7 +384,7 @@ class _OpenFile:
         self.lock = threading.Lock()
         self.sfd = self.dfd = None
 
-    def fds(self, sendfile: bool):
+    def fds(self):
         with self.lock:
             if self.sfd is None:
                 os.makedirs(os.path.dirname(self.final), exist_ok=True)
@@ -359,8 +394,6 @@ class _OpenFile:
                 except OSError:
                     pass
                 self.dfd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        if sendfile:  # sendfile writes at the fd's position: give each chunk its own
-            return self.sfd, os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
         return self.sfd, self.dfd
 
     def chunk_done(self, pause) -> None:
@@ -369,7 +402,7 @@ class _OpenFile:
             if self.left:
                 return
         if self.sfd is None:  # an empty file has one chunk and no fds yet
-            self.fds(False)
+            self.fds()
         try:
             os.fsync(self.dfd)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
             os.fchmod(self.dfd, self.f.mode)
@@ -490,13 +523,8 @@ def _run_phase(pool, files: list[StageFile], dst: str, chunk: int, copier: _Copi
     def work(of: _OpenFile, off: int, length: int):
         pause()
         if length > 0:
-            sendfile = copier.method == "sendfile"
-            sfd, dfd = of.fds(sendfile)
-            try:
-                copier.copy(sfd, dfd, off, length, tick)
-            finally:
-                if sendfile:
-                    os.close(dfd)
+            sfd, dfd = of.fds()
+            copier.copy(sfd, dfd, of.tmp, off, length, tick)
         of.chunk_done(pause)
 
     futs = [pool.submit(work, *u) for u in units]

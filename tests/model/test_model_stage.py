@@ -187,7 +187,7 @@ def test_every_copy_method_is_byte_exact(tmp_path, state_dir, monkeypatch, metho
 def test_auto_falls_back_across_filesystems(tmp_path, shm_dir, state_dir):
     files = write_model(tmp_path / "m", shards=2, elems=10_000)
     res = st.apply_stage(st.plan_stage(str(tmp_path / "m"), str(shm_dir)), method="auto")
-    assert res["method"] in ("copy_file_range", "rw")
+    assert res["method"] in ("copy_file_range", "sendfile")  # same-fs copy_file_range, else sendfile
     assert all((shm_dir / n).read_bytes() == b for n, b in files.items())
 
 
@@ -261,3 +261,13 @@ def test_exclude_and_the_original_folder_note(cli, tmp_path, shm_dir, state_dir)
     marker = json.loads((shm_dir / probe.MARKER_NAME).read_text())
     assert "original/consolidated.00.pth" not in {f["name"] for f in marker["files"]}
     assert cli("model", "verify", shm_dir).code == 0
+
+
+def test_a_process_scan_past_its_deadline_refuses(tmp_path, shm_dir, state_dir, monkeypatch):
+    write_model(tmp_path / "m", shards=2)
+    shm_dir.mkdir()
+    (shm_dir / "stale.txt").write_text("x")  # DST exists: the scan runs
+    monkeypatch.setattr(st, "BUSY_SCAN_S", 0.0)  # nothing finishes scanning /proc in no time
+    plan = st.plan_stage(str(tmp_path / "m"), str(shm_dir))
+    assert plan.busy and plan.busy[0]["stuck"]
+    assert any("could not tell whether processes use" in r and "did not answer in 0 s" in r for r in plan.refusals)
