@@ -91,7 +91,18 @@ def run_stage(src: str, dst: str, jobs: int, method: str, state: str) -> float:
 run_stage.methods = set()
 
 
+def preflight() -> None:
+    """The stage runs as the real CLI: say up front which of gpudoctor's dependencies are missing here."""
+    import importlib.util
+
+    missing = [m for m in ("click", "rich", "psutil", "structlog", "yaml") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"missing gpudoctor dependencies for {sys.executable}: {', '.join(missing)} "
+                         f"(pip install -e {REPO}, or carry their wheels)")
+
+
 def main() -> int:
+    preflight()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gib", type=float, default=20.0, help="total shard data, GiB [20]")
     ap.add_argument("--shards", type=int, default=10, help="shard count [10]")
