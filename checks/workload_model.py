@@ -7,17 +7,10 @@ from __future__ import annotations
 
 import datetime as _dt
 
+from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
 from gpudoctor.model import human_bytes
 
-try:
-    from gpudoctor.checkreg import check
-except ImportError:  # pragma: no cover - the registry lands in main with #2; until then the functions stand alone
-    def check(check_id, **_kw):
-        def deco(fn):
-            fn.check_id = check_id
-            return fn
-        return deco
 
 STAGE_REMEDY = "model.stage"
 MARKER = ".gpudoctor-staged.json"
@@ -100,7 +93,7 @@ def missing_bytes(p: dict) -> int | None:
 
 
 @check("workload.model.complete", summary="Every shard of the model is present and whole by its safetensors header",
-       depends_on=("workload.model.staged_this_boot",))
+       depends_on=("workload.model.staged_this_boot",), remedy=STAGE_REMEDY)
 def check_complete(facts: dict):
     m, paths = _paths(facts)
     out = []
@@ -147,7 +140,8 @@ def check_complete(facts: dict):
 
 
 @check("workload.model.staged_this_boot",
-       summary="A model in tmpfs was staged this boot; tells 'wiped by reboot' from 'never staged'")
+       summary="A model in tmpfs was staged this boot; tells 'wiped by reboot' from 'never staged'",
+       remedy=STAGE_REMEDY)
 def check_staged_this_boot(facts: dict):
     m, paths = _paths(facts)
     out = []
