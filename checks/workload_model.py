@@ -12,7 +12,7 @@ from gpudoctor.findings import Finding, Status
 from gpudoctor.model import human_bytes
 
 
-STAGE_REMEDY = "model.stage"
+STAGE_REMEDY = None  # "model.stage" once that remedy is registered (issue #4, host-side remedies); the hint says how
 MARKER = ".gpudoctor-staged.json"
 CGROUP_WARN_SHARE = 0.85  # the model's tmpfs pages above this share of the memory limit leave the server too little
 
@@ -95,6 +95,10 @@ def missing_bytes(p: dict) -> int | None:
 @check("workload.model.complete", summary="Every shard of the model is present and whole by its safetensors header",
        depends_on=("workload.model.staged_this_boot",), remedy=STAGE_REMEDY)
 def check_complete(facts: dict):
+    """config.json present; every shard the index names present and whole by its own header (size == 8 + N + max
+    data_offsets end) — no tensor data read; HF cache: refs/main -> snapshot, no dangling symlink, no *.incomplete
+    blob; every file listed in the staging marker still there. A failure names each file with expected vs actual
+    size. When the model was wiped from tmpfs, workload.model.staged_this_boot is the root cause."""
     m, paths = _paths(facts)
     out = []
     for p in paths:
@@ -143,6 +147,11 @@ def check_complete(facts: dict):
        summary="A model in tmpfs was staged this boot; tells 'wiped by reboot' from 'never staged'",
        remedy=STAGE_REMEDY)
 def check_staged_this_boot(facts: dict):
+    """For a model on tmpfs (or one gpudoctor staged): compares the boot id in DST/.gpudoctor-staged.json, and in the
+    persistent stage record (/var/lib/gpudoctor/staged/, which survives reboots), with
+    /proc/sys/kernel/random/boot_id. Tells apart: staged this boot (ok); wiped by a reboot (record from another
+    boot); wiped without a reboot (container restart: same boot id, files gone); an interrupted stage; never
+    staged; staged by hand (info)."""
     m, paths = _paths(facts)
     out = []
     cid = "workload.model.staged_this_boot"
@@ -207,6 +216,8 @@ def check_staged_this_boot(facts: dict):
        summary="The tmpfs holding the model has room (and RAM) for what is missing",
        depends_on=("workload.model.staged_this_boot",))
 def check_tmpfs_room(facts: dict):
+    """What a restage must still write (the marker's or record's total minus what is present; from the index alone a
+    lower bound) against statvfs avail of the tmpfs and /proc/meminfo MemAvailable (tmpfs lives in RAM)."""
     m, paths = _paths(facts)
     out = []
     cid = "workload.model.tmpfs_room"
@@ -257,6 +268,9 @@ def check_tmpfs_room(facts: dict):
 @check("workload.model.memory_cgroup",
        summary="The memory cgroup can hold the model's tmpfs pages (they count against its limit) and the server")
 def check_memory_cgroup(facts: dict):
+    """tmpfs pages count against the memory cgroup of whoever wrote them. headroom = min over this process's cgroup
+    and its ancestors of memory.max - (memory.current - inactive_file) (cgroup v2; v1 limit_in_bytes/usage_in_bytes).
+    Fails when a restage would not fit; warns when the model alone takes over 85 % of the limit."""
     m, paths = _paths(facts)
     out = []
     cid = "workload.model.memory_cgroup"
@@ -310,6 +324,7 @@ def check_memory_cgroup(facts: dict):
 
 @check("workload.model.location", summary="Where the model lives: tmpfs (fast, volatile) or disk")
 def check_location(facts: dict):
+    """The mount holding the model path (longest mount-point prefix in /proc/mounts; the last of equal ones wins)."""
     m, paths = _paths(facts)
     if m.get("error"):
         return None

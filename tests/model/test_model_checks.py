@@ -105,7 +105,7 @@ def test_wiped_by_reboot_is_told_apart(h200, tmp_path, state_dir, leftover):
     s = f["staged_this_boot", DST]
     assert s.status == Status.FAIL and "wiped by a reboot" in s.summary
     assert f"this is boot {OTHER_BOOT[:8]}" in s.summary and REAL_BOOT[:8] in s.summary
-    assert s.remedy == "model.stage" and f"--from {tmp_path / 'src'} --to {DST} --apply" in s.hint
+    assert f"gpudoctor model stage --from {tmp_path / 'src'} --to {DST} --apply" == s.hint
     c = f["complete", DST]
     assert c.status == Status.FAIL
     if leftover == "nothing":
