@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from conftest import run_gpudoctor
-from modelfiles import write_hf_cache, write_model
+from .conftest import run_gpudoctor
+from .modelfiles import write_hf_cache, write_model
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import capture, make_root
+from .conftest import capture, make_root
 from gpudoctor.checks import workload_model as wm
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Status
@@ -19,7 +19,7 @@ from gpudoctor.gather.model import gather
 from gpudoctor.host.local import LocalHost
 from gpudoctor.model import probe
 from gpudoctor.model import stage as st
-from modelfiles import shard_name, write_model
+from .modelfiles import shard_name, write_model
 
 REAL_BOOT = open("/proc/sys/kernel/random/boot_id").read().strip()
 OTHER_BOOT = "0badb007-0000-4000-8000-000000000000"
@@ -279,3 +279,22 @@ def test_mount_table_rules():
     assert "/dev/shm" in df  # the same capture's df agrees: a 64 GiB tmpfs (67108864k)
     esc = probe.parse_mounts("tmpfs /mnt/my\\040models tmpfs rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
     assert probe.mount_of("/mnt/my models/q", esc)["fstype"] == "tmpfs"
+
+
+def test_gather_over_real_ssh_matches_local(ssh_fake_root, tmp_path, state_dir):
+    """The probe program runs on the target through the Host API: over SSH it sees what LocalHost sees."""
+    root = ssh_fake_root.root
+    make_root(root, mounts=H200_MOUNTS, boot_id=REAL_BOOT)
+    write_model(root / DST.lstrip("/"), shards=3)
+    os.unlink(root / DST.lstrip("/") / shard_name(2, 3))
+    remote, _ = diagnose(ssh_fake_root.host, [DST, "/dev/shm/absent"])
+    local, _ = diagnose(LocalHost(root=str(root)), [DST, "/dev/shm/absent"])
+    assert remote["model"]["error"] is None, remote["model"]["error"]
+    for key in ("boot_id", "meminfo"):
+        assert remote["model"][key] == local["model"][key]
+    for rp, lp in zip(remote["model"]["paths"], local["model"]["paths"]):
+        for key in ("path", "exists", "mount"):
+            assert rp[key] == lp[key]
+        for key in ("kind", "complete", "problems", "files", "weights"):
+            assert rp["verify"][key] == lp["verify"][key]
+    assert [p["kind"] for p in remote["model"]["paths"][0]["verify"]["problems"]] == ["missing"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpudoctor.model import probe
-from modelfiles import safetensors_bytes
+from .modelfiles import safetensors_bytes
 
 
 def test_hand_built_file_from_the_format_description(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from gpudoctor.errors import LockHeld, RemedyError
 from gpudoctor.model import probe
 from gpudoctor.model import stage as st
-from modelfiles import safetensors_bytes, shard_name, write_hf_cache, write_model
+from .modelfiles import safetensors_bytes, shard_name, write_hf_cache, write_model
 
 
 def tree(d):

@@ -13,7 +13,7 @@ import pytest
 
 from gpudoctor.model import probe
 from gpudoctor.model import stage as st
-from modelfiles import shard_name, write_model
+from .modelfiles import shard_name, write_model
 
 RUNS = 24
 THROTTLE = {"GPUDOCTOR_TEST_STAGE_DELAY_S": "0.02", "GPUDOCTOR_TEST_STAGE_CHUNK": "4096"}

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from gpudoctor.model import probe
-from modelfiles import safetensors_bytes, shard_name, write_hf_cache, write_model
+from .modelfiles import safetensors_bytes, shard_name, write_hf_cache, write_model
 
 
 def kinds(rep):
