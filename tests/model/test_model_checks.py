@@ -298,3 +298,11 @@ def test_gather_over_real_ssh_matches_local(ssh_fake_root, tmp_path, state_dir):
         for key in ("kind", "complete", "problems", "files", "weights"):
             assert rp["verify"][key] == lp["verify"][key]
     assert [p["kind"] for p in remote["model"]["paths"][0]["verify"]["problems"]] == ["missing"]
+
+
+def test_probe_program_fits_one_argv_string():
+    """Linux caps one argument at 128 KiB (MAX_ARG_STRLEN); the probe travels as `python3 -c SOURCE`."""
+    from gpudoctor.gather.model import _source
+
+    assert len(_source().encode()) < 100_000
+    assert "import gpudoctor" not in _source() and "from gpudoctor" not in _source()  # stdlib only on the target
