@@ -6,8 +6,8 @@
     python3 bench/stage_throughput.py --jobs 4,8,16                    # also sweep the thread count
 
 The source (real random data, fsynced) is written once to --src on persistent storage and reused when it matches.
-Before every timed copy the source's page cache is dropped (posix_fadvise DONTNEED per file, plus
-/proc/sys/vm/drop_caches when writable) and the destination is deleted, so each copy reads from the disk.
+Before every timed copy the source's page cache is dropped (posix_fadvise DONTNEED per file; with --drop-caches
+also /proc/sys/vm/drop_caches) and the destination is deleted, so each copy reads from the disk.
 cp and stage alternate; every variant runs --repeat times; the median rate counts. Prints both rates and the ratio.
 Needs only the stdlib and gpudoctor's own dependencies (runs from a checkout: the repo is put on sys.path).
 """
@@ -32,8 +32,10 @@ from synth_shards import evict, write_model  # noqa: E402
 GiB = 1 << 30
 
 
-def drop_caches(src: str) -> str:
+def drop_caches(src: str, global_drop: bool = False) -> str:
     evict(src)
+    if not global_drop:  # writing /proc/sys/vm/drop_caches is a sysctl write: only when asked
+        return "fadvise"
     try:
         with open("/proc/sys/vm/drop_caches", "w") as fh:
             fh.write("1\n")
@@ -116,6 +118,8 @@ def main() -> int:
     ap.add_argument("--keep-src", action="store_true", help="keep the source afterwards (default: keep it anyway "
                     "for the next run; use --clean to remove)")
     ap.add_argument("--clean", action="store_true", help="remove the source at the end")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="also write /proc/sys/vm/drop_caches (a sysctl write; off by default: fadvise only)")
     a = ap.parse_args()
 
     size = int(a.size_gib * GiB)
@@ -152,7 +156,7 @@ def main() -> int:
         if r % 2:
             order.reverse()
         for name in order:
-            how = drop_caches(src)
+            how = drop_caches(src, a.drop_caches)
             if name == "cp -r":
                 secs = run_cp(src, dst_cp)
                 got = tree_bytes(dst_cp)
