@@ -17,6 +17,7 @@ REMEDIES: dict[str, str] = {
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
     "fabric.numa.balancing": "gpudoctor.remedies.sysctl:NumaBalancing",
     "fabric.pcie.mrrs": "gpudoctor.remedies.pcie:PcieMrrs",
+    "model.stage": "gpudoctor.remedies.model_stage:ModelStage",
 }
 
 

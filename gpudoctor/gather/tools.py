@@ -20,7 +20,7 @@ import re
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
-COMMANDS = ["nvidia-modprobe", "nvidia-smi", "nvidia-persistenced", "systemctl", "sysctl", "setpci"]
+COMMANDS = ["nvidia-modprobe", "nvidia-smi", "nvidia-persistenced", "systemctl", "sysctl", "setpci", "gpudoctor"]
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 UNITS = [PERSISTENCED_UNIT]
 UNIT_DIRS = ["/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system",
