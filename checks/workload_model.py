@@ -12,7 +12,7 @@ from gpudoctor.findings import Finding, Status
 from gpudoctor.model import human_bytes
 
 
-STAGE_REMEDY = None  # "model.stage" once that remedy is registered (issue #4, host-side remedies); the hint says how
+STAGE_REMEDY = "model.stage"  # remedies/model_stage.py: `gpudoctor fix` restages from the marker's/record's source
 MARKER = ".gpudoctor-staged.json"
 CGROUP_WARN_SHARE = 0.85  # the model's tmpfs pages above this share of the memory limit leave the server too little
 
