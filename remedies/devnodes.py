@@ -195,10 +195,16 @@ class CreateNodes(Remedy):
         for p in targets:
             n = nodes.get(p) or {"exists": False}
             wmaj, wmin, source = expected_numbers(p, live)
+            if source == "nvidia" and not _frontend_live(live):
+                wmaj = None  # expected_numbers falls back to 195; a node needs the driver's registered major
             args = modprobe_args(p) if modprobe else None
             if wmaj is None:
                 if source == "nvidia-uvm" and args and kind not in ("lxc", "docker"):
                     pass  # nvidia-modprobe -u loads nvidia_uvm and then reads its major itself
+                elif source == "nvidia":
+                    skipped.append(f"{p}: {PROC_DEVICES} has no nvidia device: the NVIDIA driver is not loaded "
+                                   f"(see host.driver.loaded); load it first")
+                    continue
                 elif source:
                     skipped.append(f"{p}: {PROC_DEVICES} has no '{source}' device (its kernel module is not loaded), "
                                    f"so there is no live major to create it with: load the driver first "
@@ -231,6 +237,7 @@ class CreateNodes(Remedy):
                     step["paths"].append(p)
             else:
                 steps.append({"kind": "mknod", "path": p, "minor": wmin, "source": source})
+        skipped = _merge(skipped)
         if not steps:
             return self.refuse("; ".join(skipped))
         commands = []
@@ -247,8 +254,6 @@ class CreateNodes(Remedy):
         summary = ("create " if not replacing else "create or replace ") + ", ".join(made)
         if loads:
             summary += " (loads the nvidia_uvm kernel module)"
-        if skipped:
-            summary += "; not touching: " + "; ".join(skipped)
         gpu_minors = sorted({g["minor"] for g in ((facts.get("driver") or {}).get("gpus") or [])
                              if g.get("minor") is not None})
         return Change(ID_CREATE, target_name(facts), summary, diff=_pseudo_diff(rows), commands=commands,
@@ -283,6 +288,8 @@ class CreateNodes(Remedy):
                 continue
             p = s["path"]
             wmaj, wmin, source = expected_numbers(p, live)
+            if source == "nvidia" and not _frontend_live(live):
+                wmaj = None
             planned = d["want"][p]
             if wmaj is None:
                 raise RemedyError(f"{PROC_DEVICES} on {change.host} no longer lists {source}: not creating {p}")
@@ -321,6 +328,22 @@ class CreateNodes(Remedy):
             return {"changed": False}
         done = [restore_node(host, p, b, ctx.timeout) for p, b in sorted((applied.get("before") or {}).items())]
         return {"changed": True, "restored": done}
+
+
+def _merge(reasons: list[str]) -> list[str]:
+    """"/dev/a: why" and "/dev/b: why" → "/dev/a, /dev/b: why" (the uvm pair usually shares its reason)."""
+    out: dict[str, list[str]] = {}
+    for r in reasons:
+        path, sep, why = r.partition(": ")
+        if sep and path.startswith("/dev/") and " " not in path:
+            out.setdefault(why, []).append(path)
+        else:
+            out.setdefault(r, [])
+    return [f"{', '.join(ps)}: {why}" if ps else why for why, ps in out.items()]
+
+
+def _frontend_live(live: dict) -> bool:
+    return any(n in live for n in ("nvidia-frontend", "nvidia", "nvidiactl"))
 
 
 def _rank(path: str) -> tuple:
@@ -374,7 +397,7 @@ class NodeMode(Remedy):
                          f"{p}  char {n.get('major')}:{n.get('minor')} mode {MODE:04o}{via}"))
         if not paths:
             return self.refuse("; ".join(skipped)) if skipped else None
-        summary = "chmod 0666 " + ", ".join(paths) + ("; not touching: " + "; ".join(skipped) if skipped else "")
+        summary = "chmod 0666 " + ", ".join(paths)
         return Change(ID_MODE, target_name(facts), summary, diff=_pseudo_diff(rows),
                       commands=[f"chmod {MODE:04o} {p}" for p in paths], risk="low",
                       fixes=[f"devices.node.mode[{p}]" for p in paths],

@@ -91,8 +91,7 @@ class ModelStage(Remedy):
             return self.refuse("; ".join(skipped))
         total = sum(a["need"] or 0 for a in actions)
         summary = ("restage " + ", ".join(f"{a['dst']} from {a['src']}" for a in actions)
-                   + (f" (about {human_bytes(total)} to copy)" if total else "")
-                   + ("; not touching: " + "; ".join(skipped) if skipped else ""))
+                   + (f" (about {human_bytes(total)} to copy)" if total else ""))
         diff = "--- model (before)\n+++ model (after)\n" + "".join(f"-{a}\n+{b}\n" for a, b in rows)
         return Change(ID, name, summary, diff=diff, commands=commands, risk="medium", fixes=keys,
                       data={"actions": actions, "skipped": skipped, "gpudoctor": remote_gd})
