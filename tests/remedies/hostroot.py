@@ -52,6 +52,7 @@ class HostRoot:
         # The stand-ins on this host's PATH (symlinks; `without` leaves some out, e.g. nvidia-modprobe).
         self.bin = tmp_path / "bin"
         self.bin.mkdir(exist_ok=True)
+        (self.bin / ".standin-root").write_text(str(self.root))
         for tool in STANDINS.iterdir():
             if not tool.name.startswith("_") and tool.name not in without and not (self.bin / tool.name).exists():
                 (self.bin / tool.name).symlink_to(tool)

@@ -1,17 +1,31 @@
 """Shared by the stand-in tools: the fake root they act on and the log of every call (argv as JSON lines).
 
-Every stand-in acts under $GPUDOCTOR_STANDIN_ROOT (a test's temp root, the same one LocalHost(root=...) maps) and
-appends its argv to $GPUDOCTOR_STANDIN_ROOT/standin-calls.jsonl. Without that variable a stand-in refuses to run, so
-a test can never reach the real machine through one.
+Every stand-in acts under a fake root (a test's temp root, the same one LocalHost(root=...) maps) and appends its argv
+to ROOT/standin-calls.jsonl. Without a root a stand-in refuses to run, so a test can never reach the real machine
+through one.
 """
 
 import json
 import os
 import sys
 
-ROOT = os.environ.get("GPUDOCTOR_STANDIN_ROOT", "")
+def _root() -> str:
+    """$GPUDOCTOR_STANDIN_ROOT, else the `.standin-root` file beside the link the tool was called by (HostRoot writes
+    one into its bin dir, so a session without our environment, e.g. over SSH, finds the same root)."""
+    env = os.environ.get("GPUDOCTOR_STANDIN_ROOT", "")
+    if env:
+        return env
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), ".standin-root")) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+ROOT = _root()
 if not ROOT or not os.path.isdir(ROOT):
-    sys.stderr.write(f"{os.path.basename(sys.argv[0])} (stand-in): GPUDOCTOR_STANDIN_ROOT is not set to a directory\n")
+    sys.stderr.write(f"{os.path.basename(sys.argv[0])} (stand-in): no fake root (GPUDOCTOR_STANDIN_ROOT or "
+                     f".standin-root beside the tool)\n")
     sys.exit(97)
 
 
