@@ -95,11 +95,9 @@ result "1 live host, all remedies, dry run" "0|1|2" "$([ $rc -le 2 ] && echo '0|
 
 # --- 2. PCIe MaxReadReq under a policy: plan only (setpci is never run in check mode) ---------------------------------
 fixrun 2-pcie-policy-512 1 --only fabric.pcie.mrrs --mrrs 512; rc=$?
-if command -v setpci >/dev/null; then
-  result "2 pcie.mrrs 512: masked setpci planned" 1 "$rc" "$(grep -m1 -o 'setpci -s [^ ]* CAP_EXP+08.w=2000:7000' "$O/2-pcie-policy-512.txt")"
-else
-  result "2 pcie.mrrs 512: refused, no setpci" 2 "$rc" "$(grep -m1 -o 'setpci (pciutils) is not installed' "$O/2-pcie-policy-512.txt")"
-fi
+# a plan (the masked setpci and the boot unit), or a refusal saying why (a container, no setpci, no systemd), or 0
+# when every GPU already has MaxReadReq 512
+result "2 pcie.mrrs 512: plan, refusal or nothing" "0|1|2" "$([ $rc -le 2 ] && echo '0|1|2' || echo $rc)" "$(grep -m1 -oE 'setpci -s [^ ]+ CAP_EXP\+08.w=2000:7000|REFUSED .{0,90}|nothing to fix' "$O/2-pcie-policy-512.txt")"
 
 # --- 3. the host-wide settings this host has right, planned from its own snapshot with the fault written in --------
 $G snapshot -o "$O/snapshot.json" 2>>"$O/log.txt"
@@ -144,7 +142,7 @@ unshare -m bash -c "$PRIV"'; exec "$@"' _ $G fix "${STATE[@]}" --only 'devices.*
 result "4c private /dev, uvm missing: plan" 1 "$?" "$(grep -m1 -oE 'mknod -m 666 [^ ]+ c [0-9]+ 0|nvidia-modprobe -u -c 0' "$O/4c-private-dev-dry-run.txt")"
 unshare -m bash -c "$PRIV"'; "$@"; echo "cuInit after the fix: $(python3 -c "import ctypes; print(ctypes.CDLL(\"libcuda.so.1\").cuInit(0))")"; ls -l /dev/nvidia-uvm*' _ \
   $G fix "${STATE[@]}" --only 'devices.*' --apply --yes > "$O/4d-private-dev-apply.txt" 2>&1
-got=$(grep -m1 -o 'cuInit after the fix: [0-9]*' "$O/4d-private-dev-apply.txt" | awk '{print $NF}')
+got=$(grep -m1 -oE 'cuInit after the fix: -?[0-9]+' "$O/4d-private-dev-apply.txt" | awk '{print $NF}')
 result "4d private /dev: apply, then cuInit" 0 "${got:-none}" "$(grep -m1 -oE '^APPLIED  devices.node.create[^:]*' "$O/4d-private-dev-apply.txt")"
 
 # --- 5. model: a synthetic model staged into a PRIVATE tmpfs on /dev/shm, wiped, restaged by model.stage ------------
