@@ -223,19 +223,22 @@ def _confirm(n: int, names: list[str], yes: bool) -> bool:
     return click.confirm(f"Apply {n} change(s) to {', '.join(names)}?", default=False)
 
 
-def render_unremedied(d, plan) -> list[str]:
-    planned = {r for c in plan.changes for r in [c.remedy]} | {r.remedy for r in plan.refusals}
+def render_unremedied(d, plan, chosen_ids) -> list[str]:
+    """The bad findings this run does not act on, and why: no remedy exists, or --only left it out."""
     from gpudoctor import remedies
 
     lines = []
     unknown = sorted({f.remedy for f in d.findings if f.bad and f.remedy and f.remedy not in remedies.REMEDIES})
     for rid in unknown:
         lines.append(f"NO REMEDY  {rid} is named by a check but not available in this build")
-    rest = [f for f in d.findings if f.bad and not f.blocked_by and (not f.remedy or f.remedy not in planned)
-            and f.remedy not in unknown]
-    if rest:
-        lines.append(f"not fixed here: {len(rest)} other root cause(s) need a human (gpudoctor check): "
-                     + ", ".join(f.key for f in rest[:6]) + (" ..." if len(rest) > 6 else ""))
+    left_out = sorted({f.remedy for f in d.findings if f.bad and f.remedy in remedies.REMEDIES
+                       and f.remedy not in chosen_ids})
+    if left_out:
+        lines.append(f"left out by --only: {', '.join(left_out)}")
+    human = [f for f in d.findings if f.bad and not f.blocked_by and not f.remedy]
+    if human:
+        lines.append(f"no remedy: {len(human)} other root cause(s) need a human (gpudoctor check): "
+                     + ", ".join(f.key for f in human[:6]) + (" ..." if len(human) > 6 else ""))
     return lines
 
 
@@ -334,7 +337,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
         plan = engine.plan(facts)
         if not as_json:
             click.echo(render_plan(plan, apply=apply))
-            for ln in render_unremedied(before, plan):
+            for ln in render_unremedied(before, plan, {r.id for r in chosen}):
                 click.echo(ln)
         outcomes, after = [], None
         if apply and plan.changes:

@@ -106,6 +106,7 @@ def test_human_output_names_outcomes_and_verdict(broken):
     out = gd("fix", "--apply", "--yes", "--only", "devices.node.mode", *broken.state)
     assert "APPLIED  devices.node.mode on gpu1: /dev/nvidia-uvm-tools: mode 0666" in out.stdout
     assert "NEW VERDICT gpu1: FAIL (exit 2; was FAIL)" in out.stdout and out.returncode == 2
+    assert "left out by --only: devices.node.create, driver.persistence" in out.stdout
 
 
 def _run_on_pty(args, answer: str):
@@ -193,3 +194,42 @@ def test_a_snapshot_of_another_machine_is_not_applied_here(tmp_path):
     assert out.returncode == 3 and "re-run with --host vm; nothing was changed" in out.stderr
     dry = gd("fix", "--facts", snap, "--lock-dir", tmp_path / "l", "--audit-log", tmp_path / "a")
     assert dry.returncode == 1 and "PLAN  devices.node.mode on vm: chmod 0666 /dev/nvidia-uvm-tools" in dry.stdout
+
+
+def test_an_lxc_guest_gets_its_proxmox_node_fixed(make_root, pve_root, fake_pct, tmp_path):
+    """--host ct200 (an LXC guest): lxc.cgroup_allow edits 200.conf on its Proxmox node (kpro6); the guest's own
+    device remedies are not asked to mknod inside the container."""
+    from tests.proxmox.conftest import install
+
+    bindir, _ = fake_pct
+    conf = install(pve_root, 200, "200-seed.conf")
+    before = conf.read_bytes()
+    guest = make_root(uvm_major=511, container="lxc", userns=True).healthy_nodes(511)
+    os.unlink(guest.path("/dev/nvidia-uvm-tools"))  # missing in the guest: the host side must provide it
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"""version: 1
+proxmox:
+  kpro6:
+    address: local
+    test_root: {pve_root}
+    test_path: [{bindir}]
+hosts:
+  ct200:
+    address: local
+    test_root: {guest.root}
+    test_path: [{guest.bin}]
+    lxc:
+      proxmox: kpro6
+      vmid: 200
+""")
+    state = ["--inventory", inv, "--host", "ct200", "--audit-log", tmp_path / "audit.jsonl", "--lock-dir",
+             tmp_path / "locks", "--backup-dir", "/var/lib/gpudoctor/backups"]
+    dry = gd("fix", *state)
+    assert "PLAN  lxc.cgroup_allow on kpro6" in dry.stdout and "+lxc.cgroup2.devices.allow: c 511:* rwm" in dry.stdout
+    assert "REFUSED  devices.node.create: /dev/nvidia-uvm-tools: inside this LXC guest" in dry.stdout
+    assert dry.returncode == 2 and conf.read_bytes() == before
+    out = gd("fix", "--apply", "--yes", "--only", "lxc.*", *state)
+    assert "APPLIED  lxc.cgroup_allow on kpro6" in out.stdout and "restart pending: pct reboot 200" in out.stdout
+    assert b"lxc.cgroup2.devices.allow: c 511:* rwm" in conf.read_bytes()
+    assert [json.loads(x)["host"] for x in (tmp_path / "audit.jsonl").read_text().splitlines()] == ["kpro6"]
+    assert out.returncode in (1, 2) and "NEW VERDICT ct200" in out.stdout
