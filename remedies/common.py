@@ -44,7 +44,10 @@ def container_kind(facts: dict) -> str | None:
 
 
 def in_container(facts: dict) -> bool:
-    return container_kind(facts) in ("lxc", "docker") or bool((tools(facts).get("caps") or {}).get("userns"))
+    """A guest whose kernel settings and devices belong to a host it cannot change: an LXC container or any user
+    namespace. (A privileged Docker-style container — or a VM whose init says "docker", as the H200 capture shows —
+    owns what it can write; the remedies then test the specific capability: /proc/sys writable, systemd running.)"""
+    return container_kind(facts) == "lxc" or bool((tools(facts).get("caps") or {}).get("userns"))
 
 
 def verdict(findings: list[Finding], fid: str, ok_summary: str, bad_summary: str) -> Finding:

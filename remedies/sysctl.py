@@ -57,8 +57,10 @@ class NumaBalancing(Remedy):
             return None
         fab = facts.get("fabric") or {}
         current = fab.get("numa_balancing")
-        if in_container(facts):
-            return self.refuse(f"{KEY} is host-global (and /proc/sys is read-only in a container): set it on the host")
+        if in_container(facts) or tools(facts).get("proc_sys_readonly"):
+            return self.refuse(f"{KEY} is host-global and this container cannot write it"
+                               + (" (/proc/sys is mounted read-only)" if tools(facts).get("proc_sys_readonly") else "")
+                               + ": set it on the host")
         sysctl = command(facts, "sysctl")
         if not sysctl:
             return self.refuse(f"sysctl is not on PATH on {target_name(facts)} (procps)")

@@ -6,6 +6,7 @@ facts["tools"] = {
   "commands": {"nvidia-modprobe": "/usr/bin/nvidia-modprobe" | None, ...},
   "caps": {"effective": "000001ffffffffff", "mknod": bool, "sys_admin": bool, "userns": bool} | {"error": ...},
   "dev_mounts": {"/dev/nvidia-uvm": {"root": "/null", "fstype": "devtmpfs", "source": "udev"}, ...},
+  "proc_sys_readonly": bool | None,   # /proc/sys mounted read-only (a container): sysctl -w cannot work
   "systemd": bool,        # systemd runs as init (/run/systemd/system is a directory)
   "units": {"nvidia-persistenced.service": {"path": ..., "text": ..., "enabled": ..., "active": ...}},
   "files": {"/etc/sysctl.d/90-gpudoctor-numa.conf": {"text": ... | None, "error": "ENOENT" | None}, ...},
@@ -134,8 +135,9 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     r = host.read_file(SYSCTL_CONF, t, 1 << 20)
     if r.ok:
         texts[SYSCTL_CONF] = r.text
+    ps = host.statvfs("/proc/sys", t)
     out = {"commands": commands, "caps": caps, "dev_mounts": parse_dev_mounts(mi.text) if mi.ok else None,
-           "systemd": systemd, "units": units, "files": files, "sysctl_numa": sysctl_settings(texts)}
+           "proc_sys_readonly": ps.get("readonly"), "systemd": systemd, "units": units, "files": files, "sysctl_numa": sysctl_settings(texts)}
     if not res.ok:
         out["error"] = "tool probe " + res.describe()
     return out

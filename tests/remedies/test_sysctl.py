@@ -85,10 +85,28 @@ def test_an_earlier_file_is_overridden_and_said_so(make_root):
     assert "overrides /usr/lib/sysctl.d/50-default.conf:1" in change.summary
 
 
-def test_in_a_container_it_is_the_hosts_setting(make_root):
-    r = setup(make_root, container="docker")
+def test_in_an_lxc_guest_it_is_the_hosts_setting(make_root):
+    r = setup(make_root, container="lxc", userns=True)
     (ref,) = engine(r).plan(r.facts(only=FACTS)).refusals
-    assert "host-global" in ref.reason
+    assert "host-global and this container cannot write it" in ref.reason
+
+
+def test_a_read_only_proc_sys_is_refused_a_writable_one_planned(make_root):
+    """A Docker-style container: refused only when /proc/sys really is read-only (a real ro bind mount here)."""
+    import subprocess
+
+    r = setup(make_root, container="docker")
+    assert engine(r).plan(r.facts(only=FACTS)).changes  # privileged: /proc/sys writable
+    d = str(r.path("/proc/sys"))
+    subprocess.run(["mount", "--bind", d, d], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True)
+        facts = r.facts(only=FACTS)
+        assert facts["tools"]["proc_sys_readonly"] is True
+        (ref,) = engine(r).plan(facts).refusals
+        assert "/proc/sys is mounted read-only" in ref.reason
+    finally:
+        subprocess.run(["umount", d], check=True)
 
 
 def test_single_numa_node_is_information_only(make_root):
