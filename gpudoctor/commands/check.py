@@ -104,6 +104,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     else:
         from gpudoctor.gather import gather
 
+        _warm_imports(as_json)
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         if deep:
             ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
@@ -119,6 +120,21 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
 
         render(d, _console(), verbose=show_all)
     raise SystemExit(d.exit_code)
+
+
+def _warm_imports(as_json: bool) -> None:
+    """Import the checks and the renderer while the probes run: the probes wait on subprocesses, not the CPU."""
+    import threading
+
+    def warm():
+        import gpudoctor.checks  # noqa: F401
+        import gpudoctor.diagnose  # noqa: F401
+
+        if not as_json:
+            import rich.console  # noqa: F401
+            import rich.table  # noqa: F401
+
+    threading.Thread(target=warm, daemon=True).start()
 
 
 def _explain(check_id: str) -> int:
