@@ -69,7 +69,7 @@ def cli(ctx, verbose):
     """
     from gpudoctor import log
 
-    log.configure(verbose)
+    log.set_defaults(verbose)
     ctx.ensure_object(dict)
 
 

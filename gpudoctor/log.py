@@ -6,6 +6,12 @@ import logging
 import sys
 
 _configured = False
+_settings: dict = {"verbosity": 0, "json_logs": None}
+
+
+def set_defaults(verbosity: int = 0, json_logs: bool | None = None) -> None:
+    """Remember the CLI's choices; structlog itself is imported only when something logs (keeps start-up fast)."""
+    _settings.update(verbosity=verbosity, json_logs=json_logs)
 
 
 def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
@@ -36,5 +42,5 @@ def get_logger(name: str = "gpudoctor", **ctx):
     import structlog
 
     if not _configured:
-        configure()
+        configure(**_settings)
     return structlog.get_logger(name).bind(**ctx)

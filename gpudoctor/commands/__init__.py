@@ -1,0 +1,1 @@
+"""CLI command modules, one per command group; loaded lazily by gpudoctor.cli."""

@@ -18,7 +18,10 @@ def _run_key(host: Host, argv) -> str:
     argv = list(argv)
     n = len(host.python)
     if argv[:n] == list(host.python):
-        argv = ["<python>", *argv[n:]]
+        rest = argv[n:]
+        while rest and rest[0].startswith("-") and rest[0] != "-c":  # interpreter flags do not change the answer
+            rest = rest[1:]
+        argv = ["<python>", *rest]
     return _key("run", argv)
 
 
