@@ -4,6 +4,7 @@ import re
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.gather.fabric import tp_groups
 
 
 def _fab(facts):
@@ -143,3 +144,54 @@ def nccl_env(facts):
                        evidence=ev)
     return Finding("fabric.nccl.env", Status.OK, "NCCL environment is valid" if nccl else "No NCCL overrides",
                    evidence=ev)
+
+
+@check("fabric.topo.tp_groups", summary="Which GPU sets to use for each tensor-parallel size (inside one NUMA node / "
+       "NVLink domain when they fit).")
+def tp_advice(facts):
+    """TP all-reduce pays the worst link in the group: a TP4 group inside one socket beats one spanning two."""
+    fab = _fab(facts)
+    topo = (fab or {}).get("topo") or {}
+    gpus = topo.get("gpus") or []
+    if len(gpus) < 2:
+        return None
+    sizes = (_policy(facts).get("tp_sizes")) or [s for s in (2, 4, 8) if s <= len(gpus)]
+    ev, data = [], {}
+    crosses = []
+    for s in sizes:
+        gs = tp_groups(topo, s)
+        data[str(s)] = gs
+        for g in gs:
+            ev.append(f"TP{s}: {','.join(x[3:] for x in g['gpus'])} — worst link {g['worst_link']}, "
+                      f"NUMA {'+'.join(g['numa_nodes'])}")
+            if len(g["numa_nodes"]) > 1:
+                crosses.append(s)
+    st = Status.INFO
+    summary = ("TP groups fit inside one NUMA node" if not crosses else
+               f"TP{min(crosses)}+ groups must span NUMA nodes (expect cross-socket all-reduce latency)")
+    return Finding("fabric.topo.tp_groups", st, summary, evidence=ev,
+                   hint="Pin each server to one group with CUDA_VISIBLE_DEVICES and numactl --cpunodebind.",
+                   data={"groups": data})
+
+
+@check("fabric.nccl.allreduce", summary="Deep tier (--deep): NCCL all-reduce bus bandwidth of each candidate TP group.")
+def allreduce(facts):
+    """Measured with torch.distributed (NVLS off); a group far below its peers has a bad link or placement."""
+    deep = facts.get("deep") or {}
+    groups = deep.get("groups")
+    if not groups:
+        return None
+    out, floor = [], (_policy(facts).get("min_busbw_gbs"))
+    for g in groups:
+        subj = f"TP{g['tp']}:{','.join(x[3:] for x in g['gpus'])}"
+        if g.get("error"):
+            out.append(Finding("fabric.nccl.allreduce", Status.UNKNOWN, f"{subj}: all-reduce probe failed", subject=subj,
+                               evidence=[g["error"][:300]]))
+            continue
+        ev = [f"all_reduce {g['bytes'] >> 20} MiB x{g['iters']}: {g['seconds_per_op'] * 1e3:.2f} ms/op, "
+              f"algbw {g['algbw_gbs']:.1f} GB/s, busbw {g['busbw_gbs']:.1f} GB/s (NCCL {g.get('nccl')}, NVLS off)"]
+        st = Status.WARN if floor and g["busbw_gbs"] < floor else Status.INFO
+        out.append(Finding("fabric.nccl.allreduce", st, f"{subj}: bus bandwidth {g['busbw_gbs']:.1f} GB/s "
+                           f"(worst link {g.get('worst_link')})", subject=subj, evidence=ev,
+                           data={"busbw_gbs": g["busbw_gbs"], "algbw_gbs": g["algbw_gbs"]}))
+    return out

@@ -44,3 +44,8 @@ def get_logger(name: str = "gpudoctor", **ctx):
     if not _configured:
         configure(**_settings)
     return structlog.get_logger(name).bind(**ctx)
+
+
+def enabled(verbosity: int = 1) -> bool:
+    """Whether the CLI asked for at least this much detail (checked without importing structlog)."""
+    return _configured or _settings["verbosity"] >= verbosity

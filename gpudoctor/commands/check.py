@@ -71,7 +71,10 @@ def common(f):
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
 @click.option("--verbose-findings", "-a", "show_all", is_flag=True, help="Show every finding with its evidence.")
-def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all):
+@click.option("--deep", is_flag=True, help="Also measure NCCL all-reduce bandwidth per TP group (occupies the GPUs; needs torch).")
+@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
+          deep, deep_python):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -102,6 +105,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         from gpudoctor.gather import gather
 
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+        if deep:
+            ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
         with host:
             facts = gather(host, ctx)
     d = diagnose(facts, set(only) or None)

@@ -21,6 +21,7 @@ SUBSYSTEMS = {
     "workload": "gpudoctor.gather.workload:gather",
     "boundary": "gpudoctor.gather.boundary:gather",
     "model": "gpudoctor.gather.model:gather",
+    "deep": "gpudoctor.gather.deep:gather",
 }
 
 
@@ -57,5 +58,11 @@ def gather(host: Host, ctx: GatherContext | None = None, only: set[str] | None =
             facts[key] = out
             facts["meta"]["timings"][key] = round(dt, 4)
     facts["meta"]["timings"]["total"] = round(time.perf_counter() - t0, 4)
+    from gpudoctor import log
+
+    if log.enabled(1):
+        lg = log.get_logger("gpudoctor.gather", host=ctx.name)
+        for key, secs in facts["meta"]["timings"].items():
+            lg.info("probe.finished", subsystem=key, seconds=secs, error=(facts.get(key) or {}).get("error"))
     facts["meta"]["gathered_at"] = time.time()
     return facts

@@ -106,6 +106,33 @@ def parse_topo(text: str) -> dict:
     return {"gpus": gpus, "pairs": pairs, "affinity": affinity}
 
 
+# Link types from best to worst (nvidia-smi topo -m legend); NV# is NVLink with # links.
+_LINK_RANK = {"X": 0, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
+
+
+def _link_rank(v: str) -> int:
+    return 1 if v.startswith("NV") else _LINK_RANK.get(v, 7)
+
+
+def tp_groups(topo: dict, size: int) -> list[dict]:
+    """Disjoint GPU sets of `size` with the best worst-link, packed by NUMA node first (greedy, deterministic)."""
+    gpus = topo.get("gpus") or []
+    pairs = topo.get("pairs") or {}
+    aff = topo.get("affinity") or {}
+
+    def link(a, b):
+        return pairs.get(f"{a}-{b}") or pairs.get(f"{b}-{a}") or "SYS"
+
+    order = sorted(gpus, key=lambda g: (str((aff.get(g) or {}).get("numa")), int(g[3:])))
+    groups = []
+    for i in range(0, len(order) - size + 1, size):
+        members = order[i:i + size]
+        worst = max((link(a, b) for j, a in enumerate(members) for b in members[j + 1:]), key=_link_rank, default="X")
+        numas = sorted({str((aff.get(g) or {}).get("numa")) for g in members})
+        groups.append({"gpus": members, "worst_link": worst, "numa_nodes": numas})
+    return groups
+
+
 def gather(host: Host, ctx: GatherContext) -> dict:
     res = host.run([*host.python, *FAST, "-c", PROBE], timeout=ctx.timeout)
     out: dict = {"timed_out": res.timed_out}
