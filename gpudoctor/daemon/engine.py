@@ -74,42 +74,60 @@ def load_factory(spec: str):
 
 
 class PipelineEngine:
-    """The real engine: gpudoctor.pipeline for checks, gpudoctor.remedy for plan/apply/verify."""
+    """The real engine: gpudoctor.pipeline for checks, gpudoctor.remedy for plan/apply/verify.
+
+    Without --host it watches this machine (named by its host name, as in `gpudoctor check`); with --host it
+    reaches inventory hosts through the inventory's transports (one connection per host, reused across cycles).
+    """
 
     def __init__(self, cfg: EngineConfig):
+        import socket
+
         self.cfg = cfg
         self.inventory = None
         self.policy = {}
         if cfg.inventory:
-            from gpudoctor.inventory import load_inventory
-
+            try:
+                from gpudoctor.inventory import load_inventory
+            except ImportError:
+                raise ConfigError("this build cannot read inventories (gpudoctor.inventory is missing)",
+                                  path=cfg.inventory) from None
             self.inventory = load_inventory(cfg.inventory)
             self.policy = dict(getattr(self.inventory, "policy", None) or {})
-        self.hosts = list(cfg.hosts) or ["localhost"]
-        self.local_host = "localhost" if "localhost" in self.hosts else None
-        self._hosts = {}
+        elif cfg.hosts:
+            raise ConfigError("--host needs --inventory (the daemon watches this machine without one)")
+        self.local_host = None if cfg.hosts else socket.gethostname()
+        self.hosts = list(cfg.hosts) or [self.local_host]
+        for h in cfg.hosts:
+            if self.inventory is not None and h not in (getattr(self.inventory, "hosts", None) or {}):
+                raise ConfigError(f"unknown host {h!r}: not in the inventory", path=cfg.inventory)
+        self._targets = {}
 
-    def _host(self, name: str):
-        if name not in self._hosts:
-            if name == "localhost" and (self.inventory is None or name not in self.inventory.hosts):
+    def _target(self, name: str):
+        """(Host, GatherContext), built once per host and kept: SSH connections are reused across cycles."""
+        if name not in self._targets:
+            if name == self.local_host:
+                from gpudoctor.gather.context import GatherContext
                 from gpudoctor.host.local import LocalHost
 
-                self._hosts[name] = LocalHost()
+                self._targets[name] = (LocalHost(), GatherContext(name=name))
             else:
-                from gpudoctor.host.factory import host_for
+                from gpudoctor.host.factory import target_for
 
-                self._hosts[name] = host_for(self.inventory, name)
-        return self._hosts[name]
-
-    def _ctx(self, name: str):
-        from gpudoctor.gather.context import GatherContext
-
-        return GatherContext(name=name, timeout=self.cfg.timeout)
+                self._targets[name] = target_for(name, self.cfg.inventory)
+        host, ctx = self._targets[name]
+        ctx.timeout = min(ctx.timeout or self.cfg.timeout, self.cfg.timeout)
+        return host, ctx
 
     def check(self, host: str):
         from gpudoctor.pipeline import check_host
 
-        return check_host(self._host(host), self._ctx(host))
+        h, ctx = self._target(host)
+        try:
+            return check_host(h, ctx)
+        except Exception:
+            self._drop(host)  # a broken transport is rebuilt at the next cycle
+            raise
 
     def plan(self, host: str, diagnosis) -> list[Action]:
         from gpudoctor import remedy
@@ -123,16 +141,21 @@ class PipelineEngine:
     def apply(self, host: str, action: Action) -> Outcome:
         from gpudoctor import remedy
 
-        res = remedy.apply_change(self._host(host), action.data["change"])
+        h, _ = self._target(host)
+        res = remedy.apply_change(h, action.data["change"])
         return Outcome(ok=bool(res.ok), message=getattr(res, "message", ""))
 
-    def close(self) -> None:
-        for h in self._hosts.values():
+    def _drop(self, name: str) -> None:
+        pair = self._targets.pop(name, None)
+        if pair is not None:
             try:
-                h.close()
-            except Exception:
+                pair[0].close()
+            except Exception:  # noqa: BLE001
                 pass
-        self._hosts.clear()
+
+    def close(self) -> None:
+        for name in list(self._targets):
+            self._drop(name)
 
 
 def pipeline_engine(cfg: EngineConfig) -> PipelineEngine:

@@ -74,7 +74,8 @@ def _budget(d: dict, base: Budget, where: str, path: str | None) -> Budget:
     vals = {}
     for k, v in d.items():
         if k not in _BUDGET_KEYS:
-            raise ConfigError(f"{where}unknown key {k!r} (known: {', '.join(sorted(_BUDGET_KEYS))})", path=path)
+            raise ConfigError(f"{where.rstrip('.')}: unknown key {k!r} (known: {', '.join(sorted(_BUDGET_KEYS))})",
+                              path=path)
         vals[k] = _number(k, v, _BUDGET_KEYS[k], where, path)
     return replace(base, **vals)
 
@@ -85,13 +86,15 @@ def parse_policy(policy: dict | None, *, path: str | None = None) -> HealPolicy:
         return HealPolicy()
     if not isinstance(policy, dict):
         raise ConfigError("policy must be a mapping", path=path)
-    d = policy.get("daemon") or {}
+    d = policy.get("daemon")
+    d = {} if d is None else d
     if not isinstance(d, dict):
         raise ConfigError("policy.daemon must be a mapping", path=path)
     where = "policy.daemon."
     for k, v in d.items():
         if k not in _TOP_KEYS:
-            raise ConfigError(f"{where}unknown key {k!r} (known: {', '.join(sorted(_TOP_KEYS))})", path=path)
+            raise ConfigError(f"{where.rstrip('.')}: unknown key {k!r} (known: {', '.join(sorted(_TOP_KEYS))})",
+                              path=path)
         if not isinstance(v, _TOP_KEYS[k]) and _TOP_KEYS[k] in (list, dict):
             raise ConfigError(f"{where}{k} must be a {'list' if _TOP_KEYS[k] is list else 'mapping'}", path=path)
     heal = d.get("heal", [])
