@@ -92,9 +92,7 @@ def ssh(n: int, parallel: int) -> None:
         return
     import getpass
 
-    from gpudoctor.diagnose import diagnose
     from gpudoctor.fleet import default_check_fn
-    from gpudoctor.gather import gather
 
     tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-fleet-"))
     proc, port, key, known = start_sshd(tmp)
@@ -118,7 +116,6 @@ def ssh(n: int, parallel: int) -> None:
         print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value})")
         print(f"ssh: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}")
         print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
-        del diagnose, gather
     finally:
         proc.terminate()
         proc.wait(10)

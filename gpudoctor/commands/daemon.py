@@ -120,10 +120,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     metrics = DaemonMetrics() if serve else None
     xid_factory = None
     if not no_xid and not once:
-        from gpudoctor.daemon.xid import XidWatcher
-
-        def xid_factory(on_event):
-            return XidWatcher(on_event)
+        from gpudoctor.daemon.xid import XidWatcher as xid_factory
 
     d = Daemon(cfg, engine_factory=load_factory(engine_spec), clock=make_clock(clock_file),
                store=StateStore(state_path), notifier=Notifier(), metrics=metrics, xid_watcher_factory=xid_factory)

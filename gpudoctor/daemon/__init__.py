@@ -5,5 +5,7 @@ state (atomic state file), sdnotify (systemd protocol), metrics (Prometheus + HT
 engine (what is checked and healed), loop (the daemon itself).
 """
 
-from gpudoctor.daemon.engine import Action, EngineConfig, Outcome  # noqa: F401
-from gpudoctor.daemon.loop import Daemon, DaemonConfig  # noqa: F401
+from gpudoctor.daemon.engine import Action, EngineConfig, Outcome
+from gpudoctor.daemon.loop import Daemon, DaemonConfig
+
+__all__ = ["Action", "Daemon", "DaemonConfig", "EngineConfig", "Outcome"]

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import scrape
+from daemon_harness import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 

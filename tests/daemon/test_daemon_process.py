@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import T0
+from daemon_harness import T0
 
 CUDA_FAIL = {"id": "cuda.init", "status": "fail", "summary": "cuInit returned 999 (CUDA_ERROR_UNKNOWN)",
              "remedy": "lxc.reboot"}

@@ -6,14 +6,13 @@ import json
 import os
 import socket
 import stat
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from gpudoctor.daemon.budget import Breaker, RemedyLedger
-from gpudoctor.daemon.engine import Action, EngineConfig, Outcome
+from gpudoctor.daemon.engine import Action, Outcome
 from gpudoctor.daemon.loop import Daemon, DaemonConfig
 from gpudoctor.daemon.policy import Budget, parse_policy
 from gpudoctor.daemon.sdnotify import Notifier, WatchdogPinger

@@ -11,7 +11,7 @@ from gpudoctor.errors import HostUnreachable
 from gpudoctor.fleet import check_fleet
 from gpudoctor.promfile import render, write_prom
 
-from test_fleet import replay_check
+from fleet_helpers import replay_check
 
 
 def samples(text):

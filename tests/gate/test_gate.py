@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SNAPS, run_gate
+from gate_harness import SNAPS, run_gate
 
 from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import ConfigError

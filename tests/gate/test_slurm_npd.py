@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import SNAPS, run_gate
+from gate_harness import SNAPS, run_gate
 
 from gpudoctor.slurm import make_reason, parse_show_node
 

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import HostUnreachable, InputError
 from gpudoctor.fleet import check_fleet, select_hosts
-from gpudoctor.snapshot import facts_of, load
 
-SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
-DOCS = {p.stem: load(str(p)) for p in sorted(SNAPS.glob("*.json"))}
-
-
-def replay_check(name: str):
-    """A host named after its snapshot: gather through the replay backend and diagnose."""
-    return diagnose(facts_of(DOCS[name.split("#")[0]]))
+from fleet_helpers import replay_check
 
 
 def test_parallelism_is_bounded_and_every_host_is_checked():
