@@ -97,7 +97,13 @@ class FleetResult:
 
 
 def select_hosts(inventory, *, all_hosts: bool = False, groups=(), hosts=()) -> list[str]:
-    """Host names for --all / --group G / --host H (in inventory order, no duplicates); unknown names are bad input."""
+    """Host names for --all / --group G / --host H (in inventory order, no duplicates); unknown names are bad input.
+
+    Uses `Inventory.select` ("all", "@group", name or pattern) when the inventory has it.
+    """
+    if hasattr(inventory, "select"):
+        specs = (["all"] if all_hosts else []) + [f"@{g}" for g in groups] + list(hosts)
+        return list(dict.fromkeys(h.name for spec in specs for h in inventory.select(spec)))
     inv_hosts = list(getattr(inventory, "hosts", {}) or {})
     inv_groups = dict(getattr(inventory, "groups", {}) or {})
     path = getattr(inventory, "path", None)

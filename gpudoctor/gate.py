@@ -1,7 +1,8 @@
 """The pre-flight gate: does a Diagnosis let a campaign (or a server) start? Profiles say what is required.
 
-A profile names check-id patterns (fnmatch) that must have run and be ok; by default any failure anywhere also
-blocks ("fail-free"). Pure: Diagnosis + profile in, GateResult out. The `gate` command renders it; slurm.py and
+A profile names check-id patterns (fnmatch) that must have run and passed (ok, info, or warn: a warning is an
+explained non-blocker); "!pattern" in a list profile means failures there never block. By default any failure
+anywhere also blocks ("fail-free"). Pure: Diagnosis + profile in, GateResult out. The `gate` command renders it; slurm.py and
 npd.py adapt it to their conventions.
 """
 
@@ -29,14 +30,19 @@ BUILTIN_PROFILES = {
 @dataclass(frozen=True)
 class Profile:
     name: str
-    require: tuple[str, ...] = ()  # check-id patterns that must run and be ok (or info)
+    require: tuple[str, ...] = ()  # check-id patterns that must run and pass (ok, info or warn)
     ignore: tuple[str, ...] = ()  # check-id patterns whose failures never block
     fail_free: bool = True  # any failure outside `ignore` blocks
 
 
 def _profile_from(name: str, spec, path: str | None) -> Profile:
+    if hasattr(spec, "patterns"):  # gpudoctor.inventory.Profile
+        spec = list(spec.patterns)
     if isinstance(spec, (list, tuple)):
-        spec = {"require": list(spec)}
+        if not all(isinstance(v, str) and v for v in spec):
+            raise ConfigError(f"profile {name!r} must list check-id patterns (strings)", path=path)
+        spec = {"require": [p for p in spec if not p.startswith("!")],
+                "ignore": [p[1:] for p in spec if p.startswith("!")]}
     if not isinstance(spec, dict):
         raise ConfigError(f"profile {name!r} must be a list of check-id patterns or a mapping", path=path)
     unknown = set(spec) - {"require", "ignore", "fail_free"}
@@ -70,7 +76,7 @@ class Blocker:
     """One reason the gate is closed."""
 
     key: str
-    status: str  # fail | unknown | warn | missing
+    status: str  # fail | unknown | missing
     summary: str
     hint: str | None = None
     symptom_of: str | None = None
@@ -108,7 +114,7 @@ class GateResult:
             return EXIT_UNKNOWN
         if not self.blockers:
             return EXIT_OK
-        if any(b.status in ("fail", "missing", "warn") for b in self.blockers):
+        if any(b.status in ("fail", "missing") for b in self.blockers):
             return EXIT_FAIL
         return EXIT_UNKNOWN
 
@@ -167,9 +173,9 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
                                     "give the check what it needs (e.g. --model PATH or model_paths in the inventory)",
                                     symptom_of=_upstream_failure(pat, findings), required=True)
         for f in matched:
-            if f.status not in (Status.OK, Status.INFO):
+            if f.status in (Status.FAIL, Status.UNKNOWN) and not _match(f.id, profile.ignore):
                 add(f, f.status.value, True)
-    order = {"fail": 0, "missing": 1, "unknown": 2, "warn": 3}
+    order = {"fail": 0, "missing": 1, "unknown": 2}
     ranked = sorted(blockers.values(), key=lambda b: (b.symptom_of is not None, order.get(b.status, 9)))
     host = getattr(diagnosis, "host", None) or "?"
     return GateResult(host=host, profile=profile.name, blockers=ranked)

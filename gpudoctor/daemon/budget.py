@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpudoctor.daemon.policy import Budget
-
-HOUR = 3600.0
+from gpudoctor.daemon.policy import DAY, HOUR, Budget
 
 
 @dataclass
@@ -20,28 +18,25 @@ class RemedyLedger:
     total_attempts: int = 0
 
     def prune(self, now: float) -> None:
-        self.attempts = [t for t in self.attempts if now - t < HOUR and t <= now]
+        """Forget attempts older than a day (the longest window) and any from the future (a clock jump)."""
+        self.attempts = [t for t in self.attempts if now - t < DAY and t <= now]
 
-    def next_allowed(self, budget: Budget, now: float) -> float:
-        """The earliest clock time at which another attempt is within budget."""
-        self.prune(now)
-        at = now
-        if self.last_failure is not None and self.consecutive_failures:
-            at = max(at, self.last_failure + budget.backoff_after(self.consecutive_failures))
-        if budget.max_attempts_per_hour <= 0:
-            return float("inf")
-        if len(self.attempts) >= budget.max_attempts_per_hour:
-            oldest_that_counts = sorted(self.attempts)[-budget.max_attempts_per_hour]
-            at = max(at, oldest_that_counts + HOUR)
-        return at
+    @staticmethod
+    def _window_free_at(attempts, window: float, cap: int, now: float) -> float:
+        inside = sorted(t for t in attempts if now - t < window)
+        if len(inside) < cap:
+            return now
+        return inside[-cap] + window if cap > 0 else float("inf")
 
     def decide(self, budget: Budget, now: float) -> tuple[bool, str | None, float]:
-        """(allowed, reason when not, retry_at). Reasons: 'disabled', 'hourly_cap', 'backoff'."""
-        if budget.max_attempts_per_hour <= 0:
+        """(allowed, reason when not, retry_at). Reasons: 'disabled', 'hourly_cap', 'daily_cap', 'backoff'."""
+        if budget.max_attempts_per_hour <= 0 or budget.max_attempts_per_day == 0:
             return False, "disabled", float("inf")
         self.prune(now)
-        if len(self.attempts) >= budget.max_attempts_per_hour:
-            return False, "hourly_cap", self.next_allowed(budget, now)
+        for window, cap in budget.windows():
+            free_at = self._window_free_at(self.attempts, window, cap, now)
+            if free_at > now:
+                return False, "hourly_cap" if window == HOUR else "daily_cap", free_at
         if self.last_failure is not None and self.consecutive_failures:
             until = self.last_failure + budget.backoff_after(self.consecutive_failures)
             if now < until:

@@ -38,7 +38,7 @@ class Outcome:
 class Engine(Protocol):
     hosts: list[str]  # host names to watch, in order
     local_host: str | None  # the name that is this machine (XID events belong to it), or None
-    policy: dict  # the inventory's `policy` mapping
+    policy: object  # the inventory's policy: a mapping or inventory.Policy (auto_apply, never_apply, budgets)
 
     def check(self, host: str):
         """A Diagnosis (findings, root_causes, verdict). Transport failure raises HostError."""
@@ -93,7 +93,7 @@ class PipelineEngine:
                 raise ConfigError("this build cannot read inventories (gpudoctor.inventory is missing)",
                                   path=cfg.inventory) from None
             self.inventory = load_inventory(cfg.inventory)
-            self.policy = dict(getattr(self.inventory, "policy", None) or {})
+            self.policy = getattr(self.inventory, "policy", None) or {}  # inventory.Policy (has as_dict)
         elif cfg.hosts:
             raise ConfigError("--host needs --inventory (the daemon watches this machine without one)")
         self.local_host = None if cfg.hosts else socket.gethostname()

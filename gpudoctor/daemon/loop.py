@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpudoctor.daemon.budget import HALF_OPEN, OPEN
 from gpudoctor.daemon.engine import Action, EngineConfig, Outcome
@@ -80,7 +80,7 @@ class Daemon:
         policy = parse_policy(getattr(engine, "policy", None) or {}, path=self.config.engine.inventory)
         policy = policy.with_allowed(self.config.heal)
         if self.config.observe_only:
-            policy = HealPolicy(allow=(), budget=policy.budget, remedies=policy.remedies)
+            policy = replace(policy, allow=())
         old, self.engine, self.policy = self.engine, engine, policy
         if old is not None:
             old.close()

@@ -17,9 +17,9 @@ UVM_FAIL = {"id": "devices.uvm.open", "status": "fail", "summary": "open(/dev/nv
 OK = {"id": "driver.nvml.init", "status": "ok", "summary": "NVML initialised"}
 
 
-def scenario(findings, *, heal=(), remedies=None, **daemon_policy):
+def scenario(findings, *, heal=(), remedies=None, **budgets):
     return {"hosts": ["ct200"], "local_host": None,
-            "policy": {"daemon": {"heal": list(heal), **daemon_policy}},
+            "policy": {"auto_apply": list(heal), "budgets": budgets},
             "findings": {"ct200": findings}, "remedies": remedies or {}}
 
 
@@ -154,7 +154,7 @@ def test_policy_gates_healing_and_sighup_reloads_it(daemon_factory):
     # no allow-list at all: healing is off, nothing is even planned
     assert not any(k[0] == "gpudoctor_remedies_skipped_total" for k in m)
 
-    d.write_scenario(policy={"daemon": {"heal": ["lxc.*"]}})  # allows something else
+    d.write_scenario(policy={"auto_apply": ["lxc.*"]})  # allows something else
     n = len(d.datagrams)
     d.signal(signal.SIGHUP)
     d.wait_datagram(lambda m: m.startswith("RELOADING=1"), start=n)
@@ -165,18 +165,25 @@ def test_policy_gates_healing_and_sighup_reloads_it(daemon_factory):
     assert m[("gpudoctor_remedies_skipped_total", frozenset({("host", "ct200"), ("remedy", "devices.uvm_node"),
                                                              ("reason", "policy")}))] == 1
 
-    d.write_scenario(policy={"daemon": {"heal": ["devices.uvm_node"]}})
+    d.write_scenario(policy={"auto_apply": ["devices.*"], "never_apply": ["devices.uvm_*"]})  # never wins
+    d.signal(signal.SIGHUP)
+    d.step()
+    assert d.applied() == []
+    assert d.metrics()[("gpudoctor_remedies_skipped_total", frozenset({("host", "ct200"),
+                       ("remedy", "devices.uvm_node"), ("reason", "policy")}))] == 2
+
+    d.write_scenario(policy={"auto_apply": ["devices.*"], "never_apply": ["devices.other"]})
     d.signal(signal.SIGHUP)
     d.step()
     assert [a["remedy"] for a in d.applied()] == ["devices.uvm_node"]
 
     # a broken policy on reload keeps the old one and says so on /healthz and in STATUS
-    d.write_scenario(policy={"daemon": {"heal": "devices.uvm_node"}})
+    d.write_scenario(policy={"auto_apply": "devices.uvm_node"})
     n = len(d.datagrams)
     d.signal(signal.SIGHUP)
     d.wait_datagram(lambda m: "reload failed" in m, start=n)
     code, body = d.get("/healthz")
-    assert code == 200 and "policy.daemon.heal must be a list" in json.loads(body)["reload_error"]
+    assert code == 200 and "policy.auto_apply must be a list" in json.loads(body)["reload_error"]
     assert d.proc.poll() is None
 
 

@@ -58,32 +58,46 @@ def test_breaker_opens_half_opens_and_closes():
     assert Breaker.from_json({"state": "garbage"}).state == "open"  # unreadable errs on the side of not healing
 
 
-def test_policy_parsing_and_reboot_cap():
-    p = parse_policy({"daemon": {"heal": ["devices.*", "lxc.reboot"], "max_attempts_per_hour": 5, "backoff_s": 30,
-                                 "remedies": {"lxc.reboot": {"backoff_s": 900}}, "breaker_threshold": 2}})
-    assert p.allows("devices.node.create") and not p.allows("model.stage")
-    assert p.budget_for("devices.node.create").max_attempts_per_hour == 5
+def test_policy_parsing_and_reboot_caps():
+    p = parse_policy({"auto_apply": ["devices.*", "lxc.*"], "never_apply": ["lxc.cgroup_allow"],
+                      "budgets": {"max_changes_per_hour": 5, "backoff_s": 30, "breaker_threshold": 2,
+                                  "max_reboots_per_day": 2, "some_other_tools_budget": 7}})
+    assert p.allows("devices.node.create") and p.allows("lxc.reboot")
+    assert not p.allows("lxc.cgroup_allow") and not p.allows("model.stage")  # never_apply wins; unlisted is off
+    b = p.budget_for("devices.node.create")
+    assert (b.max_attempts_per_hour, b.max_attempts_per_day, b.backoff_s) == (5, None, 30)
     rb = p.budget_for("lxc.reboot", reboot=True)
-    assert rb.max_attempts_per_hour == 1 and rb.backoff_s == 900
+    assert (rb.max_attempts_per_hour, rb.max_attempts_per_day) == (1, 2)
     assert p.breaker_threshold == 2
-    assert parse_policy(None).allow == () and parse_policy({"other": 1}).allow == ()
+    assert parse_policy(None).allow == () and parse_policy({}).allow == ()
+    obj = SimpleNamespace(as_dict=lambda: {"auto_apply": ["x.*"], "never_apply": [], "budgets": {}, "checks": {}})
+    assert parse_policy(obj).allows("x.y")
 
 
-@pytest.mark.parametrize("daemon, msg", [
-    ({"heal": "x"}, "policy.daemon.heal must be a list"),
-    ({"heal": [1]}, "heal must list remedy ids"),
-    ({"max_attempts_per_hour": -1}, "max_attempts_per_hour must be a non-negative integer"),
-    ({"max_attempts_per_hour": 1.5}, "must be a non-negative integer"),
-    ({"backoff_s": "60"}, "backoff_s must be a non-negative number"),
-    ({"backoff_factor": 0.5}, "backoff_factor must be >= 1"),
-    ({"breaker_threshold": 0}, "breaker_threshold must be >= 1"),
-    ({"remedies": {"x": {"bogus": 1}}}, "policy.daemon.remedies.x: unknown key 'bogus'"),
-    ({"colour": "red"}, "policy.daemon: unknown key 'colour'"),
-    ([], "policy.daemon must be a mapping"),
+def test_daily_cap():
+    b = Budget(max_attempts_per_hour=1, max_attempts_per_day=2, backoff_s=0)
+    led = RemedyLedger()
+    for t in (0, 3600):
+        assert led.decide(b, t)[0]
+        led.record_attempt(t)
+    assert led.decide(b, 7200) == (False, "daily_cap", 86400)
+    assert led.decide(b, 86400)[0]
+
+
+@pytest.mark.parametrize("policy, msg", [
+    ({"auto_apply": "x"}, "policy.auto_apply must be a list of remedy-id patterns"),
+    ({"never_apply": [1]}, "policy.never_apply must be a list"),
+    ({"budgets": []}, "policy.budgets must be a mapping"),
+    ({"budgets": {"max_changes_per_hour": -1}}, "policy.budgets.max_changes_per_hour must be an integer >= 0"),
+    ({"budgets": {"max_changes_per_hour": 1.5}}, "must be an integer >= 0"),
+    ({"budgets": {"backoff_s": "60"}}, "policy.budgets.backoff_s must be a number >= 0"),
+    ({"budgets": {"backoff_factor": 0.5}}, "backoff_factor must be >= 1"),
+    ({"budgets": {"breaker_threshold": 0}}, "breaker_threshold must be >= 1"),
+    ([], "policy must be a mapping"),
 ])
-def test_bad_policies(daemon, msg):
+def test_bad_policies(policy, msg):
     with pytest.raises(ConfigError) as ei:
-        parse_policy({"daemon": daemon}, path="inv.yaml")
+        parse_policy(policy, path="inv.yaml")
     assert msg in ei.value.one_line() and ei.value.one_line().startswith("inv.yaml: ")
 
 

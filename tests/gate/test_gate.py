@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from gate_harness import SNAPS, run_gate
 
 from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import ConfigError
+from gpudoctor.findings import Finding
 from gpudoctor.gate import evaluate, resolve_profile
 from gpudoctor.snapshot import facts_of, load
 
@@ -41,18 +43,31 @@ def test_required_check_that_did_not_run_blocks_and_names_its_cause():
     assert missing["cuda.device_count"].symptom_of == "devices.node.major[/dev/nvidiactl]"
 
 
-def test_required_warn_blocks_but_ignore_lets_a_failure_through():
+def test_required_warn_passes_unknown_blocks_and_bang_ignores():
     d = diag("h200-uvmtools-000")
-    r = evaluate(d, resolve_profile("strict", {"strict": ["devices.node.*"]}))
-    assert [b.key for b in r.blockers] == ["devices.node.mode[/dev/nvidia-uvm-tools]"] and r.exit_code == 2
+    assert evaluate(d, resolve_profile("strict", {"strict": ["devices.node.*"]})).passed  # a warning passes
+    probe_failed = SimpleNamespace(host="h", findings=[
+        Finding("cuda.init", "unknown", "cuInit did not answer in 10 s", hint="look for a hung driver"),
+        Finding("driver.nvml.init", "ok", "NVML ok")])
+    r = evaluate(probe_failed, resolve_profile("p", {"p": ["cuda.init", "driver.*"]}))
+    assert [(b.key, b.status) for b in r.blockers] == [("cuda.init", "unknown")] and r.exit_code == 3
+    assert evaluate(probe_failed, resolve_profile(None)).passed  # default: only failures block
     d = diag("h200-uvm-blocked")
-    r = evaluate(d, resolve_profile("nvml-only", {"nvml-only": {"require": ["driver.nvml.init"],
-                                                                "ignore": ["devices.*", "cuda.*"]}}))
+    r = evaluate(d, resolve_profile("nvml-only", {"nvml-only": ["driver.nvml.init", "!devices.*", "!cuda.*"]}))
     assert r.passed
+    r = evaluate(d, resolve_profile("m", {"m": {"require": ["driver.nvml.init"], "ignore": ["devices.*"]}}))
+    assert [b.key for b in r.blockers] == ["cuda.init"]
+
+
+def test_inventory_profile_objects():
+    prof = SimpleNamespace(name="serving", patterns=("cuda.*", "!devices.node.mode"), line=3)
+    p = resolve_profile("serving", {"serving": prof})
+    assert p.require == ("cuda.*",) and p.ignore == ("devices.node.mode",)
 
 
 @pytest.mark.parametrize("spec, msg", [
     ("cuda.init", "must be a list of check-id patterns or a mapping"),
+    ([1], "must list check-id patterns (strings)"),
     ({"require": "cuda.init"}, "require must be a list"),
     ({"requires": ["x"]}, "unknown key(s) requires"),
     ({"fail_free": "yes"}, "fail_free must be true or false"),
