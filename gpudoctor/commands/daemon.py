@@ -61,7 +61,7 @@ def _reset_breaker(state_path: str) -> int:
               help="State file (budgets, breaker) kept across restarts. Default: $STATE_DIRECTORY/daemon.json, "
                    "/var/lib/gpudoctor/daemon.json as root.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Inventory with hosts and the healing policy (policy.daemon). Reloaded on SIGHUP.")
+              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP.")
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Inventory host(s) to watch (default: this machine).")
 @click.option("--heal", multiple=True, metavar="REMEDY",
               help="Also allow this remedy id (fnmatch pattern) to be applied unattended.")
@@ -80,7 +80,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     """Watch GPU hosts, heal them within budgets, and export their health.
 
     At start and every --interval the daemon checks each host. For a failing host it applies only the remedies
-    the policy allows (inventory `policy.daemon.heal`, or --heal), each within a budget: at most N attempts per
+    the policy allows (inventory `policy.auto_apply` minus `never_apply`, or --heal), each within a budget: at most N attempts per
     hour with exponential backoff after failures, container reboots at most once per hour, and a circuit breaker
     that stops all healing of a host after repeated failures until a cool-down passes or it is reset.
     A remedy only counts as a success once the next check shows its finding cleared.
