@@ -85,7 +85,7 @@ def start_sshd(tmp: Path):
 
 def ssh(n: int, parallel: int) -> None:
     try:
-        from gpudoctor.host.factory import target_for  # noqa: F401
+        from gpudoctor.host.factory import open_target  # noqa: F401
         from gpudoctor.inventory import load_inventory
     except ImportError as exc:
         print(f"ssh: skipped: this build has no SSH backend/inventory yet ({exc})")

@@ -213,18 +213,37 @@ def check_fleet(inventory, names, parallel: int = 32, check_fn=None, *, host_tim
     return FleetResult([records[n] for n in names], parallel, time.monotonic() - t0)
 
 
+def open_check_target(name: str, inventory, timeout: float = 10.0):
+    """(Host, GatherContext) of one inventory host: its transport, its Proxmox node, what it should have.
+
+    Nothing connects here; the SSH connection opens on first use and is reused by every probe of the host.
+    """
+    from gpudoctor.gather.context import GatherContext
+    from gpudoctor.host.factory import open_target
+
+    t = open_target(name, inventory)
+    ctx = GatherContext(name=t.name, expect_gpus=t.expect_gpus, model_paths=list(t.model_paths or []),
+                        proxmox=t.proxmox, vmid=t.vmid, timeout=timeout)
+    policy = getattr(inventory, "policy", None)
+    if policy is not None and hasattr(policy, "as_dict"):
+        ctx.policy = policy.as_dict()
+    return t.host, ctx
+
+
 def default_check_fn(inventory, timeout: float = 10.0):
     """check_fn over the inventory's transports: gather each host once and diagnose it."""
 
     def check(name: str):
         from gpudoctor.diagnose import diagnose
         from gpudoctor.gather import gather
-        from gpudoctor.host.factory import target_for
 
-        host, ctx = target_for(name, getattr(inventory, "path", inventory))
-        ctx.timeout = timeout
-        with host:
+        host, ctx = open_check_target(name, inventory, timeout)
+        try:
             return diagnose(gather(host, ctx))
+        finally:
+            host.close()
+            if ctx.proxmox is not None:
+                ctx.proxmox.close()
 
     return check
 

@@ -112,9 +112,9 @@ class PipelineEngine:
 
                 self._targets[name] = (LocalHost(), GatherContext(name=name))
             else:
-                from gpudoctor.host.factory import target_for
+                from gpudoctor.fleet import open_check_target
 
-                self._targets[name] = target_for(name, self.cfg.inventory)
+                self._targets[name] = open_check_target(name, self.inventory, self.cfg.timeout)
         host, ctx = self._targets[name]
         ctx.timeout = min(ctx.timeout or self.cfg.timeout, self.cfg.timeout)
         return host, ctx
@@ -148,10 +148,12 @@ class PipelineEngine:
     def _drop(self, name: str) -> None:
         pair = self._targets.pop(name, None)
         if pair is not None:
-            try:
-                pair[0].close()
-            except Exception:  # noqa: BLE001
-                pass
+            for h in (pair[0], getattr(pair[1], "proxmox", None)):
+                try:
+                    if h is not None:
+                        h.close()
+                except Exception:  # noqa: BLE001
+                    pass
 
     def close(self) -> None:
         for name in list(self._targets):
