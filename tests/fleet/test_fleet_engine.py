@@ -15,23 +15,24 @@ from fleet_helpers import replay_check
 
 
 def test_parallelism_is_bounded_and_every_host_is_checked():
-    live, peak, lock = [0], [0], threading.Lock()
+    live, peak, cond = [0], [0], threading.Condition()
 
     def check(name):
-        with lock:
+        with cond:
             live[0] += 1
             peak[0] = max(peak[0], live[0])
-        time.sleep(0.02)
-        with lock:
+            cond.notify_all()
+            cond.wait_for(lambda: live[0] >= 8 or peak[0] > 8, timeout=5)  # hold until the batch is full
+        result = replay_check("h200-healthy")
+        with cond:
             live[0] -= 1
-        return replay_check("h200-healthy")
+        return result
 
     names = [f"n{i:02d}" for i in range(40)]
     res = check_fleet(None, names, parallel=8, check_fn=check)
-    assert peak[0] == 8
+    assert peak[0] == 8  # all 8 ran at once, never more
     assert [r.host for r in res.records] == names
     assert res.counts()["ok"] == 40 and res.exit_code == 0
-    assert res.wall_s < 40 * 0.02  # it ran concurrently
 
 
 def test_failed_unreachable_and_crashing_hosts_never_spoil_the_others():
@@ -86,7 +87,7 @@ def test_a_hung_host_is_abandoned_at_its_deadline_and_the_rest_go_on():
     by = {r.host: r for r in res.records}
     assert by["hangs"].status == "unreachable" and by["hangs"].error == "did not answer in 0.5 s"
     assert all(by[f"n{i}"].status == "ok" for i in range(6))
-    assert took < 3.0
+    assert took < 10.0  # not 30 s: the hung host was abandoned at its deadline
 
 
 def test_progress_callback_sees_every_host():
