@@ -14,6 +14,16 @@ def set_defaults(verbosity: int = 0, json_logs: bool | None = None) -> None:
     _settings.update(verbosity=verbosity, json_logs=json_logs)
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of the write (pytest and CliRunner swap it)."""
+
+    def write(self, s: str) -> int:
+        return sys.stderr.write(s)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
     """Configure structlog once: level from -v count, JSON lines when not on a TTY."""
     global _configured
@@ -31,7 +41,7 @@ def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True

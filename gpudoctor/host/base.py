@@ -7,7 +7,9 @@ errno is a *result*, never an exception. A deadline that passes is a result with
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import shlex
 from dataclasses import asdict, dataclass, field
 
@@ -52,6 +54,34 @@ _PY_LISTDIR = r"""
 import errno, json, os, sys
 try:
     print(json.dumps({"entries": sorted(os.listdir(sys.argv[1]))}))
+except OSError as e:
+    print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
+"""
+
+_PY_WRITE = r"""
+import errno, json, os, sys
+try:
+    data = sys.stdin.buffer.read()
+    with open(sys.argv[1], "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    print(json.dumps({"ok": True}))
+except OSError as e:
+    print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
+"""
+
+_PY_RENAME = r"""
+import errno, json, os, sys
+try:
+    os.replace(sys.argv[1], sys.argv[2])
+    try:
+        fd = os.open(os.path.dirname(sys.argv[2]) or ".", os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    except OSError:
+        pass
+    print(json.dumps({"ok": True}))
 except OSError as e:
     print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
 """
@@ -161,9 +191,14 @@ class Host:
     # --- operations with portable defaults (backends may do them in-process) ---------------
     def read_file(self, path: str, timeout: float = 3.0, max_bytes: int = 4 << 20) -> FileRead:
         """Read up to max_bytes of a file on the target."""
+        # Read in 64 KiB steps: one huge read() of a /proc/sys file fails with ENOMEM.
         prog = ("import base64,errno,json,sys\n"
                 "try:\n"
-                f" d=open(sys.argv[1],'rb').read({int(max_bytes)})\n"
+                " f=open(sys.argv[1],'rb',buffering=0);d=b'';n=" + str(int(max_bytes)) + "\n"
+                " while len(d)<n:\n"
+                "  c=f.read(min(65536,n-len(d)))\n"
+                "  if not c: break\n"
+                "  d+=c\n"
                 " print(json.dumps({'b':base64.b64encode(d).decode()}))\n"
                 "except OSError as e:\n"
                 " print(json.dumps({'e':errno.errorcode.get(e.errno,str(e.errno))}))\n")
@@ -214,8 +249,27 @@ class Host:
         return data if data is not None else {"error": "TIMEOUT"}
 
     def write_file(self, path: str, data: bytes, timeout: float = 10.0) -> None:
-        """Write a file on the target (used only by remedies, which go through gpudoctor.edit)."""
-        raise NotImplementedError
+        """Create or truncate `path` with `data` (remedies only; atomic edits write a temp name, then rename()).
+
+        A filesystem error raises OSError with the target's errno; a transport failure raises HostError.
+        """
+        self._mutate("write", path, [*self.python, "-c", _PY_WRITE, path], timeout, data)
+
+    def rename(self, src: str, dst: str, timeout: float = 10.0) -> None:
+        """Atomically replace `dst` with `src` (same directory: the last step of every safe edit)."""
+        self._mutate("rename", src, [*self.python, "-c", _PY_RENAME, src, dst], timeout, None)
+
+    def _mutate(self, what: str, path: str, argv: list[str], timeout: float, data: bytes | None) -> None:
+        from gpudoctor.errors import CommandTimeout, HostError
+
+        res = self.run(argv, timeout=timeout, input=data if data is not None else b"")
+        if res.timed_out:
+            raise CommandTimeout(f"{what} {path} on {self.name}", timeout)
+        out = self._json_or_none(res)
+        if out is None:
+            raise HostError(f"{what} {path} on {self.name} failed: {res.describe()}")
+        if "error" in out:
+            raise_errno(out["error"], path)
 
     def close(self) -> None:
         """Release the transport (no-op for local)."""
@@ -239,3 +293,23 @@ class Host:
 def quote_argv(argv: list[str]) -> str:
     """The one place arguments are quoted for a remote shell: every argument, always."""
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def raise_errno(name: str, path: str) -> None:
+    """Raise OSError for an errno name seen on the target ("EROFS") so callers can test exc.errno."""
+    code = getattr(errno, name, None)
+    if not isinstance(code, int):
+        raise OSError(errno.EIO, f"{name} on the target", path)
+    raise OSError(code, os.strerror(code), path)
+
+
+def read_capped(fh, max_bytes: int, step: int = 65536) -> bytes:
+    """Read up to max_bytes in modest steps (one huge read() of a /proc/sys file fails with ENOMEM)."""
+    chunks, left = [], max_bytes
+    while left > 0:
+        chunk = fh.read(min(step, left))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, read_capped
 
 
 def _errname(exc: OSError) -> str:
@@ -91,8 +91,8 @@ class LocalHost(Host):
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         def read():
             try:
-                with open(self._p(path), "rb") as fh:
-                    return FileRead(path, fh.read(max_bytes))
+                with open(self._p(path), "rb", buffering=0) as fh:
+                    return FileRead(path, read_capped(fh, max_bytes))
             except OSError as exc:
                 return FileRead(path, error=_errname(exc))
 
@@ -161,3 +161,14 @@ class LocalHost(Host):
         from gpudoctor.atomic import atomic_write
 
         atomic_write(self._p(path), data)
+
+    def rename(self, src, dst, timeout=10.0):
+        os.replace(self._p(src), self._p(dst))
+        try:
+            dfd = os.open(os.path.dirname(self._p(dst)) or ".", os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 from dataclasses import dataclass, field
@@ -73,6 +74,12 @@ class RecordingHost(Host):
         self._keep(_key("statvfs", path), res)
         return res
 
+    def write_file(self, path, data, timeout=10.0):
+        return self.inner.write_file(path, data, timeout)
+
+    def rename(self, src, dst, timeout=10.0):
+        return self.inner.rename(src, dst, timeout)
+
     def close(self):
         self.inner.close()
 
@@ -108,3 +115,9 @@ class ReplayHost(Host):
 
     def statvfs(self, path, timeout=3.0):
         return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})
+
+    def write_file(self, path, data, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def rename(self, src, dst, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", src)
