@@ -221,6 +221,10 @@ def open_check_target(name: str, inventory, timeout: float = 10.0):
     from gpudoctor.gather.context import GatherContext
     from gpudoctor.host.factory import open_target
 
+    if not hasattr(inventory, "hosts"):  # a path, or None for the default locations
+        from gpudoctor.inventory import load_inventory
+
+        inventory = load_inventory(inventory)
     t = open_target(name, inventory)
     ctx = GatherContext(name=t.name, expect_gpus=t.expect_gpus, model_paths=list(t.model_paths or []),
                         proxmox=t.proxmox, vmid=t.vmid, timeout=timeout)
