@@ -101,24 +101,42 @@ def ssh(n: int, parallel: int) -> None:
         lines = ["hosts:"]
         for i in range(n):
             lines += [f"  ct{i:03d}:", "    address: 127.0.0.1", f"    port: {port}", f"    user: {getpass.getuser()}",
-                      f"    identity_file: {key}", f"    known_hosts: {known}"]
+                      f"    identity_file: {key}", f"    known_hosts: {known}",
+                      # the interpreter itself, not a pyenv shim (a shell script that costs ~0.2 s per probe)
+                      f"    python: {os.path.realpath(sys.executable)}"]
         inv_path.write_text("\n".join(lines) + "\n")
         inv = load_inventory(str(inv_path))
         check = default_check_fn(inv)
         names = [f"ct{i:03d}" for i in range(n)]
         check(names[0])  # warm the page cache and imports once, as a second run would
         t = time.perf_counter()
+        cpu0 = _cpu_of(proc.pid)
         one = check(names[0])
         single = time.perf_counter() - t
+        cpu_one = _cpu_of(proc.pid) - cpu0
         res = check_fleet(inv, names, parallel=parallel, check_fn=check)
+        cpu_all = _cpu_of(proc.pid) - cpu0 - cpu_one
         counts = ", ".join(f"{v} {k}" for k, v in res.counts().items() if v)
         ratio = res.wall_s / single
         print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value})")
         print(f"ssh: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}")
         print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
+        cores = os.cpu_count() or 1
+        print(f"ssh: CPU used by gpudoctor, the sshd and the 'remote' probes: one host {cpu_one:.2f} s, "
+              f"{n} hosts {cpu_all:.2f} s; with {cores} cores the {n} hosts' work alone needs >= "
+              f"{cpu_all / cores:.2f} s = {cpu_all / cores / single:.1f}x one host, whatever the engine does")
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _cpu_of(sshd_pid: int) -> float:
+    """CPU seconds of this process plus the sshd and every session/probe it ran (reaped children count)."""
+    import psutil
+
+    t = psutil.Process(sshd_pid).cpu_times()
+    me = os.times()
+    return t.user + t.system + t.children_user + t.children_system + me.user + me.system
 
 
 def main() -> int:
@@ -128,7 +146,8 @@ def main() -> int:
     ap.add_argument("--simulated", type=int, default=1000)
     ap.add_argument("--skip-ssh", action="store_true")
     args = ap.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
     if not args.skip_ssh:
         ssh(args.hosts, args.parallel)
     simulated(args.simulated, args.parallel)
