@@ -116,7 +116,8 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     if serve:
         parse_addr(metrics_addr)  # bad input fails before anything starts
     cfg = DaemonConfig(interval=interval, heal=tuple(heal), observe_only=observe, once=once, stall_s=stall_s,
-                       engine=EngineConfig(inventory=inventory, hosts=tuple(hosts), timeout=timeout))
+                       engine=EngineConfig(inventory=inventory, hosts=tuple(hosts), timeout=timeout,
+                                           state_dir=str(Path(state_path).parent)))
     metrics = DaemonMetrics() if serve else None
     xid_factory = None
     if not no_xid and not once:

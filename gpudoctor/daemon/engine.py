@@ -60,6 +60,7 @@ class EngineConfig:
     inventory: str | None = None
     hosts: tuple[str, ...] = ()
     timeout: float = 30.0
+    state_dir: str | None = None  # where the remedy engine keeps its audit log, locks and backups
 
 
 def load_factory(spec: str):
@@ -129,21 +130,41 @@ class PipelineEngine:
             self._drop(host)  # a broken transport is rebuilt at the next cycle
             raise
 
-    def plan(self, host: str, diagnosis) -> list[Action]:
-        from gpudoctor import remedy
+    def _remedy_engine(self, host: str, reboot: bool = False):
+        """gpudoctor.remedy.Engine over this host (and its Proxmox node), audit log and locks in the state dir."""
+        from gpudoctor import remedies
+        from gpudoctor.remedy import AuditLog, Engine, RemedyContext, default_paths
 
+        h, ctx = self._target(host)
+        hosts = {host: h, getattr(h, "name", host): h}
+        if getattr(ctx, "proxmox", None) is not None:
+            hosts[ctx.proxmox.name] = ctx.proxmox
+        paths = default_paths(self.cfg.state_dir)
+        rctx = RemedyContext(hosts=hosts, backup_dir=paths["backup_dir"], reboot=reboot, timeout=self.cfg.timeout)
+        return Engine(remedies.all_remedies(), rctx, audit_log=AuditLog(paths["audit_log"]),
+                      lock_dir=paths["lock_dir"])
+
+    def plan(self, host: str, diagnosis) -> list[Action]:
+        """The remedy engine's changes that address a bad finding of this diagnosis, in its order."""
+        bad = {f.key for f in diagnosis.findings if f.bad}
         out = []
-        for change in remedy.plan_all(diagnosis, policy=self.policy):
-            out.append(Action(remedy=change.remedy, finding=change.finding, summary=change.summary,
-                              reboot=bool(getattr(change, "reboot", False)), data={"change": change}))
+        for change in self._remedy_engine(host).plan(diagnosis.facts).changes:
+            hit = [k for k in change.fixes if k in bad]
+            if not hit:
+                continue
+            out.append(Action(remedy=change.remedy, finding=hit[0], summary=change.summary,
+                              reboot=bool(change.needs_reboot), data={"change": change}))
         return out
 
     def apply(self, host: str, action: Action) -> Outcome:
-        from gpudoctor import remedy
+        """Apply, verify (and roll back on failure) through the remedy engine; a reboot only when asked."""
+        from gpudoctor.remedy import Plan
 
-        h, _ = self._target(host)
-        res = remedy.apply_change(h, action.data["change"])
-        return Outcome(ok=bool(res.ok), message=getattr(res, "message", ""))
+        engine = self._remedy_engine(host, reboot=action.reboot)
+        res = engine.apply(Plan(changes=[action.data["change"]]))[0]
+        ok = res.ok and (not action.reboot or (res.reboot is not None and res.reboot.done))
+        msg = res.detail + (f"; {res.reboot.message}" if res.reboot is not None else "")
+        return Outcome(ok=ok, message=msg)
 
     def _drop(self, name: str) -> None:
         pair = self._targets.pop(name, None)

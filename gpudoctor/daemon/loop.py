@@ -249,6 +249,10 @@ class Daemon:
             if not hs.breaker.allows(now, p.breaker_cooldown_s) or (hs.breaker.state == HALF_OPEN and hs.pending_verify):
                 self._skip(name, action, "breaker", reopens_at=hs.breaker.reopens_at(p.breaker_cooldown_s))
                 continue
+            if action.reboot and not p.allows(f"{action.remedy}.reboot"):
+                # a change that only takes effect after a restart waits for a human unless restarts are allowed
+                self._skip(name, action, "reboot_not_allowed", allow=f"{action.remedy}.reboot")
+                continue
             ledger = hs.ledger(action.remedy)
             budget = p.budget_for(action.remedy, action.reboot)
             allowed, reason, retry_at = ledger.decide(budget, now)

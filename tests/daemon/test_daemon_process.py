@@ -11,7 +11,7 @@ import time
 from daemon_harness import T0
 
 CUDA_FAIL = {"id": "cuda.init", "status": "fail", "summary": "cuInit returned 999 (CUDA_ERROR_UNKNOWN)",
-             "remedy": "lxc.reboot"}
+             "remedy": "lxc.cgroup_allow"}
 UVM_FAIL = {"id": "devices.uvm.open", "status": "fail", "summary": "open(/dev/nvidia-uvm) -> EPERM",
             "subject": "/dev/nvidia-uvm", "remedy": "devices.uvm_node"}
 OK = {"id": "driver.nvml.init", "status": "ok", "summary": "NVML initialised"}
@@ -70,7 +70,8 @@ def test_abstract_notify_socket(daemon_factory):
 def test_reboot_budget_at_most_once_per_hour_across_a_restart(daemon_factory):
     """A persistent fault whose remedy reboots the container: over 5 simulated hours, never two reboots within
     an hour, even when the daemon is restarted in between; the state file remembers."""
-    sc = scenario([CUDA_FAIL], heal=["lxc.*"], remedies={"lxc.reboot": {"reboot": True, "result": "ok"}},
+    sc = scenario([CUDA_FAIL], heal=["lxc.cgroup_allow", "lxc.cgroup_allow.reboot"],
+                  remedies={"lxc.cgroup_allow": {"reboot": True, "result": "ok"}},
                   max_attempts_per_hour=10, breaker_threshold=100, backoff_s=1)
     d = daemon_factory(sc, interval=300).start()
     for _ in range(6):  # 30 minutes
@@ -85,9 +86,19 @@ def test_reboot_budget_at_most_once_per_hour_across_a_restart(daemon_factory):
     assert 5 <= len(times) <= 6  # once an hour over 5 hours, and no more
     m = d.metrics()
     assert m[("gpudoctor_remedies_skipped_total",
-              frozenset({("host", "ct200"), ("remedy", "lxc.reboot"), ("reason", "hourly_cap")}))] > 0
-    st = d.read_state()["hosts"]["ct200"]["remedies"]["lxc.reboot"]
+              frozenset({("host", "ct200"), ("remedy", "lxc.cgroup_allow"), ("reason", "hourly_cap")}))] > 0
+    st = d.read_state()["hosts"]["ct200"]["remedies"]["lxc.cgroup_allow"]
     assert st["last_result"] == "ineffective" and st["consecutive_failures"] >= 4
+
+
+def test_a_change_that_needs_a_restart_waits_unless_restarts_are_allowed(daemon_factory):
+    sc = scenario([CUDA_FAIL], heal=["lxc.*"], remedies={"lxc.cgroup_allow": {"reboot": True, "result": "ok"}})
+    sc["policy"]["never_apply"] = ["*.reboot"]
+    d = daemon_factory(sc).start()
+    d.step()
+    assert d.applied() == []
+    assert d.metrics()[("gpudoctor_remedies_skipped_total", frozenset({
+        ("host", "ct200"), ("remedy", "lxc.cgroup_allow"), ("reason", "reboot_not_allowed")}))] == 2
 
 
 def test_backoff_grows_then_breaker_opens_then_reset(daemon_factory):
