@@ -74,11 +74,17 @@ class RecordingHost(Host):
         self._keep(_key("statvfs", path), res)
         return res
 
-    def write_file(self, path, data, timeout=10.0):
-        return self.inner.write_file(path, data, timeout)
+    def write_file(self, path, data, **kw):
+        return self.inner.write_file(path, data, **kw)
 
     def rename(self, src, dst, timeout=10.0):
         return self.inner.rename(src, dst, timeout)
+
+    def unlink(self, path, timeout=10.0):
+        return self.inner.unlink(path, timeout)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0):
+        return self.inner.makedirs(path, mode, timeout)
 
     def close(self):
         self.inner.close()
@@ -116,7 +122,13 @@ class ReplayHost(Host):
     def statvfs(self, path, timeout=3.0):
         return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})
 
-    def write_file(self, path, data, timeout=10.0):
+    def write_file(self, path, data, **kw):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def unlink(self, path, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 
     def rename(self, src, dst, timeout=10.0):

@@ -443,9 +443,15 @@ class SSHHost(Host):
     def statvfs(self, path, timeout=3.0):
         return Host.statvfs(self, self._p(path), timeout)
 
-    def write_file(self, path, data, timeout=10.0) -> None:
-        """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows)."""
+    def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
+        """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows).
+
+        With mode, owner or exclusive the portable python program does it in one step (O_EXCL, fchmod, fchown).
+        """
         rp = self._p(path)
+        if mode is not None or owner is not None or exclusive:
+            Host.write_file(self, rp, data, mode=mode, owner=owner, exclusive=exclusive, timeout=timeout)
+            return
 
         def write(sftp):
             with sftp.open(rp, "wb") as fh:
@@ -455,7 +461,13 @@ class SSHHost(Host):
                 _sftp_fsync(sftp, fh)
 
         self._file_op("write", path, write, timeout,
-                      lambda: Host.write_file(self, rp, data, timeout))
+                      lambda: Host.write_file(self, rp, data, timeout=timeout))
+
+    def unlink(self, path, timeout=10.0) -> None:
+        Host.unlink(self, self._p(path), timeout)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0) -> None:
+        Host.makedirs(self, self._p(path), mode, timeout)
 
     def rename(self, src, dst, timeout=10.0) -> None:
         """Atomically replace `dst` with `src` (posix-rename@openssh.com)."""

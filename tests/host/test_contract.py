@@ -202,7 +202,8 @@ def test_listdir_sorted_and_errors(host, tmp_path):
 
 def test_statvfs(host, tmp_path):
     s = host.statvfs(str(tmp_path))
-    assert set(s) == {"total", "free", "avail"} and s["total"] >= s["free"] >= s["avail"] >= 0 and s["total"] > 0
+    assert set(s) == {"total", "free", "avail", "readonly"} and s["total"] >= s["free"] >= s["avail"] >= 0 and s["total"] > 0
+    assert s["readonly"] is False
     assert host.statvfs(str(tmp_path / "nope")) == {"error": "ENOENT"}
 
 
