@@ -24,27 +24,12 @@ def find_inventory(path: str | None) -> str | None:
 
 
 def inventory_profiles(path: str | None) -> dict:
-    """The inventory's `profiles:` mapping (gate profile name -> required check-id patterns)."""
+    """The inventory's `profiles:` (gate profile name -> check-id patterns); bad input is one line with file:line."""
     if not path:
         return {}
-    try:
-        from gpudoctor.inventory import load_inventory
-    except ImportError:
-        load_inventory = None
-    if load_inventory is not None:
-        return dict(getattr(load_inventory(path), "profiles", None) or {})
-    import yaml
+    from gpudoctor.inventory import load_inventory
 
-    try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=path,
-                         line=mark.line + 1 if mark else None) from None
-    profiles = doc.get("profiles") if isinstance(doc, dict) else None
-    if profiles is not None and not isinstance(profiles, dict):
-        raise InputError("profiles must be a mapping of name to check-id patterns", path=path)
-    return profiles or {}
+    return dict(load_inventory(path).profiles)
 
 
 def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path):

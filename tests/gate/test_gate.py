@@ -99,7 +99,7 @@ def test_cli_json(tmp_path):
 
 def test_cli_inventory_profiles(tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text("hosts: {}\nprofiles:\n  gpu-only:\n    - driver.nvml.init\n    - cuda.init\n")
+    inv.write_text(HOSTS + "profiles:\n  gpu-only:\n    - driver.nvml.init\n    - cuda.init\n    - '!devices.*'\n")
     r = run_gate("--snapshot", str(SNAPS / "h200-healthy.json"), "--inventory", str(inv), "--profile", "gpu-only",
                  cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -108,11 +108,17 @@ def test_cli_inventory_profiles(tmp_path):
     assert any(line.startswith("BLOCK cuda.init") for line in r.stdout.splitlines())
 
 
+HOSTS = "hosts:\n  ct200:\n    address: 127.0.0.1\n"
+
+
 @pytest.mark.parametrize("args, inv_text, expect", [
     (["--profile", "nope"], None, "unknown gate profile 'nope' (known: benchmark, default, serve)"),
-    (["--profile", "p"], "profiles:\n  p: cuda.init\n", "inventory.yaml: profile 'p' must be a list"),
-    ([], "profiles: [a, b]\n", "profiles must be a mapping"),
-    ([], "profiles:\n  p: [\n", "inventory.yaml:3: not valid YAML"),
+    (["--profile", "nope"], HOSTS + "profiles:\n  mine: [cuda.init]\n",
+     "unknown gate profile 'nope' (known: benchmark, default, mine, serve)"),
+    (["--profile", "p"], HOSTS + "profiles:\n  p: cuda.init\n", "inventory.yaml:5: profile p must be a list"),
+    ([], HOSTS + "profiles: [a, b]\n", "inventory.yaml:4: profiles must be a mapping"),
+    ([], HOSTS + "profiles:\n  p: [\n", "inventory.yaml:6: YAML syntax error"),
+    ([], "profiles: {}\n", "inventory.yaml:1: the inventory names no hosts"),
     (["--inventory", "missing.yaml"], None, "missing.yaml: inventory file not found"),
 ])
 def test_bad_input_is_one_line_exit_3(tmp_path, args, inv_text, expect):

@@ -102,7 +102,7 @@ def test_npd_ok_problem_unknown_each_exactly_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout.count("\n") == 1 and "no such snapshot file" in r.stdout
     (tmp_path / "inventory.yaml").write_text("profiles: [\n")
     r = npd(tmp_path, "--snapshot", GOOD)
-    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "not valid YAML" in r.stdout
+    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "inventory.yaml:2: YAML syntax error" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
 
 
