@@ -148,9 +148,9 @@ def main() -> int:
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
+    simulated(args.simulated, args.parallel)  # first: the SSH part leaves sshd sessions winding down
     if not args.skip_ssh:
         ssh(args.hosts, args.parallel)
-    simulated(args.simulated, args.parallel)
     return 0
 
 
