@@ -134,7 +134,7 @@ PrintMotd no
 PrintLastLog no
 MaxStartups 200
 MaxSessions 10
-Subsystem sftp internal-sftp
+{sftp}
 LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
@@ -143,8 +143,10 @@ SetEnv SHLVL=1
 """
 
 
-def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0) -> SSHD:
-    """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`."""
+def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0,
+               sftp: bool = True) -> SSHD:
+    """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`.
+    sftp=False serves no SFTP subsystem (like a minimal container), so file operations take the python path."""
     sshd = find_sshd()
     if sshd is None:
         raise RuntimeError("OpenSSH server (sshd) is not installed: apt-get install openssh-server (see .ci/run)")
@@ -161,7 +163,8 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
     for _attempt in range(5):
         port = free_port()
         cfg = d / "sshd_config"
-        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config))
+        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config,
+                                    sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
             proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
