@@ -131,21 +131,6 @@ ALLOWS = {"nvidia-smi-pm": "driver.persistence may run `nvidia-smi -pm 1` (reset
 MRRS_SIZES = ("128", "256", "512", "1024", "2048", "4096")
 
 
-def gather_policy(inv_policy=None, mrrs: int | None = None) -> dict:
-    """GatherContext.policy from the inventory's `policy:` (and --mrrs): the shape the checks read.
-
-    fabric.pcie.mrrs reads policy["pcie"]["mrrs"]; the inventory spells it `checks: fabric.pcie.mrrs: {expect: N}`.
-    """
-    pol = inv_policy.as_dict() if hasattr(inv_policy, "as_dict") else dict(inv_policy or {})
-    want = mrrs
-    if want is None:
-        exp = ((pol.get("checks") or {}).get("fabric.pcie.mrrs") or {}).get("expect")
-        want = int(exp) if isinstance(exp, (int, str)) and str(exp).isdigit() else None
-    if want is not None:
-        pol["pcie"] = {**(pol.get("pcie") or {}), "mrrs": want}
-    return pol
-
-
 def select_remedies(only) -> list:
     """Fresh remedies in registry order (the safe apply order); --only takes ids or fnmatch patterns."""
     import fnmatch
@@ -175,7 +160,7 @@ def _model_sources(values) -> dict:
 
 def _open_target(host_name, inventory, models, timeout, mrrs):
     """(Host, {name: Host}, GatherContext) for this machine or an inventory host (and its Proxmox node)."""
-    from gpudoctor.gather.context import GatherContext
+    from gpudoctor.gather.context import GatherContext, policy_from_inventory
 
     if host_name and host_name not in ("local", "localhost"):
         from gpudoctor.host.factory import open_target
@@ -184,7 +169,8 @@ def _open_target(host_name, inventory, models, timeout, mrrs):
         inv = load_inventory(inventory)
         t = open_target(host_name, inv)
         ctx = GatherContext(name=t.name, expect_gpus=t.expect_gpus, model_paths=list(t.model_paths or []),
-                            proxmox=t.proxmox, vmid=t.vmid, policy=gather_policy(inv.policy, mrrs), timeout=timeout)
+                            proxmox=t.proxmox, vmid=t.vmid, policy=policy_from_inventory(inv.policy, mrrs=mrrs),
+                            timeout=timeout)
         hosts = {t.name: t.host}
         if t.proxmox is not None:
             hosts[t.proxmox.name] = t.proxmox
@@ -199,7 +185,7 @@ def _open_target(host_name, inventory, models, timeout, mrrs):
             inv_policy = load_inventory(inventory).policy
         host = LocalHost()
         name = socket.gethostname()
-        ctx = GatherContext(name=name, policy=gather_policy(inv_policy, mrrs), timeout=timeout)
+        ctx = GatherContext(name=name, policy=policy_from_inventory(inv_policy, mrrs=mrrs), timeout=timeout)
         hosts = {"localhost": host, name: host}
     if models:
         ctx.model_paths = list(models)

@@ -117,3 +117,16 @@ def test_a_device_that_vanished_fails_before_any_write(make_root):
     (out,) = eng.apply(plan)
     assert out.result == "failed" and "cannot read DevCtl" in out.detail
     assert not any("=" in c[-1] for c in r.calls("setpci"))
+
+
+def test_the_inventory_policy_becomes_what_the_check_reads(tmp_path):
+    from gpudoctor.gather.context import policy_from_inventory
+    from gpudoctor.inventory import load_inventory
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\npolicy:\n  checks:\n"
+                   "    fabric.pcie.mrrs:\n      expect: 512\n")
+    pol = policy_from_inventory(load_inventory(str(inv)).policy)
+    assert pol["pcie"] == {"mrrs": 512} and pol["checks"]["fabric.pcie.mrrs"] == {"expect": 512}
+    assert policy_from_inventory(load_inventory(str(inv)).policy, mrrs=1024)["pcie"] == {"mrrs": 1024}
+    assert "pcie" not in policy_from_inventory(None)
