@@ -230,7 +230,9 @@ def open_check_target(name: str, inventory, timeout: float = 10.0):
                         proxmox=t.proxmox, vmid=t.vmid, timeout=timeout)
     policy = getattr(inventory, "policy", None)
     if policy is not None and hasattr(policy, "as_dict"):
-        ctx.policy = policy.as_dict()
+        from gpudoctor.gather.context import policy_from_inventory
+
+        ctx.policy = policy_from_inventory(policy)  # as_dict() plus policy["pcie"]["mrrs"] for fabric.pcie.mrrs
     return t.host, ctx
 
 
