@@ -206,7 +206,7 @@ def _confirm(n: int, names: list[str], yes: bool) -> bool:
     if not sys.stdin.isatty():
         raise InputError("--apply without --yes asks for confirmation, but stdin is not a terminal: add --yes to "
                          "apply unattended (nothing was changed)")
-    return click.confirm(f"Apply {n} change(s) to {', '.join(names)}?", default=False)
+    return click.confirm(f"Apply {n} change(s) to {', '.join(names)}?", default=False, err=True)  # stdout: --json
 
 
 def render_unremedied(d, plan, chosen_ids) -> list[str]:
@@ -332,7 +332,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
                 raise InputError(f"the plan changes {', '.join(missing)}, which this run cannot reach (a snapshot of "
                                  f"another machine?): re-run with --host {missing[0]}; nothing was changed")
             if not _confirm(len(plan.changes), sorted({c.host for c in plan.changes}), yes):
-                click.echo("nothing was changed")
+                click.echo("nothing was changed", err=as_json)
                 raise SystemExit(EXIT_WARN)
             outcomes = engine.apply(plan)
             if ctx is not None:
