@@ -75,6 +75,9 @@ _PY_WRITE = r"""
 import json, os, sys
 path, mode, uid, gid, excl = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 data = sys.stdin.buffer.read()
+if len(sys.argv) > 6 and len(data) != int(sys.argv[6]):  # stdin cut short (connection lost): write nothing
+    print(json.dumps({"errno": 5, "msg": "short input: %d of %s bytes" % (len(data), sys.argv[6])}))
+    sys.exit(0)
 try:
     m = 0o666 if mode == "-" else int(mode, 8)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if excl else os.O_TRUNC), m)
@@ -298,7 +301,7 @@ class Host:
         """
         argv = [*self.python, "-c", _PY_WRITE, path, "-" if mode is None else format(mode, "o"),
                 "-" if owner is None else str(owner[0]), "-" if owner is None else str(owner[1]),
-                "1" if exclusive else "0"]
+                "1" if exclusive else "0", str(len(data))]
         self._fileop(argv, "write", path, timeout, input=bytes(data))
 
     def rename(self, src: str, dst: str, timeout: float = 10.0) -> None:

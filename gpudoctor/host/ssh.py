@@ -326,9 +326,9 @@ class SSHHost(Host):
                 return None
             try:
                 return transport.open_session(timeout=min(left, self.connect_timeout))
-            except paramiko.SSHException:
-                if not transport.is_active():
-                    raise
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not transport.is_active():  # paramiko re-raises the dead transport's own error (EOFError...)
+                    raise HostUnreachable(f"{self.name}: connection lost: {exc or type(exc).__name__}") from exc
                 time.sleep(0.02)
 
     @staticmethod
@@ -407,10 +407,12 @@ class SSHHost(Host):
             except (paramiko.SSHException, EOFError) as exc:
                 self._sftp = None
                 raise HostUnreachable(f"{self.name}: SFTP failed: {exc or type(exc).__name__}") from exc
-            except OSError:
-                if not sftp.get_channel().get_transport().is_active():
+            except OSError as exc:
+                # A closed channel ("Socket is closed") is the connection failing, not the file: never answer
+                # it with a retry through python on a new connection (a rename may already have happened).
+                if sftp.get_channel().closed or not sftp.get_channel().get_transport().is_active():
                     self._sftp = None
-                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from None
+                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from exc
                 raise
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
@@ -498,11 +500,19 @@ class SSHHost(Host):
             return
 
         def write(sftp):
-            with sftp.open(rp, "wb") as fh:
-                fh.set_pipelined(True)
+            # Not pipelined: paramiko never checks the answers to pipelined writes, and it swallows errors on
+            # close, so a connection cut mid-write would look like success. Each request waits for its status;
+            # the size read back afterwards proves the server holds every byte.
+            fh = sftp.open(rp, "wb")
+            try:
                 fh.write(data)
                 fh.flush()
                 _sftp_fsync(sftp, fh)
+            finally:
+                fh.close()
+            size = sftp.stat(rp).st_size
+            if size != len(data):
+                raise OSError(errno.EIO, f"wrote {len(data)} bytes but the file has {size}", rp)
 
         self._file_op("write", path, write, timeout,
                       lambda: Host.write_file(self, rp, data, timeout=timeout))
@@ -544,8 +554,6 @@ class SSHHost(Host):
             if exc.errno:
                 raise
             raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
-        except HostError:
-            raise_errno(_sftp_errname(sftp_exc), path)
 
 
 def _rekey_read(r: FileRead, path: str) -> FileRead:
@@ -563,7 +571,8 @@ def _sftp_fsync(sftp, fh) -> None:
     try:
         sftp._request(CMD_EXTENDED, "fsync@openssh.com", fh.handle)  # paramiko has no public call for it
     except OSError:
-        pass
+        if sftp.get_channel().closed:
+            raise  # the connection is gone, not the extension
 
 
 def _policy(host: SSHHost, r: _Resolved, label: str, files: list[str]):

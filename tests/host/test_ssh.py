@@ -325,3 +325,55 @@ def test_fake_root_maps_file_operations_and_path(ssh_fake_root):
     h.rename("/etc/pve/lxc/.200.conf.tmp", "/etc/pve/lxc/200.conf")
     assert fake.path("/etc/pve/lxc/200.conf").read_text() == "arch: amd64\nlock: backup\n"
     assert h.run(["pct", "list"]).stdout == "pct list\n"
+
+
+@pytest.mark.parametrize("how", ["sftp", "python"])
+def test_write_then_rename_cut_at_any_byte_leaves_old_or_new(sshd, tmp_path, cut_proxy, how):
+    """The safe-edit pattern (write a temp name, rename over the target) with the connection cut after N bytes,
+    N swept over the whole exchange: the target is always the old or the new file, never a mix, and a retry on
+    a fresh connection finishes the job. "python" is gpudoctor.edit's call (mode + exclusive: python program
+    fed on stdin), "sftp" the plain write."""
+    old, new = b"arch: amd64\n" * 50, b"arch: amd64\nlxc.cgroup2.devices.allow: c 511:* rwm\n" * 40
+    kw = {"mode": 0o640, "exclusive": True} if how == "python" else {}
+
+    def attempt(port: int, target) -> None:
+        kh = sshd.write_known_hosts(tmp_path / f"kh{port}", port=port)
+        host = sshd.make_host(port=port, known_hosts=str(kh), connect_timeout=3.0)
+        try:
+            tmp = str(target) + ".tmp"
+            deadline = time.monotonic() + 10
+            while True:
+                if os.path.exists(tmp):
+                    host.unlink(tmp)  # a stale temp of a cut run, as gpudoctor.edit removes it
+                try:
+                    host.write_file(tmp, new, **kw)
+                    break
+                except FileExistsError:  # the cut run's remote process is still finishing: it may outlive the cut
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            host.rename(tmp, str(target))
+        finally:
+            host.close()
+
+    probe = cut_proxy(None)
+    (tmp_path / "probe.conf").write_bytes(old)
+    attempt(probe.port, tmp_path / "probe.conf")
+    time.sleep(0.1)
+    total = probe.forwarded
+    assert (tmp_path / "probe.conf").read_bytes() == new
+    seen = {"old": 0, "new": 0}
+    for i, cut in enumerate(range(1, total, max(1, total // 52))):
+        target = tmp_path / f"run{i}.conf"
+        target.write_bytes(old)
+        try:
+            attempt(cut_proxy(cut).port, target)
+        except (HostUnreachable, OSError):
+            pass
+        now = target.read_bytes()
+        assert now in (old, new), f"cut after {cut} of {total} bytes left a mixed file"
+        seen["new" if now == new else "old"] += 1
+        if i % 4 == 0:
+            attempt(sshd.port, target)  # the retry over a healthy connection
+            assert target.read_bytes() == new
+    assert sum(seen.values()) >= 50 and seen["old"] > 0, seen
