@@ -193,6 +193,10 @@ def allreduce(facts):
             continue
         ev = [f"all_reduce {g['bytes'] >> 20} MiB x{g['iters']}: {g['seconds_per_op'] * 1e3:.2f} ms/op, "
               f"algbw {g['algbw_gbs']:.1f} GB/s, busbw {g['busbw_gbs']:.1f} GB/s (NCCL {g.get('nccl')}, NVLS off)"]
+        if len(g.get("gpus") or []) < 2:
+            out.append(Finding("fabric.nccl.allreduce", Status.INFO, f"{subj}: NCCL initialises and all-reduces "
+                               "(one GPU: no bus traffic to measure)", subject=subj, evidence=ev))
+            continue
         st = Status.WARN if floor and g["busbw_gbs"] < floor else Status.INFO
         out.append(Finding("fabric.nccl.allreduce", st, f"{subj}: bus bandwidth {g['busbw_gbs']:.1f} GB/s "
                            f"(worst link {g.get('worst_link')})", subject=subj, evidence=ev,

@@ -74,8 +74,23 @@ def cli(ctx, verbose):
     ctx.ensure_object(dict)
 
 
+_REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory"}
+
+
+def _prestart_probes(args: list[str]) -> None:
+    """A live local check: start the slow probes (cuInit, nvidia-smi) before the rest of gpudoctor is imported."""
+    if not args or args[0] not in ("check", "gate") or any(a.split("=")[0] in _REMOTE_OR_OFFLINE for a in args):
+        return
+    from gpudoctor.gather import cuda, driver
+    from gpudoctor.host.local import prestart
+
+    prestart([sys.executable, *cuda.FAST, "-c", cuda.PROBE])
+    prestart(list(driver.NVIDIA_SMI))
+
+
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code."""
+    _prestart_probes(list(sys.argv[1:] if argv is None else argv))
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:

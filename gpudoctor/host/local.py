@@ -19,6 +19,33 @@ def _errname(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
+_PRESTARTED: dict = {}  # argv tuple -> (Popen, start time): probes started before the CLI finished loading
+
+
+def prestart(argv: list[str]) -> None:
+    """Start a probe now; the LocalHost.run() that asks for the same argv adopts it (its deadline counts from now).
+
+    The cuInit probe dominates a check's wall time, so the CLI starts it before importing the rest of gpudoctor.
+    A process nobody adopts is killed at exit.
+    """
+    import atexit
+
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError:
+        return
+    _PRESTARTED[tuple(argv)] = (proc, time.perf_counter())
+    if len(_PRESTARTED) == 1:
+        atexit.register(_reap_prestarted)
+
+
+def _reap_prestarted() -> None:
+    for proc, _ in _PRESTARTED.values():
+        LocalHost._kill(proc)
+    _PRESTARTED.clear()
+
+
 def with_deadline(fn, timeout: float, default):
     """Run fn() in a daemon thread; return `default` if it does not finish in time (the thread is abandoned)."""
     box: list = []
@@ -54,6 +81,10 @@ class LocalHost(Host):
 
     def run(self, argv, timeout=None, input=None, env=None) -> CommandResult:
         timeout = self.default_timeout if timeout is None else timeout
+        early = _PRESTARTED.pop(tuple(argv), None) if not (input or env or self.path_prepend or self.root) else None
+        if early is not None:  # started at CLI entry (see prestart); its clock started then too
+            proc, t0 = early
+            return self._finish(proc, argv, timeout - (time.perf_counter() - t0), t0, None, timeout)
         full_env = dict(os.environ)
         if self.path_prepend:
             full_env["PATH"] = os.pathsep.join([*self.path_prepend, full_env.get("PATH", "")])
@@ -68,13 +99,17 @@ class LocalHost(Host):
             return CommandResult(list(argv), 127, "", f"{argv[0]}: command not found", time.perf_counter() - t0)
         except PermissionError:
             return CommandResult(list(argv), 126, "", f"{argv[0]}: permission denied", time.perf_counter() - t0)
+        return self._finish(proc, argv, timeout, t0, input, timeout)
+
+    def _finish(self, proc, argv, wait, t0, input, asked) -> CommandResult:
+        """Collect a started process: wait at most `wait` s; report the deadline the caller `asked` for."""
         try:
-            out, err = proc.communicate(input=input, timeout=timeout)
+            out, err = proc.communicate(input=input, timeout=max(wait, 0.0))
         except subprocess.TimeoutExpired:
             self._kill(proc)
-            return CommandResult(list(argv), None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=timeout)
+            return CommandResult(list(argv), None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=asked)
         return CommandResult(list(argv), proc.returncode, out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=timeout)
+                             err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=asked)
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:

@@ -100,3 +100,12 @@ def test_allreduce_findings_from_deep_facts():
     assert bad.status.value == "unknown" and "torch" in bad.evidence[0]
     empty = diagnose({"deep": {"groups": [], "note": "no GPUs"}, "meta": {"context": {}}}).by_key()
     assert empty["fabric.nccl.allreduce"].status.value == "unknown"
+
+
+def test_single_gpu_allreduce_is_a_code_path_check_not_a_bandwidth():
+    # As measured on the H200 (docs/h200/deep-tp1.txt): one rank, NCCL 2.28.9.
+    facts = {"deep": {"groups": [{"tp": 1, "gpus": ["GPU0"], "worst_link": "X", "numa_nodes": [], "bytes": 256 << 20,
+                                  "iters": 20, "seconds_per_op": 3.1e-05, "algbw_gbs": 8639.7, "busbw_gbs": 0.0,
+                                  "nccl": "2.28.9"}]}, "meta": {"context": {}}}
+    f = diagnose(facts).by_key()["fabric.nccl.allreduce[TP1:0]"]
+    assert f.status.value == "info" and "no bus traffic" in f.summary
