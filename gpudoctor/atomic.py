@@ -41,8 +41,13 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None
         except FileNotFoundError:
             pass
         raise
+    fsync_dir(target.parent)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory so a rename in it survives a crash; best effort (some filesystems refuse)."""
     try:
-        dfd = os.open(target.parent, os.O_RDONLY)
+        dfd = os.open(os.fspath(path) or ".", os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gpudoctor.atomic import fsync_dir
 from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, read_capped
 
 
@@ -226,14 +227,7 @@ class LocalHost(Host):
     def rename(self, src, dst, timeout=10.0):
         def ren():
             os.rename(self._p(src), self._p(dst))
-            try:
-                dfd = os.open(os.path.dirname(self._p(dst)) or ".", os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            except OSError:
-                pass
+            fsync_dir(os.path.dirname(self._p(dst)))
 
         self._deadline(f"rename {src}", ren, timeout)
 

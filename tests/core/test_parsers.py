@@ -68,12 +68,7 @@ def test_topo_single_gpu():
 
 def test_topo_eight_gpus_two_numa_nodes():
     # The shape of `nvidia-smi topo -m` on an 8-GPU, 2-socket PCIe box, derived from the real single-GPU output.
-    hdr = "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
-    rows = []
-    for i in range(8):
-        cells = ["X" if i == j else ("NODE" if (i < 4) == (j < 4) else "SYS") for j in range(8)]
-        rows.append("\t".join([f"GPU{i}", *cells, "0-31" if i < 4 else "32-63", "0" if i < 4 else "1", "N/A"]))
-    t = parse_topo("\n".join([hdr, *rows, "", "Legend:"]))
+    t = eight_gpu_topo()
     assert len(t["gpus"]) == 8
     assert t["pairs"]["GPU0-GPU4"] == "SYS" and t["pairs"]["GPU0-GPU3"] == "NODE"
     assert t["affinity"]["GPU5"] == {"cpus": "32-63", "numa": "1"}
