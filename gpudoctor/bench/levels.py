@@ -13,7 +13,7 @@ from gpudoctor.bench import logscan
 from gpudoctor.bench.load import LevelSpec, new_session, run_level
 from gpudoctor.bench.prompts import Prompt, build, load_source
 from gpudoctor.bench.tokens import Counter
-from gpudoctor.bench.results import CRASHED, OK, SKIPPED, ResultStore, key
+from gpudoctor.bench.results import CRASHED, ERROR, OK, SKIPPED, ResultStore, key
 
 
 @dataclass
@@ -44,12 +44,33 @@ async def health_generate(base_url: str, timeout: float) -> str | None:
         return f"/health_generate failed: {exc}"
 
 
+async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str | None] | None = None) -> str | None:
+    """Poll /health_generate until it answers 200 (None) or the deadline passes (why not). `alive` says if it died."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    last = "no answer yet"
+    while True:
+        if alive is not None:
+            gone = alive()
+            if gone:
+                return gone
+        left = end - time.monotonic()
+        if left <= 0:
+            return f"not ready in {deadline_s:g} s (last: {last})"
+        last = await health_generate(base_url, timeout=max(0.5, min(left, 25.0))) or ""
+        if not last:
+            return None
+        await asyncio.sleep(min(1.0, max(0.0, end - time.monotonic()), 0.25 if deadline_s < 20 else 1.0))
+
+
 def _skip(level: Level, reason: str) -> dict:
     return {**level.spec.head(), "status": SKIPPED, "completed": 0, "error": reason, "log_excerpt": None}
 
 
 async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, stall_s: float = 120.0,
                      level_timeout_s: float | None = None, warmup: int = 2, log_path: str | None = None,
+                     ready_timeout_s: float = 0.0,
                      server_gone: Callable[[], str | None] | None = None,
                      on_event: Callable[..., None] | None = None) -> list[dict]:
     """Run every level not yet in `store`, append its record, and return the records written now."""
@@ -61,9 +82,22 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     broken: str | None = None
 
     def put(rec: dict) -> None:
-        store.append(rec)
+        rec = store.append(rec)
         written.append(rec)
         emit("level_done", record=rec)
+
+    if ready_timeout_s > 0 and any(not lv.misfit for lv in todo):
+        not_ready = await wait_ready(base_url, ready_timeout_s)
+        if not_ready:
+            text = log.read_all() if log is not None else ""
+            for lv in todo:
+                rec = _skip(lv, lv.misfit) if lv.misfit else {
+                    **lv.spec.head(), "status": ERROR, "completed": 0,
+                    "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
+                                                                 if text and logscan.reason(text) else ""),
+                    "log_excerpt": logscan.excerpt(text) if text else None}
+                put(rec)
+            return written
 
     warmed = warmup <= 0
     for lv in todo:

@@ -56,7 +56,7 @@ class ResultStore:
     def keys(self) -> set[tuple]:
         return {key(r) for r in self.load()}
 
-    def append(self, rec: dict) -> None:
+    def append(self, rec: dict) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
@@ -68,3 +68,4 @@ class ResultStore:
                 if m != "prompt_tokens_mean":
                     rec[m] = None
         append_jsonl_atomic(self.path, [rec])
+        return rec

@@ -102,11 +102,13 @@ def bench():
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
 @click.option("--stall-timeout", type=float, default=120.0, show_default=True,
               help="Seconds without a byte before a request counts as hung.")
+@click.option("--ready-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for /health_generate to answer 200 before the first level.")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_set, tokenizer_dir, context_limit,
-         label, server_log, stall_timeout, warmup, out_dir, json_out):
+         label, server_log, stall_timeout, ready_timeout, warmup, out_dir, json_out):
     """Drive a running server with streamed /generate requests, one level per concurrency.
 
     \b
@@ -140,7 +142,7 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; context limit: {limit or 'unknown'}")
-        written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup,
+        written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
                                          log_path=server_log, on_event=display))
     if json_out:
         for rec in written:
