@@ -16,7 +16,7 @@ from typing import Callable
 from gpudoctor.bench import logscan
 from gpudoctor.bench.prompts import Prompt
 from gpudoctor.bench.results import CRASHED, ERROR, OK, percentile
-from gpudoctor.bench.stream import CONNECT, DISCONNECT, RequestResult, stream_generate
+from gpudoctor.bench.stream import CONNECT, DISCONNECT, RequestResult, sent_trace, stream_generate
 
 
 @dataclass
@@ -51,7 +51,8 @@ def new_session(concurrency: int):
     import aiohttp
 
     conn = aiohttp.TCPConnector(limit=max(1, concurrency), ttl_dns_cache=300)
-    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False,
+                                 trace_configs=[sent_trace()])
 
 
 async def probe_alive(base_url: str, timeout: float = 3.0) -> str | None:

@@ -39,7 +39,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--health-timeout-s", type=float, default=20.0, help="like SGLANG_HEALTH_CHECK_TIMEOUT")
     p.add_argument("--fail-mode", choices=FAIL_MODES, default="none")
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many /generate requests arrived")
-    p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after ready")
+    p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
     p.add_argument("--model-path", default="standin/model")
@@ -100,6 +100,9 @@ class StandIn:
 
     def on_request(self) -> None:
         self.n_requests += 1
+        if self.n_requests == 1 and self.a.fail_after_s > 0 and self.a.fail_mode in (
+                "die-mid-level", "hang", "http500", "error-chunk"):
+            asyncio.get_running_loop().call_later(self.a.fail_after_s, self.trip)
         n = self.a.fail_after_requests
         if self.a.fail_mode in ("die-mid-level", "hang", "http500", "error-chunk") and n and self.n_requests >= n:
             if self.a.fail_mode == "die-mid-level":
@@ -196,16 +199,19 @@ class StandIn:
             self.log(f"[http_server] Error: {error}")
             await resp.write(b"data: " + json.dumps({"error": {"message": error}}).encode() + b"\n\n")
         else:
+            stamps: dict = {}
             try:
-                async for out in self._outputs(rid, prompt_tokens, max_new, received):
+                async for out in self._outputs(rid, prompt_tokens, max_new, received, stamps):
                     await resp.write(b"data: " + json.dumps(out, separators=(",", ":")).encode() + b"\n\n")
+                    if "first_written" not in stamps:
+                        stamps["first_written"] = time.time()
             except (ConnectionResetError, asyncio.CancelledError):
                 raise
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
-    async def _outputs(self, rid: str, prompt_tokens: int, max_new: int, received: float):
+    async def _outputs(self, rid: str, prompt_tokens: int, max_new: int, received: float, stamps: dict | None = None):
         """Yield SGLang-shaped outputs on the known schedule (cumulative text and completion_tokens)."""
         a = self.a
         loop = asyncio.get_running_loop()
@@ -245,7 +251,8 @@ class StandIn:
                     meta["finish_reason"] = {"type": "length", "length": max_new}
                     meta["e2e_latency"] = time.time() - received
                     meta["request_received_ts"] = received
-                    meta["prefill_finished_ts"] = first_ts
+                    # When the first chunk reached the socket (streaming), else when it was produced.
+                    meta["prefill_finished_ts"] = (stamps or {}).get("first_written", first_ts)
                     meta["decode_finished_ts"] = time.time()
                     if acc:
                         drafts = steps * max(1, math.ceil(acc) - 1)
@@ -276,8 +283,6 @@ class StandIn:
                  f"available_gpu_mem=10.00 GB")
         self.ready = True
         self.log(READY_LINE)
-        if a.fail_after_s > 0 and a.fail_mode in ("die-mid-level", "hang", "http500", "error-chunk"):
-            asyncio.get_running_loop().call_later(a.fail_after_s, self.trip)
 
 
 def build_app(state: StandIn):

@@ -55,13 +55,35 @@ def _error_message(event: bytes) -> str:
         return event[len(_DATA):200].decode("utf-8", "replace")
 
 
+def sent_trace():
+    """A TraceConfig that stamps when the request's headers went to the socket (the clock start for TTFT and e2e).
+
+    Starting the clock there, not before `session.post`, keeps the client's own request building and event-loop
+    queueing out of the latency it attributes to the server.
+    """
+    import aiohttp
+
+    async def on_sent(session, ctx, params):
+        box = ctx.trace_request_ctx
+        if box is not None and "t" not in box:
+            box["t"] = time.perf_counter()
+
+    tc = aiohttp.TraceConfig()
+    tc.on_request_headers_sent.append(on_sent)
+    return tc
+
+
 async def stream_generate(session, url: str, body: bytes, stall_s: float) -> RequestResult:
-    """POST a streaming /generate request and measure TTFT, inter-token gaps, e2e latency, tokens and verify steps."""
+    """POST a streaming /generate request and measure TTFT, inter-token gaps, e2e latency, tokens and verify steps.
+
+    The clock starts when the request was sent (see sent_trace; before the call when the session has no trace).
+    """
     import aiohttp
 
     r = RequestResult()
     perf = time.perf_counter
     st = perf()
+    sent: dict = {}
     last_n = 0
     last_t = st
     last_event = None
@@ -69,7 +91,9 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
     itl = r.itl_s
     try:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(stall_s, 10.0), sock_read=stall_s)
-        async with session.post(url, data=body, headers=JSON_HEADERS, timeout=timeout) as resp:
+        async with session.post(url, data=body, headers=JSON_HEADERS, timeout=timeout, trace_request_ctx=sent) as resp:
+            st = sent.get("t", st)
+            last_t = st
             if resp.status != 200:
                 text = (await resp.text()).strip().replace("\n", " ")[:300]
                 return _fail(r, HTTP, f"HTTP {resp.status}: {text or resp.reason}")
