@@ -61,7 +61,8 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
         last = await health_generate(base_url, timeout=max(0.5, min(left, 25.0))) or ""
         if not last:
             return None
-        await asyncio.sleep(min(1.0, max(0.0, end - time.monotonic()), 0.25 if deadline_s < 20 else 1.0))
+        waited = deadline_s - (end - time.monotonic())
+        await asyncio.sleep(max(0.0, min(0.2 if waited < 10 else 1.0, end - time.monotonic())))
 
 
 def _skip(level: Level, reason: str) -> dict:
@@ -70,10 +71,14 @@ def _skip(level: Level, reason: str) -> dict:
 
 async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, stall_s: float = 120.0,
                      level_timeout_s: float | None = None, warmup: int = 2, log_path: str | None = None,
-                     ready_timeout_s: float = 0.0,
+                     ready_timeout_s: float = 0.0, record_skips: bool = True,
                      server_gone: Callable[[], str | None] | None = None,
                      on_event: Callable[..., None] | None = None) -> list[dict]:
-    """Run every level not yet in `store`, append its record, and return the records written now."""
+    """Run every level not yet in `store`, append its record, and return the records written now.
+
+    Once the server is broken (crashed, or unhealthy after a failed level) the remaining levels are recorded as
+    skipped with the reason, or, with record_skips=False, left unrecorded for a restarted server to run.
+    """
     emit = on_event or (lambda *a, **k: None)
     done = store.keys()
     todo = [lv for lv in levels if lv.key not in done]
@@ -105,6 +110,8 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
             put(_skip(lv, lv.misfit))
             continue
         if broken:
+            if not record_skips:
+                break
             put(_skip(lv, f"not run: {broken}"))
             continue
         emit("level_start", spec=lv.spec)

@@ -130,9 +130,16 @@ async def run_level(session, base_url: str, spec: LevelSpec, prompts: list[Promp
     if not timed_out and not failures and rec["completed"] == len(bodies) and rec["output_tokens"] > 0:
         return {**rec, "status": OK, "error": None, "log_excerpt": None}
     gone = None
+    lost = any(r.kind in (CONNECT, DISCONNECT) for r in failures)
     if server_gone is not None:
         gone = server_gone()
-    elif any(r.kind in (CONNECT, DISCONNECT) for r in failures):
+        # A dying process closes its sockets a moment before it can be reaped: give it that moment.
+        for _ in range(20 if lost else 0):
+            if gone is not None:
+                break
+            await asyncio.sleep(0.05)
+            gone = server_gone()
+    elif lost:
         gone = await probe_alive(base_url)
     if gone is not None:
         await asyncio.sleep(0.2)  # let a dying server finish writing its last words

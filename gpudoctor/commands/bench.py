@@ -149,3 +149,28 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
             click.echo(json.dumps(rec, sort_keys=True))
     bad = [r for r in written if r["status"] != "ok"]
     raise SystemExit(EXIT_FAIL if bad else EXIT_OK)
+
+
+@bench.command("run")
+@click.argument("campaign", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True, help="Directory for results.jsonl, server logs and the campaign copy.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run: skip recorded levels, re-gate, rerun the rest.")
+def run(campaign, out_dir, resume):
+    """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
+
+    \b
+    Example:
+      gpudoctor bench run examples/campaign.yaml --out runs/llama70b
+      gpudoctor bench run examples/campaign.yaml --out runs/llama70b --resume    # after a crash or reboot
+    The campaign format is documented in docs/bench.md.
+    Exit codes: 0 every level ok, 1 some levels crashed/errored/skipped (recorded with reasons),
+    2 the campaign stopped on an infrastructure failure (gate, port, GPU memory), 3 bad campaign file or flags.
+    """
+    from gpudoctor.bench.runner import run_campaign
+    from gpudoctor.errors import EXIT_WARN
+
+    with Display() as display:
+        counts = run_campaign(campaign, out_dir, resume=resume, on_event=display)
+    click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
+                     else EXIT_WARN)

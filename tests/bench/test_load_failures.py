@@ -45,7 +45,7 @@ def test_server_dies_mid_level(standin, tmp_path):
 
 
 def test_server_dies_after_seconds(standin, tmp_path):
-    s = standin("--decode-tok-s", "50", "--fail-mode", "die-mid-level", "--fail-after-s", "1.5")  # warm-up takes ~0.7 s
+    s = standin("--decode-tok-s", "25", "--fail-mode", "die-mid-level", "--fail-after-s", "1.5")  # level: 0.6..3.2 s
     out = tmp_path / "out"
     p = load(s, out, conc="4")
     assert p.returncode == 2
