@@ -309,6 +309,9 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     state = StandIn(args, extra)
     state.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, host='{args.host}', "
               f"port={args.port}, speculative_algorithm={args.speculative_algorithm!r}, extra={extra!r})")
+    nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
+    if nccl:
+        state.log(f"NCCL environment: {nccl}")
     if args.fail_mode == "die-at-start":
         state.log("Traceback (most recent call last):")
         state.log('  File "sglang/srt/server_args.py", line 1021, in __post_init__')
