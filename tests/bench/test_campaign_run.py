@@ -182,3 +182,19 @@ def test_sigkill_then_resume_has_no_duplicate_or_lost_records(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert gate_log.read_text().count("gate") >= 2  # the resumed run gated the host again
+
+
+def test_long_context_that_cannot_fit_is_skipped_never_sent(tmp_path):
+    # The server's limit (1500) comes from its /server_info; 2000-token prompts cannot fit and are never sent.
+    path, _ = write(tmp_path, "methods: {baseline: {args: [--context-length, '1500']}}\n", concurrency="[1]")
+    path.write_text(path.read_text().replace("    max_tokens: [24]", "    max_tokens: [24]\n    context_lengths: [null, 1000, 2000]"))
+    out = tmp_path / "out"
+    p = run_cli("bench", "run", str(path), "--out", str(out))
+    assert p.returncode == 1, p.stderr
+    recs = by_key(records(out))
+    assert recs[("baseline-tp1", "chat:short:out24", 1, 0)]["status"] == "ok"
+    fits = recs[("baseline-tp1", "chat:ctx1000:out24", 1, 0)]
+    assert fits["status"] == "ok" and fits["prompt_tokens_mean"] == 1000
+    skipped = recs[("baseline-tp1", "chat:ctx2000:out24", 1, 0)]
+    assert skipped["status"] == "skipped" and "> context limit 1500; not sent" in skipped["error"]
+    assert "longer than the model's context length" not in (out / "logs" / "baseline-tp1.log").read_text()
