@@ -151,9 +151,9 @@ async def run_level(session, base_url: str, spec: LevelSpec, prompts: list[Promp
         msg = f"{len(failures)} of {len(bodies)} requests failed ({len(results)} started); first: {failures[0].error}"
     else:
         msg = f"no output: {rec['completed']} of {len(bodies)} requests completed, {rec['output_tokens']} tokens"
+    if cause:  # the cause first: it is what a reader needs, and long messages get cut in tables
+        msg = f"server log: {cause}; " + msg
     if gone is not None:
         msg = f"server crashed ({gone}); " + msg
-    if cause:
-        msg += f"; server log: {cause}"
     return {**rec, "status": CRASHED if gone is not None else ERROR, "error": msg,
             "log_excerpt": logscan.excerpt(text) if text else None}

@@ -174,3 +174,27 @@ def run(campaign, out_dir, resume):
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)
+
+
+@bench.command("report")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+def report(out_dir, baseline, no_plots):
+    """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
+
+    \b
+    Example:
+      gpudoctor bench report runs/llama70b
+    Tables per method x TP: tok/s per workload and concurrency, speedup vs the baseline at the same TP and
+    concurrency, accept length. Levels that were not measured are listed with their reason.
+    Exit codes: 0 written, 3 no results in OUT_DIR.
+    """
+    from gpudoctor.bench.report import write_report
+
+    written = write_report(out_dir, baseline=baseline, plots=not no_plots)
+    click.echo(written["report"])
+    click.echo(written["csv"])
+    for p in written["plots"]:
+        click.echo(p)
+    raise SystemExit(EXIT_OK)
