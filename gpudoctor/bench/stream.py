@@ -40,6 +40,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     verify_ct: int | None = None
     meta: dict = field(default_factory=dict)  # the final chunk's meta_info
+    sent_wall: float | None = None  # time.time() when the request went out, and when the first token arrived:
+    first_wall: float | None = None  # compared with the server's own timestamps they split latency by side
 
 
 def _fail(r: RequestResult, kind: str, msg: str) -> RequestResult:
@@ -67,6 +69,7 @@ def sent_trace():
         box = ctx.trace_request_ctx
         if box is not None and "t" not in box:
             box["t"] = time.perf_counter()
+            box["w"] = time.time()
 
     tc = aiohttp.TraceConfig()
     tc.on_request_headers_sent.append(on_sent)
@@ -93,6 +96,7 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(stall_s, 10.0), sock_read=stall_s)
         async with session.post(url, data=body, headers=JSON_HEADERS, timeout=timeout, trace_request_ctx=sent) as resp:
             st = sent.get("t", st)
+            r.sent_wall = sent.get("w")
             last_t = st
             if resp.status != 200:
                 text = (await resp.text()).strip().replace("\n", " ")[:300]
@@ -131,6 +135,7 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
                     if n > last_n:
                         if last_n == 0:
                             r.ttft_s = now - st
+                            r.first_wall = time.time()
                         else:
                             k = n - last_n
                             gap = (now - last_t) / k
