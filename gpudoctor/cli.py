@@ -22,6 +22,7 @@ COMMANDS = {
     "daemon": ("gpudoctor.commands.daemon:daemon", "Watch the host and heal it after reboots, within budgets."),
     "bench": ("gpudoctor.commands.bench:bench", "The benchmark stage: load generator, campaigns, reports."),
     "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang server arguments before a long model load."),
+    "inventory": ("gpudoctor.commands.inventory:inventory", "Show the inventory and test SSH to every host."),
 }
 
 
@@ -69,7 +70,7 @@ def cli(ctx, verbose):
     """
     from gpudoctor import log
 
-    log.configure(verbose)
+    log.set_defaults(verbose)
     ctx.ensure_object(dict)
 
 

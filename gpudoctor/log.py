@@ -6,6 +6,22 @@ import logging
 import sys
 
 _configured = False
+_settings: dict = {"verbosity": 0, "json_logs": None}
+
+
+def set_defaults(verbosity: int = 0, json_logs: bool | None = None) -> None:
+    """Remember the CLI's choices; structlog itself is imported only when something logs (keeps start-up fast)."""
+    _settings.update(verbosity=verbosity, json_logs=json_logs)
+
+
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of the write (pytest and CliRunner swap it)."""
+
+    def write(self, s: str) -> int:
+        return sys.stderr.write(s)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
@@ -25,7 +41,7 @@ def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True
@@ -36,5 +52,10 @@ def get_logger(name: str = "gpudoctor", **ctx):
     import structlog
 
     if not _configured:
-        configure()
+        configure(**_settings)
     return structlog.get_logger(name).bind(**ctx)
+
+
+def enabled(verbosity: int = 1) -> bool:
+    """Whether the CLI asked for at least this much detail (checked without importing structlog)."""
+    return _configured or _settings["verbosity"] >= verbosity

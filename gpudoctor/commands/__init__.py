@@ -1,1 +1,1 @@
-"""CLI subcommands, one module per command group (loaded lazily by gpudoctor.cli)."""
+"""CLI command modules, one per command group; loaded lazily by gpudoctor.cli."""

@@ -7,7 +7,9 @@ errno is a *result*, never an exception. A deadline that passes is a result with
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import shlex
 from dataclasses import asdict, dataclass, field
 
@@ -60,9 +62,60 @@ _PY_STATVFS = r"""
 import errno, json, os, sys
 try:
     s = os.statvfs(sys.argv[1])
-    print(json.dumps({"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize}))
+    print(json.dumps({"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize,
+                      "readonly": bool(s.f_flag & os.ST_RDONLY)}))
 except OSError as e:
     print(json.dumps({"error": errno.errorcode.get(e.errno, str(e.errno))}))
+"""
+
+
+# File writes for backends without in-process access (remedies only, through gpudoctor.edit).
+# Each prints {"ok": 1} or {"errno": N, "msg": "..."}; the caller raises OSError from the latter.
+_PY_WRITE = r"""
+import json, os, sys
+path, mode, uid, gid, excl = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+data = sys.stdin.buffer.read()
+try:
+    m = 0o666 if mode == "-" else int(mode, 8)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if excl else os.O_TRUNC), m)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        st = os.fstat(fd)
+        if mode != "-" and (st.st_mode & 0o7777) != m:
+            os.fchmod(fd, m)
+        if uid != "-" and (st.st_uid, st.st_gid) != (int(uid), int(gid)):
+            os.fchown(fd, int(uid), int(gid))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    print(json.dumps({"ok": 1}))
+except OSError as e:
+    print(json.dumps({"errno": e.errno, "msg": e.strerror}))
+"""
+
+_PY_FILEOP = r"""
+import json, os, sys
+op, a = sys.argv[1], sys.argv[2]
+try:
+    if op == "rename":
+        os.rename(a, sys.argv[3])
+        try:
+            fd = os.open(os.path.dirname(sys.argv[3]) or ".", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    elif op == "unlink":
+        os.unlink(a)
+    elif op == "makedirs":
+        os.makedirs(a, int(sys.argv[3], 8), exist_ok=True)
+    print(json.dumps({"ok": 1}))
+except OSError as e:
+    print(json.dumps({"errno": e.errno, "msg": e.strerror}))
 """
 
 
@@ -161,9 +214,14 @@ class Host:
     # --- operations with portable defaults (backends may do them in-process) ---------------
     def read_file(self, path: str, timeout: float = 3.0, max_bytes: int = 4 << 20) -> FileRead:
         """Read up to max_bytes of a file on the target."""
+        # Read in 64 KiB steps: one huge read() of a /proc/sys file fails with ENOMEM.
         prog = ("import base64,errno,json,sys\n"
                 "try:\n"
-                f" d=open(sys.argv[1],'rb').read({int(max_bytes)})\n"
+                " f=open(sys.argv[1],'rb',buffering=0);d=b'';n=" + str(int(max_bytes)) + "\n"
+                " while len(d)<n:\n"
+                "  c=f.read(min(65536,n-len(d)))\n"
+                "  if not c: break\n"
+                "  d+=c\n"
                 " print(json.dumps({'b':base64.b64encode(d).decode()}))\n"
                 "except OSError as e:\n"
                 " print(json.dumps({'e':errno.errorcode.get(e.errno,str(e.errno))}))\n")
@@ -209,13 +267,53 @@ class Host:
         return data.get("entries", data.get("error"))
 
     def statvfs(self, path: str, timeout: float = 3.0) -> dict:
-        """Filesystem sizes in bytes: total, free, avail — or {"error": ...}."""
+        """Filesystem sizes in bytes: total, free, avail, and readonly (ST_RDONLY) — or {"error": ...}."""
         data = self._json_or_none(self.run([*self.python, "-c", _PY_STATVFS, path], timeout=timeout))
         return data if data is not None else {"error": "TIMEOUT"}
 
-    def write_file(self, path: str, data: bytes, timeout: float = 10.0) -> None:
-        """Write a file on the target (used only by remedies, which go through gpudoctor.edit)."""
-        raise NotImplementedError
+    # --- writes: used only by remedies, through gpudoctor.edit ------------------------------
+    # Contract: success returns None; a refused operation raises OSError(errno, strerror, path)
+    # (EROFS, EACCES, EEXIST, ENOENT...); a transport failure raises HostUnreachable; a deadline
+    # that passes raises CommandTimeout. Backends may do these in-process (local) or over SFTP (ssh).
+
+    def write_file(self, path: str, data: bytes, *, mode: int | None = None,
+                   owner: tuple[int, int] | None = None, exclusive: bool = False,
+                   timeout: float = 10.0) -> None:
+        """Write `data` to `path` (create; truncate unless `exclusive`, which fails with EEXIST), then fsync.
+
+        `mode`/`owner` are set only when the created file differs from them (pmxcfs refuses needless chmod).
+        This is a plain write, not atomic: gpudoctor.edit writes a temp file with it and then calls rename().
+        """
+        argv = [*self.python, "-c", _PY_WRITE, path, "-" if mode is None else format(mode, "o"),
+                "-" if owner is None else str(owner[0]), "-" if owner is None else str(owner[1]),
+                "1" if exclusive else "0"]
+        self._fileop(argv, "write", path, timeout, input=bytes(data))
+
+    def rename(self, src: str, dst: str, timeout: float = 10.0) -> None:
+        """rename(2) src over dst (atomic within one filesystem), then fsync dst's directory."""
+        self._fileop([*self.python, "-c", _PY_FILEOP, "rename", src, dst], "rename", src, timeout)
+
+    def unlink(self, path: str, timeout: float = 10.0) -> None:
+        """Remove a file (FileNotFoundError when it is not there)."""
+        self._fileop([*self.python, "-c", _PY_FILEOP, "unlink", path], "unlink", path, timeout)
+
+    def makedirs(self, path: str, mode: int = 0o700, timeout: float = 10.0) -> None:
+        """mkdir -p with `mode` for the directories it creates."""
+        self._fileop([*self.python, "-c", _PY_FILEOP, "makedirs", path, format(mode, "o")], "makedirs", path, timeout)
+
+    def _fileop(self, argv: list[str], what: str, path: str, timeout: float, input: bytes | None = None) -> None:
+        from gpudoctor.errors import CommandTimeout
+
+        res = self.run(argv, timeout=timeout, input=input)
+        if res.timed_out:
+            raise CommandTimeout(f"{what} {path}", timeout)
+        try:
+            d = json.loads(res.stdout)
+        except ValueError:
+            raise OSError(0, f"file operation failed on the target (rc {res.rc}): "
+                             f"{(res.stderr or res.stdout).strip()[:200]}", path) from None
+        if "errno" in d:
+            raise OSError(d["errno"], d.get("msg") or "", path)
 
     def close(self) -> None:
         """Release the transport (no-op for local)."""
@@ -239,3 +337,23 @@ class Host:
 def quote_argv(argv: list[str]) -> str:
     """The one place arguments are quoted for a remote shell: every argument, always."""
     return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def raise_errno(name: str, path: str) -> None:
+    """Raise OSError for an errno name seen on the target ("EROFS") so callers can test exc.errno."""
+    code = getattr(errno, name, None)
+    if not isinstance(code, int):
+        raise OSError(errno.EIO, f"{name} on the target", path)
+    raise OSError(code, os.strerror(code), path)
+
+
+def read_capped(fh, max_bytes: int, step: int = 65536) -> bytes:
+    """Read up to max_bytes in modest steps (one huge read() of a /proc/sys file fails with ENOMEM)."""
+    chunks, left = [], max_bytes
+    while left > 0:
+        chunk = fh.read(min(step, left))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, read_capped
 
 
 def _errname(exc: OSError) -> str:
@@ -91,8 +91,8 @@ class LocalHost(Host):
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         def read():
             try:
-                with open(self._p(path), "rb") as fh:
-                    return FileRead(path, fh.read(max_bytes))
+                with open(self._p(path), "rb", buffering=0) as fh:
+                    return FileRead(path, read_capped(fh, max_bytes))
             except OSError as exc:
                 return FileRead(path, error=_errname(exc))
 
@@ -153,11 +153,57 @@ class LocalHost(Host):
                 s = os.statvfs(self._p(path))
             except OSError as exc:
                 return {"error": _errname(exc)}
-            return {"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize}
+            return {"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize,
+                    "readonly": bool(s.f_flag & os.ST_RDONLY)}
 
         return with_deadline(sv, timeout, {"error": "TIMEOUT"})
 
-    def write_file(self, path, data, timeout=10.0):
-        from gpudoctor.atomic import atomic_write
+    # --- writes (see Host for the contract) -------------------------------------------------
+    def _deadline(self, what: str, fn, timeout: float):
+        from gpudoctor.errors import CommandTimeout
 
-        atomic_write(self._p(path), data)
+        box = with_deadline(lambda: ("done", fn()), timeout, None)
+        if box is None:
+            raise CommandTimeout(what, timeout)
+        return box[1]
+
+    def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0):
+        real = self._p(path)
+
+        def write():
+            flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+            fd = os.open(real, flags, 0o666 if mode is None else mode)
+            try:
+                view = memoryview(bytes(data))
+                while view:
+                    view = view[os.write(fd, view):]
+                st = os.fstat(fd)
+                if mode is not None and statmod.S_IMODE(st.st_mode) != mode:
+                    os.fchmod(fd, mode)
+                if owner is not None and (st.st_uid, st.st_gid) != tuple(owner):
+                    os.fchown(fd, owner[0], owner[1])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        self._deadline(f"write {path}", write, timeout)
+
+    def rename(self, src, dst, timeout=10.0):
+        def ren():
+            os.rename(self._p(src), self._p(dst))
+            try:
+                dfd = os.open(os.path.dirname(self._p(dst)) or ".", os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError:
+                pass
+
+        self._deadline(f"rename {src}", ren, timeout)
+
+    def unlink(self, path, timeout=10.0):
+        self._deadline(f"unlink {path}", lambda: os.unlink(self._p(path)), timeout)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0):
+        self._deadline(f"mkdir {path}", lambda: os.makedirs(self._p(path), mode, exist_ok=True), timeout)

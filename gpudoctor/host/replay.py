@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ def _run_key(host: Host, argv) -> str:
     argv = list(argv)
     n = len(host.python)
     if argv[:n] == list(host.python):
-        argv = ["<python>", *argv[n:]]
+        rest = argv[n:]
+        while rest and rest[0].startswith("-") and rest[0] != "-c":  # interpreter flags do not change the answer
+            rest = rest[1:]
+        argv = ["<python>", *rest]
     return _key("run", argv)
 
 
@@ -70,6 +74,18 @@ class RecordingHost(Host):
         self._keep(_key("statvfs", path), res)
         return res
 
+    def write_file(self, path, data, **kw):
+        return self.inner.write_file(path, data, **kw)
+
+    def rename(self, src, dst, timeout=10.0):
+        return self.inner.rename(src, dst, timeout)
+
+    def unlink(self, path, timeout=10.0):
+        return self.inner.unlink(path, timeout)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0):
+        return self.inner.makedirs(path, mode, timeout)
+
     def close(self):
         self.inner.close()
 
@@ -105,3 +121,15 @@ class ReplayHost(Host):
 
     def statvfs(self, path, timeout=3.0):
         return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})
+
+    def write_file(self, path, data, **kw):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def unlink(self, path, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def rename(self, src, dst, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", src)

@@ -1,0 +1,12 @@
+"""Pure checks over Facts, one module per subsystem. Importing this package registers them all."""
+
+import importlib
+
+_MODULES = ["host", "driver", "devices", "boundary", "cuda", "fabric", "workload", "workload_model"]
+
+for _m in _MODULES:
+    try:
+        importlib.import_module(f"{__name__}.{_m}")
+    except ModuleNotFoundError as _exc:  # a subsystem not present in this build
+        if _exc.name != f"{__name__}.{_m}":
+            raise

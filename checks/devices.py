@@ -1,0 +1,192 @@
+"""Device layer: every /dev/nvidia* node present, a character device, major:minor equal to the live /proc/devices, usable."""
+
+import re
+
+from gpudoctor.checkreg import check
+from gpudoctor.findings import Finding, Status
+
+# open() errno → which layer refused (FIELD_NOTES).
+ERRNO_MEANING = {
+    "EPERM": "the device cgroup denies it (even with mode 0666)",
+    "EACCES": "file mode or ownership denies it",
+    "ENXIO": "no driver answers this major: the node is stale",
+    "ENODEV": "no such device behind the node",
+    "ENOENT": "the node is missing",
+    "TIMEOUT": "open() did not answer within its deadline",
+}
+
+_ESSENTIAL = re.compile(r"^/dev/(nvidiactl|nvidia\d+|nvidia-uvm)$")
+
+
+def _nodes(facts):
+    d = facts.get("devices")
+    return None if not d or "nodes" not in d else d["nodes"]
+
+
+def _live(facts):
+    return ((facts.get("host") or {}).get("proc_devices") or {}).get("char") or {}
+
+
+def expected_numbers(path: str, live: dict) -> tuple[int | None, int | None, str]:
+    """The (major, minor) a node must have on this kernel, and the /proc/devices name it comes from."""
+    front = next((live[n] for n in ("nvidia-frontend", "nvidia", "nvidiactl") if n in live), 195)
+    name = path.rsplit("/", 1)[-1]
+    if name == "nvidiactl":
+        return front, 255, "nvidia"
+    if name == "nvidia-modeset":
+        return front, 254, "nvidia"
+    if m := re.match(r"^nvidia(\d+)$", name):
+        return front, int(m.group(1)), "nvidia"
+    if name in ("nvidia-uvm", "nvidia-uvm-tools"):
+        return live.get("nvidia-uvm"), 0 if name == "nvidia-uvm" else 1, "nvidia-uvm"
+    if m := re.match(r"^nvidia-cap(\d+)$", name):
+        return live.get("nvidia-caps"), int(m.group(1)), "nvidia-caps"
+    if m := re.match(r"^nvidia-nvswitch(\d+)$", name):
+        return live.get("nvidia-nvswitch"), int(m.group(1)), "nvidia-nvswitch"
+    return None, None, ""
+
+
+def _required(facts) -> list[str]:
+    gpus = ((facts.get("driver") or {}).get("gpus")) or []
+    req = ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    req += [f"/dev/nvidia{g['minor']}" for g in gpus if g.get("minor") is not None]
+    return req
+
+
+def _owner(live: dict, major: int) -> str | None:
+    return next((n for n, m in live.items() if m == major), None)
+
+
+_HOST_DEPS = ("host.driver.loaded", "host.uvm.loaded")
+
+
+@check("devices.node.present", summary="Each node CUDA needs exists and is a character device.", depends_on=_HOST_DEPS,
+       remedy="devices.node.create")
+def present(facts):
+    """Missing /dev/nvidia-uvm is the classic "nvidia-smi works, CUDA does not"."""
+    nodes = _nodes(facts)
+    if nodes is None:
+        return None
+    out = []
+    for p in _required(facts) + ["/dev/nvidia-uvm-tools"]:
+        n = nodes.get(p) or {"exists": False, "error": "ENOENT"}
+        essential = bool(_ESSENTIAL.match(p))
+        if not n.get("exists"):
+            if n.get("error") == "TIMEOUT":
+                out.append(Finding("devices.node.present", Status.UNKNOWN, f"{p}: stat() did not answer", subject=p,
+                                   evidence=[f"stat {p} → TIMEOUT"]))
+                continue
+            cuda_ok = ((facts.get("cuda") or {}).get("cuinit")) == 0
+            if essential and cuda_ok:
+                # libcuda runs the setuid nvidia-modprobe to create missing nodes where it may (not in an LXC guest).
+                out.append(Finding("devices.node.present", Status.WARN, f"{p} was missing when probed; cuInit still "
+                                   "succeeded (libcuda's nvidia-modprobe can recreate it where mknod is allowed)",
+                                   subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}", "cuInit(0) → 0"],
+                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them.",
+                                   remedy="devices.node.create"))
+                continue
+            out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
+                               subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
+                               hint="Run `nvidia-modprobe -u -c 0` (uvm nodes) or `nvidia-modprobe -c N` on the host; "
+                                    "in an LXC guest also check the lxc.mount.entry / devN: lines.",
+                               remedy="devices.node.create"))
+        elif n.get("kind") != "char":
+            out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
+                               f"{p} is a {n.get('kind')}, not a character device", subject=p,
+                               evidence=[f"stat {p} → type {n.get('kind')}"],
+                               hint="Remove it and recreate the node (a bind mount of a missing source creates a file)."))
+        else:
+            out.append(Finding("devices.node.present", Status.OK, f"{p} present", subject=p,
+                               evidence=[f"stat {p} → char {n.get('major')}:{n.get('minor')}"]))
+    return out
+
+
+@check("devices.node.major", summary="Each node's major:minor equals the live number in /proc/devices.",
+       depends_on=_HOST_DEPS + ("devices.node.present",), remedy="devices.node.create")
+def major(facts):
+    """Dynamic majors (nvidia-uvm, nvidia-caps) drift with driver reinstalls: a node made for the old one is dead."""
+    nodes = _nodes(facts)
+    if nodes is None:
+        return None
+    live = _live(facts)
+    out = []
+    for p, n in sorted(nodes.items()):
+        if n.get("kind") != "char":
+            continue
+        want_major, want_minor, source = expected_numbers(p, live)
+        if want_major is None:
+            if source:  # the driver registers no such device here
+                out.append(Finding("devices.node.major", Status.WARN, f"{p} exists but /proc/devices has no {source}",
+                                   subject=p, evidence=[f"{p} is {n['major']}:{n['minor']}", f"/proc/devices: no {source}"]))
+            continue
+        have = f"{n['major']}:{n['minor']}"
+        want = f"{want_major}:{want_minor}"
+        if have != want:
+            other = _owner(live, n["major"])
+            ev = [f"stat {p} → {have}" + (f" (major {n['major']} is '{other}' in /proc/devices)" if other else
+                                          f" (major {n['major']} is not in /proc/devices)"),
+                  f"/proc/devices: {want_major} {source} → expected {want}"]
+            essential = bool(_ESSENTIAL.match(p))
+            out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
+                               f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
+                               hint=f"Recreate the node: `mknod -m 666 {p} c {want_major} {want_minor}` "
+                                    f"(or `nvidia-modprobe -u -c 0`); in an LXC guest fix the bind mount on the host.",
+                               remedy="devices.node.create", data={"have": have, "want": want}))
+        else:
+            out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
+                               evidence=[f"stat {p} → {have}", f"/proc/devices: {want_major} {source}"]))
+    return out
+
+
+@check("devices.node.mode", summary="CUDA's nodes are read-write for everyone (mode 0666) as the driver creates them.",
+       depends_on=("devices.node.present",), remedy="devices.node.mode")
+def mode(facts):
+    """A node with mode 000 (seen on nvidia-uvm-tools) breaks profilers and non-root users."""
+    nodes = _nodes(facts)
+    if nodes is None:
+        return None
+    out = []
+    for p, n in sorted(nodes.items()):
+        if n.get("kind") != "char" or p.startswith("/dev/nvidia-caps/"):
+            continue  # capability nodes are 0400/0444 by design
+        m = n.get("mode", 0)
+        if m & 0o006 != 0o006:
+            out.append(Finding("devices.node.mode", Status.WARN, f"{p} has mode {m:04o}: users other than "
+                               f"{'root' if n.get('uid') == 0 else n.get('uid')} cannot open it", subject=p,
+                               evidence=[f"stat {p} → mode {m:04o}, expected 0666"],
+                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m}))
+        else:
+            out.append(Finding("devices.node.mode", Status.OK, f"{p} mode {m:04o}", subject=p,
+                               evidence=[f"stat {p} → mode {m:04o}"]))
+    return out
+
+
+@check("devices.node.open", summary="A real open() of each node succeeds; the errno names the layer that refuses.",
+       depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "boundary.lxc.cgroup_allow",
+                                "boundary.lxc.mount_entry"))
+def opened(facts):
+    """EPERM = device cgroup (mode 0666 does not help), EACCES = mode/owner, ENXIO = stale major, ENOENT = missing."""
+    nodes = _nodes(facts)
+    if nodes is None:
+        return None
+    out = []
+    for p, n in sorted(nodes.items()):
+        if n.get("kind") != "char":
+            continue
+        r = n.get("open")
+        essential = bool(_ESSENTIAL.match(p))
+        if r == "OK":
+            out.append(Finding("devices.node.open", Status.OK, f"open({p}) ok", subject=p, evidence=[f"open({p}, O_RDWR) → ok"]))
+        elif r == "TIMEOUT":
+            out.append(Finding("devices.node.open", Status.UNKNOWN, f"open({p}) did not answer", subject=p,
+                               evidence=[f"open({p}, O_RDWR) → no answer within the deadline"]))
+        elif r:
+            why = ERRNO_MEANING.get(r, "refused")
+            extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
+            out.append(Finding("devices.node.open", Status.FAIL if essential else Status.WARN,
+                               f"open({p}) → {r}{extra}: {why}", subject=p,
+                               evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"],
+                               hint=("Allow the major in the container's lxc.cgroup2.devices.allow (gpudoctor lxc fix), "
+                                     "or use devN: passthrough." if r == "EPERM" else None),
+                               data={"errno": r}))
+    return out

@@ -1,0 +1,193 @@
+"""`gpudoctor check`, `gpudoctor snapshot`, `gpudoctor checks`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpudoctor.errors import InputError
+from gpudoctor.findings import LAYERS
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+
+
+def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout):
+    """(Host, GatherContext) for the local machine or an inventory host."""
+    from gpudoctor.gather.context import GatherContext
+
+    if host_name and host_name not in ("local", "localhost"):
+        try:
+            from gpudoctor.host.factory import target_for
+        except ImportError:
+            raise InputError("--host needs the SSH backend, which this build lacks") from None
+        host, ctx = target_for(host_name, inventory)
+    else:
+        from gpudoctor.host.local import LocalHost
+
+        host, ctx = LocalHost(), GatherContext(name=_hostname())
+    if expect_gpus is not None:
+        ctx.expect_gpus = expect_gpus
+    if models:
+        ctx.model_paths = list(models)
+    if sglang_url:
+        ctx.sglang_url = sglang_url
+    ctx.timeout = timeout
+    return host, ctx
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+_common = [
+    click.option("--host", "host_name", metavar="NAME", help="Inventory host to check over SSH (default: this machine)."),
+    click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
+                 help="Inventory file (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml)."),
+    click.option("--expect-gpus", type=click.IntRange(0), help="Number of GPUs this host must show."),
+    click.option("--model", "models", multiple=True, metavar="PATH", help="Model directory that must be complete (repeatable)."),
+    click.option("--sglang-url", metavar="URL", help="Also probe a running SGLang server, e.g. http://127.0.0.1:30000."),
+    click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+                 help="Deadline in seconds for each command or read; a hang becomes an 'unknown' finding."),
+]
+
+
+def common(f):
+    for opt in reversed(_common):
+        f = opt(f)
+    return f
+
+
+@click.command("check")
+@common
+@click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), help="Diagnose a saved snapshot instead of a live host.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema: docs/json-schema.md).")
+@click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
+@click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
+@click.option("--verbose-findings", "-a", "show_all", is_flag=True, help="Show every finding with its evidence.")
+@click.option("--deep", is_flag=True, help="Also measure NCCL all-reduce bandwidth per TP group (occupies the GPUs; needs torch).")
+@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
+          deep, deep_python):
+    """Diagnose a GPU host layer by layer and name the root cause with evidence.
+
+    \b
+    Layers, bottom-up (a failure marks the layers above as its symptoms):
+      host → driver → devices → boundary (LXC) → cuda → fabric → workload
+
+    \b
+    Examples:
+      gpudoctor check                                   this machine
+      gpudoctor check --host ct200                      an inventory host (and its Proxmox node) over SSH
+      gpudoctor check --snapshot examples/h200-uvm-blocked.json
+      gpudoctor check --json | jq .root_cause
+      gpudoctor check --explain devices.node.major
+
+    Exit codes (Nagios): 0 ok, 1 warning, 2 failure, 3 unknown (could not probe) or bad input.
+    """
+    if explain:
+        raise SystemExit(_explain(explain))
+    from gpudoctor.diagnose import diagnose
+
+    if snapshot_path:
+        from gpudoctor import snapshot
+
+        facts = snapshot.facts_of(snapshot.load(snapshot_path))
+        if expect_gpus is not None:
+            facts["meta"]["context"]["expect_gpus"] = expect_gpus
+    else:
+        from gpudoctor.gather import gather
+
+        host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+        if deep:
+            ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
+        with host:
+            facts = gather(host, ctx)
+    d = diagnose(facts, set(only) or None)
+    if as_json:
+        from gpudoctor.report import to_json
+
+        click.echo(to_json(d))
+    else:
+        from gpudoctor.report import render
+
+        render(d, _console(), verbose=show_all)
+    raise SystemExit(d.exit_code)
+
+
+def _explain(check_id: str) -> int:
+    from gpudoctor.checkreg import all_checks
+
+    specs = {c.id: c for c in all_checks()}
+    if check_id not in specs:
+        near = [i for i in specs if check_id.split(".")[0] in i]
+        raise InputError(f"unknown check id {check_id!r}" + (f"; did you mean one of: {', '.join(near[:6])}" if near else
+                                                            "; `gpudoctor checks` lists them"))
+    c = specs[check_id]
+    click.echo(f"{c.id}  (layer {c.layer})\n\n{c.summary}\n\n{c.doc}")
+    if c.depends_on:
+        click.echo(f"\nA failure of {', '.join(c.depends_on)} makes this finding a symptom, not a root cause.")
+    if c.remedy:
+        click.echo(f"\nRemedy: gpudoctor fix --only {c.remedy}")
+    return 0
+
+
+@click.command("snapshot")
+@common
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
+def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output):
+    """Gather a host's facts (and the raw reads behind them) into one JSON file.
+
+    Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
+    Secrets never go in: only NCCL_*/CUDA_VISIBLE_* variables are read, with key-like names redacted.
+    """
+    import json
+
+    from gpudoctor import snapshot as snap
+    from gpudoctor.atomic import atomic_write
+
+    host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+    with host:
+        doc = snap.take(host, ctx)
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        atomic_write(output, text)
+        click.echo(f"wrote {output} ({len(text) // 1024} KiB, {len(doc['transcript'])} recorded reads)", err=True)
+    raise SystemExit(0)
+
+
+@click.command("checks")
+@click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
+@click.option("--json", "as_json", is_flag=True)
+def list_checks(markdown, as_json):
+    """List every check id, its layer and one-line purpose."""
+    from gpudoctor.checkreg import all_checks
+
+    specs = all_checks()
+    if as_json:
+        import json
+
+        click.echo(json.dumps([{"id": c.id, "layer": c.layer, "summary": c.summary, "depends_on": list(c.depends_on),
+                                "remedy": c.remedy} for c in specs], indent=2))
+    elif markdown:
+        click.echo("# Checks\n\nGenerated by `gpudoctor checks --markdown`. Ids are stable; `gpudoctor check --explain ID`"
+                   " prints the details.\n")
+        for layer in LAYERS:
+            rows = [c for c in specs if c.layer == layer]
+            if not rows:
+                continue
+            click.echo(f"\n## {layer}\n\n| id | purpose | remedy |\n|---|---|---|")
+            for c in rows:
+                click.echo(f"| `{c.id}` | {c.summary} | {('`' + c.remedy + '`') if c.remedy else ''} |")
+    else:
+        for c in specs:
+            click.echo(f"{c.id:34s} {c.layer:9s} {c.summary}")
+    raise SystemExit(0)

@@ -1,0 +1,148 @@
+"""`gpudoctor inventory show|ping`: see what the inventory says, and whether every host answers over SSH."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from gpudoctor.errors import EXIT_OK, EXIT_UNKNOWN, GpudoctorError
+
+inventory_option = click.option(
+    "--inventory", "inventory_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+    help="Inventory file (default: $GPUDOCTOR_INVENTORY, ./inventory.yaml, ~/.config/gpudoctor/inventory.yaml).")
+
+
+@click.group("inventory")
+def inventory():
+    """Show and test the inventory of hosts.
+
+    \b
+    Examples:
+      gpudoctor inventory show                     hosts, Proxmox nodes, profiles, policy
+      gpudoctor inventory show --json              the validated inventory as JSON
+      gpudoctor inventory ping                     connect to every host and Proxmox node
+      gpudoctor inventory ping ct200 @h200         some hosts (names, patterns, @group)
+      gpudoctor inventory ping --accept-new-host-key   trust unknown host keys on first use
+
+    Exit codes: 0 ok, 3 bad inventory or a host that could not be reached.
+    """
+
+
+@inventory.command("show")
+@inventory_option
+@click.option("--json", "as_json", is_flag=True, help="Print the validated inventory as JSON.")
+def show(inventory_path, as_json):
+    """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy."""
+    from gpudoctor.inventory import load_inventory
+
+    inv = load_inventory(inventory_path)
+    if as_json:
+        click.echo(json.dumps(inv.to_json(), indent=2, sort_keys=True))
+        raise SystemExit(EXIT_OK)
+    hosts = [(h.name, _addr(h.ssh), h.ssh.user or "(ssh config)",
+              f"{h.lxc.vmid or '?'}@{h.lxc.proxmox.name}" if h.lxc else "-",
+              _expect(h.expect), ",".join(h.groups) or "-") for h in inv.hosts.values()]
+    _table(f"Hosts ({inv.path})", ("NAME", "ADDRESS", "USER", "LXC", "EXPECT", "GROUPS"), hosts)
+    if inv.proxmox:
+        rows = [(p.name, _addr(p.ssh), p.ssh.user or "(ssh config)", p.config_dir, " ".join(p.pct))
+                for p in inv.proxmox.values()]
+        _table("Proxmox nodes", ("NAME", "ADDRESS", "USER", "CONFIG DIR", "PCT"), rows)
+    if inv.profiles:
+        rows = [(p.name, " ".join(p.patterns)) for p in inv.profiles.values()]
+        _table("Gate profiles", ("PROFILE", "CHECKS"), rows)
+    pol = inv.policy
+    if pol.auto_apply or pol.never_apply or pol.budgets or pol.checks:
+        rows = [("auto_apply", " ".join(pol.auto_apply) or "-"), ("never_apply", " ".join(pol.never_apply) or "-"),
+                ("budgets", " ".join(f"{k}={v}" for k, v in pol.budgets.items()) or "-"),
+                ("checks", " ".join(sorted(pol.checks)) or "-")]
+        _table("Remedy policy", ("POLICY", "VALUE"), rows)
+    raise SystemExit(EXIT_OK)
+
+
+@inventory.command("ping")
+@click.argument("specs", nargs=-1)
+@inventory_option
+@click.option("--accept-new-host-key", is_flag=True,
+              help="Trust and record unknown SSH host keys (never a changed one).")
+@click.option("--parallel", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="Hosts contacted at once.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per target.")
+def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
+    """Connect to hosts (and their Proxmox nodes) over SSH and run `uname -n`.
+
+    SPECS are host names, fnmatch patterns ("ct2*"), groups ("@h200") or "all" (the default).
+    Unknown or changed host keys are refused unless --accept-new-host-key (unknown keys only).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpudoctor.host.factory import host_for
+    from gpudoctor.inventory import load_inventory
+
+    inv = load_inventory(inventory_path)
+    entries = inv.select(",".join(specs) if specs else "all")
+    targets = {("host", e.name): e for e in entries}
+    for e in entries:
+        if e.lxc is not None:
+            targets.setdefault(("proxmox", e.lxc.proxmox.name), e.lxc.proxmox)
+    if not specs:
+        for p in inv.proxmox.values():
+            targets.setdefault(("proxmox", p.name), p)
+    policy = "accept-new" if accept_new_host_key else None
+
+    def one(item):
+        (role, name), entry = item
+        t0 = time.perf_counter()
+        try:
+            with host_for(entry, host_key_policy=policy) as h:
+                r = h.run(["uname", "-n"], timeout=10)
+            ok = r.ok
+            detail = r.stdout.strip() if ok else r.describe()
+        except GpudoctorError as exc:
+            ok, detail = False, exc.one_line()
+        return {"role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
+                "detail": detail}
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        results = list(pool.map(one, targets.items()))
+    if as_json:
+        for r in results:
+            click.echo(json.dumps(r, sort_keys=True))
+    else:
+        rows = [(r["name"], r["role"], "ok" if r["ok"] else "FAIL", f"{r['ms']} ms", r["detail"]) for r in results]
+        _table("SSH reachability", ("NAME", "ROLE", "STATUS", "TIME", "ANSWER"), rows)
+    raise SystemExit(EXIT_OK if all(r["ok"] for r in results) else EXIT_UNKNOWN)
+
+
+def _addr(s) -> str:
+    return s.address if s.port is None or s.is_local else f"{s.address}:{s.port}"
+
+
+def _expect(e) -> str:
+    parts = []
+    if e.gpus is not None:
+        parts.append(f"{e.gpus} GPUs")
+    parts += list(e.model_paths)
+    return ", ".join(parts) or "-"
+
+
+def _table(title: str, header: tuple, rows: list) -> None:
+    """rich on a terminal, plain aligned columns otherwise (pipes, CI logs)."""
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=title, title_justify="left")
+        for h in header:
+            t.add_column(h)
+        for r in rows:
+            t.add_row(*(str(c) for c in r))
+        Console().print(t)
+        return
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    click.echo(title)
+    for r in (header, *rows):
+        click.echo("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    click.echo("")

@@ -1,0 +1,123 @@
+"""`gpudoctor sglang validate`: check sglang.launch_server arguments before a long model load."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpudoctor.errors import InputError
+
+
+@click.group("sglang")
+def sglang():
+    """SGLang helpers: validate launch arguments before a 10-minute model load."""
+
+
+def _num(name: str, raw: str | None, kind=int, minimum=0):
+    if raw is None:
+        return None
+    from gpudoctor.sglang.argparser import human_readable_int
+
+    try:
+        val = human_readable_int(raw) if kind is int else float(raw)
+    except ValueError:
+        val = None
+    if val is None or val < minimum:
+        raise InputError(f"{name} must be a number >= {minimum} (got {raw!r})")
+    return val
+
+
+@sglang.command("validate", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model-config", "model_config", metavar="PATH",
+              help="The model's config.json or model directory (default: --model-path when it is a local directory).")
+@click.option("--draft-config", "draft_config", metavar="PATH",
+              help="The draft model's config.json or directory (default: a local --speculative-draft-model-path).")
+@click.option("--gpu-mem-gib", default="141", show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
+@click.option("--gpus", default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
+@click.option("--input-len", default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
+@click.option("--output-len", default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
+@click.option("--fork-algorithms", default="", metavar="A,B",
+              help="Speculative algorithms your SGLang build adds (e.g. DDTREE on a fork).")
+@click.option("--sglang-version", default="0.5.23", show_default=True, help="Which SGLang's flags and rules to use.")
+@click.option("--resolver-python", default=None, metavar="PYTHON",
+              help="A Python where `import sglang` works: also resolve the arguments with SGLang itself and compare.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, output_len, fork_algorithms, sglang_version,
+                 resolver_python, as_json, args):
+    """Validate sglang.launch_server ARGS (after --) without loading the model.
+
+    \b
+    Examples:
+      gpudoctor sglang validate -- --model-path /dev/shm/K2.6 --tp 8 \\
+          --speculative-algorithm EAGLE3 --speculative-draft-model-path /data/eagle3 \\
+          --speculative-num-steps 1 --speculative-num-draft-tokens 3 --speculative-eagle-topk 1
+      gpudoctor sglang validate --model-config /models/qwen/config.json \\
+          --input-len 30000 --output-len 256 -- --model-path qwen --tp-size 8
+      gpudoctor sglang validate --json -- python -m sglang.launch_server --model-path /m
+
+    \b
+    Checks: argparse (abbreviations, ambiguous prefixes, unknown flags), speculative
+    steps/topk/draft-token combinations, page size vs attention backend, DFlash block
+    size, draft path, algorithm names, TP vs attention/KV/linear heads, context length,
+    input + output vs context, and a memory plan (weights, KV cache, max_running_requests).
+    Every finding names the SGLang source file and function that enforces it, and the fix.
+
+    \b
+    Exit codes: 0 valid, 1 warnings, 2 invalid (SGLang would fail), 3 bad input.
+    """
+    from gpudoctor.sglang import validate
+
+    if not args:
+        raise InputError("no SGLang arguments: put them after --, e.g. gpudoctor sglang validate -- --model-path M")
+    result = validate(
+        list(args), model_config, draft_config,
+        gpu_mem_gib=_num("--gpu-mem-gib", gpu_mem_gib, float, 1), gpus=_num("--gpus", gpus, int, 1),
+        input_len=_num("--input-len", input_len), output_len=_num("--output-len", output_len),
+        fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version)
+    comparison = None
+    if resolver_python is not None or _sglang_importable():
+        from gpudoctor.sglang.resolver import compare, resolve_with_sglang
+
+        real = resolve_with_sglang(result.argv, python=resolver_python)
+        comparison = compare(result, real)
+        result.findings.append(comparison)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, default=str))
+    else:
+        _render(result)
+    raise SystemExit(result.exit_code)
+
+
+def _sglang_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None
+
+
+_MARK = {"fail": "FAIL", "warn": "WARN", "ok": "ok  ", "info": "info", "unknown": "????"}
+
+
+def _render(result) -> None:
+    order = {"fail": 0, "warn": 1, "ok": 2, "info": 3, "unknown": 1}
+    for f in sorted(result.findings, key=lambda f: order[f.status.value]):
+        click.echo(f"{_MARK[f.status.value]} {f.id}: {f.summary}")
+        if f.status.value in ("fail", "warn"):
+            if f.data.get("sglang_error"):
+                click.echo(f"       SGLang says: {f.data['sglang_error']}")
+            for e in f.evidence:
+                click.echo(f"       evidence: {e}")
+            if f.hint:
+                click.echo(f"       fix: {f.hint}")
+            click.echo(f"       source: {f.data.get('source')} (stage: {f.data.get('stage')})")
+    r = result.resolved
+    if r.get("speculative_algorithm"):
+        click.echo(f"resolved: {r['speculative_algorithm']} steps={r.get('speculative_num_steps')} "
+                   f"topk={r.get('speculative_eagle_topk')} draft_tokens={r.get('speculative_num_draft_tokens')} "
+                   f"max_running_requests={r.get('max_running_requests')}")
+    if result.memory and "max_total_num_tokens" in result.memory:
+        m = result.memory
+        click.echo(f"memory: {m['weights_per_gpu_gib']:.1f} GiB weights/GPU, {m['max_total_num_tokens']} KV tokens, "
+                   f"max_running_requests {m['max_running_requests']} (mem_fraction_static {m['mem_fraction_static']})")
+    click.echo(f"verdict: {result.verdict} (exit {result.exit_code})")

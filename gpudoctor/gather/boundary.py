@@ -1,0 +1,75 @@
+"""Boundary facts for an LXC guest, read from its Proxmox host: the container config, the host's /proc/devices,
+the running config LXC generated at start, `pct status`, and a stat of each GPU node the config passes.
+
+Facts are plain JSON (the snapshot format); texts keep undecodable bytes as surrogate escapes so that a config
+round-trips byte-for-byte from a snapshot too.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpudoctor.proxmox import pct
+from gpudoctor.proxmox.config import parse as parse_config
+
+CONFIG_DIR = "/etc/pve/lxc"
+PROC_DEVICES = "/proc/devices"
+
+
+def config_path(vmid: int) -> str:
+    return f"{CONFIG_DIR}/{vmid}.conf"
+
+
+def running_path(vmid: int) -> str:
+    return f"/var/lib/lxc/{vmid}/config"
+
+
+def _read(host, path: str, timeout: float, max_bytes: int = (1 << 20) + 1) -> dict:
+    r = host.read_file(path, timeout=timeout, max_bytes=max_bytes)
+    return {"path": path, "error": r.error,
+            "text": None if r.data is None else r.data.decode("utf-8", "surrogateescape")}
+
+
+def gather_lxc(px, vmid: int | None, *, config: str | None = None, devices: str = PROC_DEVICES,
+               running: str | None = None, name: str | None = None, timeout: float = 10.0,
+               ask_status: bool = True, stat_nodes: bool = True, read_running: bool = True) -> dict:
+    """Everything the boundary checks and the LXC remedy need, from the Proxmox host `px`."""
+    cpath = config or config_path(vmid)
+    out: dict = {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": vmid, "name": name,
+                 "config": _read(px, cpath, timeout), "proc_devices": _read(px, devices, timeout, 1 << 20)}
+    rpath = running or (running_path(vmid) if vmid is not None and read_running else None)
+    out["running"] = _read(px, rpath, timeout) if rpath else None
+    sv = px.statvfs(os.path.dirname(cpath) or ".", timeout)
+    out["config"]["readonly"] = sv.get("readonly")
+    if ask_status and vmid is not None:
+        st, res = pct.status(px, vmid, timeout)
+        out["status"] = {"status": st, "evidence": res.describe()}
+    else:
+        out["status"] = {"status": None, "evidence": "not asked"}
+    out["host_nodes"] = None
+    if stat_nodes and out["config"]["text"] is not None:
+        from gpudoctor.proxmox.audit import needed_nodes
+
+        cfg = parse_config(out["config"]["text"], cpath)
+        paths = [n.node.path for n in needed_nodes(cfg)]
+        if paths:
+            out["host_nodes"] = {p: s.to_json() for p, s in px.stat_many(paths, timeout).items()}
+    return out
+
+
+def gather(host, ctx) -> dict:
+    """facts["boundary"]: for a guest with a Proxmox host in its context; otherwise says why it does not apply."""
+    px = getattr(ctx, "proxmox", None)
+    if px is None:
+        return {"kind": None, "applicable": False,
+                "reason": "no Proxmox host is configured for this target (inventory: lxc: {vmid, proxmox})"}
+    vmid, source = getattr(ctx, "vmid", None), "inventory"
+    if vmid is None:
+        vmid, ev = pct.find_vmid(px, ctx.name, ctx.timeout)
+        source = ev
+        if vmid is None:
+            return {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": None, "name": ctx.name,
+                    "error": f"cannot find the container's VMID on {px.name}: {ev}"}
+    out = gather_lxc(px, int(vmid), name=ctx.name, timeout=ctx.timeout)
+    out["vmid_source"] = source
+    return out

@@ -1,0 +1,24 @@
+"""What a gather needs to know beyond the host itself."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GatherContext:
+    name: str = "localhost"
+    expect_gpus: int | None = None
+    model_paths: list[str] = field(default_factory=list)
+    proxmox: Any = None  # Host of the Proxmox node, for LXC guests
+    vmid: int | None = None
+    policy: dict = field(default_factory=dict)
+    sglang_url: str | None = None
+    timeout: float = 10.0  # deadline of one command or read
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("proxmox")
+        d["proxmox"] = getattr(self.proxmox, "name", None)
+        return d

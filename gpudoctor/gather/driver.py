@@ -1,0 +1,88 @@
+"""Driver layer facts from `nvidia-smi -q -x` (a subprocess with a deadline: a hung NVML never hangs us)."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from gpudoctor.gather.context import GatherContext
+from gpudoctor.host import Host
+
+NVIDIA_SMI = ["nvidia-smi", "-q", "-x"]
+
+
+def _t(el, path, default=None):
+    x = el.find(path)
+    return x.text.strip() if x is not None and x.text is not None else default
+
+
+def _int(s):
+    if s is None:
+        return None
+    m = re.match(r"^\s*(-?\d+)", s)
+    return int(m.group(1)) if m else None
+
+
+def parse_gpu(g) -> dict:
+    """One <gpu> element → the fields the driver checks need."""
+    reasons = {}
+    for tag in ("clocks_event_reasons", "clocks_throttle_reasons"):
+        node = g.find(tag)
+        if node is not None:
+            for child in node:
+                name = re.sub(r"^clocks_(event|throttle)_reasons?_", "", child.tag)
+                reasons[name] = (child.text or "").strip() == "Active"
+    vol = g.find("ecc_errors/volatile")
+    unc = 0
+    if vol is not None:
+        for child in vol:
+            if "uncorrectable" in child.tag and (v := _int(child.text)) is not None:
+                unc += v
+    return {
+        "bus_id": g.get("id"),
+        "name": _t(g, "product_name"),
+        "uuid": _t(g, "uuid"),
+        "minor": _int(_t(g, "minor_number")),
+        "persistence_mode": _t(g, "persistence_mode"),
+        "pcie": {
+            "gen_max": _int(_t(g, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
+            "gen_current": _int(_t(g, "pci/pci_gpu_link_info/pcie_gen/current_link_gen")),
+            "width_max": _int(_t(g, "pci/pci_gpu_link_info/link_widths/max_link_width")),
+            "width_current": _int(_t(g, "pci/pci_gpu_link_info/link_widths/current_link_width")),
+        },
+        "ecc_mode": _t(g, "ecc_mode/current_ecc"),
+        "ecc_volatile_uncorrectable": unc if vol is not None else None,
+        "remapped_rows": {
+            "pending": _t(g, "remapped_rows/remapped_row_pending"),
+            "failure": _t(g, "remapped_rows/remapped_row_failure"),
+            "uncorrectable": _int(_t(g, "remapped_rows/remapped_row_unc")),
+        },
+        "clock_event_reasons": reasons,
+        "memory_total_mib": _int(_t(g, "fb_memory_usage/total")),
+        "memory_used_mib": _int(_t(g, "fb_memory_usage/used")),
+        "numa_node": _int(_t(g, "numa_node")),
+    }
+
+
+def parse_nvidia_smi_xml(text: str) -> dict:
+    """The whole `nvidia-smi -q -x` document → driver/cuda versions and one dict per GPU."""
+    root = ET.fromstring(text)
+    return {
+        "driver_version": _t(root, "driver_version"),
+        "cuda_version": _t(root, "cuda_version"),
+        "attached_gpus": _int(_t(root, "attached_gpus")),
+        "gpus": [parse_gpu(g) for g in root.findall("gpu")],
+    }
+
+
+def gather(host: Host, ctx: GatherContext) -> dict:
+    res = host.run(NVIDIA_SMI, timeout=ctx.timeout)
+    out = {"command": res.cmdline, "rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
+           "duration_s": round(res.duration_s, 4), "stderr": (res.stderr.strip() or res.stdout.strip())[:500] if not res.ok else ""}
+    if res.ok:
+        # nvidia-smi may print a DOCTYPE line; ElementTree ignores it. Bad XML is its own finding.
+        try:
+            out.update(parse_nvidia_smi_xml(res.stdout))
+        except ET.ParseError as exc:
+            out["parse_error"] = str(exc)
+    return out

@@ -1,0 +1,92 @@
+"""Host layer facts: kernel modules, driver version file, live device majors, container/VM detection."""
+
+from __future__ import annotations
+
+import re
+
+from gpudoctor.gather.context import GatherContext
+from gpudoctor.host import Host
+
+
+def parse_proc_devices(text: str) -> dict:
+    """/proc/devices → {"char": {name: major}, "block": {...}}; the live majors (dynamic ones drift)."""
+    out: dict = {"char": {}, "block": {}}
+    section = None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("Character devices"):
+            section = "char"
+        elif s.startswith("Block devices"):
+            section = "block"
+        elif section and (m := re.match(r"^(\d+)\s+(\S.*)$", s)):
+            out[section].setdefault(m.group(2), int(m.group(1)))
+    return out
+
+
+def parse_driver_version(text: str) -> dict:
+    """/proc/driver/nvidia/version → kernel module version and flavour (open or proprietary)."""
+    m = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", text or "")
+    return {"version": m.group(1) if m else None, "open": "Open Kernel Module" in (text or ""),
+            "line": (text or "").splitlines()[0].strip() if text else None}
+
+
+def detect_container(reads: dict) -> dict:
+    """Decide lxc | docker | vm | bare from what the guest can see; keep the evidence."""
+    ev = []
+    env1 = reads.get("/proc/1/environ") or ""
+    sysd = (reads.get("/run/systemd/container") or "").strip()
+    cgroup = reads.get("/proc/1/cgroup") or ""
+    cpuinfo = reads.get("/proc/cpuinfo") or ""
+    vendor = (reads.get("/sys/class/dmi/id/sys_vendor") or "").strip()
+    product = (reads.get("/sys/class/dmi/id/product_name") or "").strip()
+    kind = "bare"
+    m = re.search(r"container=([a-z\-]+)", env1.replace("\0", "\n"))
+    if sysd:
+        kind = "docker" if sysd in ("docker", "podman", "oci") else sysd
+        ev.append(f"/run/systemd/container = {sysd}")
+    elif m:
+        kind = m.group(1)
+        ev.append(f"/proc/1/environ has container={kind}")
+    elif reads.get("/.dockerenv") is not None:
+        kind = "docker"
+        ev.append("/.dockerenv exists")
+    elif "/lxc/" in cgroup or "lxc.payload" in cgroup:
+        kind = "lxc"
+        ev.append("/proc/1/cgroup names lxc")
+    if kind == "bare" and (re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.M) or
+                           re.search(r"QEMU|KVM|VMware|Xen|Firecracker|Amazon EC2|Google|Microsoft", vendor + product)):
+        kind = "vm"
+        ev.append("cpu flags include 'hypervisor'" + (f"; DMI {vendor} {product}".rstrip() if vendor else ""))
+    if kind.startswith("lxc"):
+        kind = "lxc"
+    return {"kind": kind, "evidence": ev}
+
+
+_CONTAINER_FILES = ["/run/systemd/container", "/proc/1/environ", "/proc/1/cgroup", "/.dockerenv",
+                    "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name"]
+
+
+def gather(host: Host, ctx: GatherContext) -> dict:
+    t = min(ctx.timeout, 3.0)
+    modules = host.read_file("/proc/modules", t)
+    version = host.read_file("/proc/driver/nvidia/version", t)
+    devices = host.read_file("/proc/devices", t)
+    reads = {}
+    for p in _CONTAINER_FILES:
+        r = host.read_file(p, t, 64 << 10)
+        reads[p] = r.text if r.ok else None
+    cpu = host.read_file("/proc/cpuinfo", t, 64 << 10)  # the first CPU's flags are enough
+    reads["/proc/cpuinfo"] = cpu.text if cpu.ok else ""
+    mods = sorted({ln.split()[0] for ln in (modules.text or "").splitlines() if ln.strip()})
+    osrel = host.read_file("/proc/sys/kernel/osrelease", t)
+    hostname = host.read_file("/proc/sys/kernel/hostname", t)
+    boot = host.read_file("/proc/sys/kernel/random/boot_id", t)
+    return {
+        "modules": {"error": modules.error, "nvidia": [m for m in mods if m.startswith("nv")]},
+        "driver_version_file": {"error": version.error, **parse_driver_version(version.text or "")},
+        "proc_devices": {"error": devices.error, **parse_proc_devices(devices.text or "")},
+        "container": detect_container(reads),
+        "kernel": (osrel.text or "").strip() or None,
+        "hostname": (hostname.text or "").strip() or None,
+        "boot_id": (boot.text or "").strip() or None,
+    }

@@ -1,0 +1,630 @@
+"""The SSH backend: one paramiko connection per host, shared by every thread; strict host keys by default.
+
+Commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
+place). Files move over SFTP (no python needed on the target); an SFTP error is asked again through a small
+python program so the caller sees the target's exact errno (EISDIR, EPERM), not SFTP's coarse status.
+A transport failure raises HostUnreachable, an unknown or changed host key raises HostKeyError before any
+command runs, a command's deadline passing is a result with timed_out=True and its process group is killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import getpass
+import hashlib
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
+from gpudoctor.host.base import CommandResult, FileRead, Host, quote_argv, raise_errno, read_capped
+
+HOST_KEY_POLICIES = ("strict", "accept-new")
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+_PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _SftpTimeout(Exception):
+    pass
+
+
+class _NoSftp(Exception):
+    pass
+
+
+def fingerprint(key) -> str:
+    """OpenSSH's SHA256 fingerprint of a paramiko key: `SHA256:base64-without-padding`."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_label(hostname: str, port: int) -> str:
+    """The name OpenSSH files a host key under: `host`, or `[host]:port` off port 22."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+@dataclass
+class _Resolved:
+    hostname: str
+    port: int
+    user: str
+    identity_files: list[str]
+    known_hosts: str
+    proxy_command: str | None
+
+
+@dataclass(eq=False)
+class SSHHost(Host):
+    """A target reached over SSH. Built lazily: nothing connects until the first operation."""
+
+    name: str = ""
+    address: str = ""  # host name, IP address or an alias of ~/.ssh/config
+    port: int | None = None  # None: ~/.ssh/config's Port, else 22
+    user: str | None = None  # None: ~/.ssh/config's User, else the local user
+    identity_files: list[str] = field(default_factory=list)  # tried before ~/.ssh/config's IdentityFile
+    known_hosts: str | None = None  # None: ~/.ssh/config's UserKnownHostsFile, else ~/.ssh/known_hosts
+    host_key_policy: str = "strict"  # "accept-new": trust and record an unknown key (never a changed one)
+    connect_timeout: float = 10.0  # deadline of each connect phase: TCP, banner, key exchange, auth
+    ssh_config: str | None = None  # None: ~/.ssh/config when it exists; "": read none
+    allow_agent: bool = True
+    look_for_keys: bool | None = None  # None: try ~/.ssh/id_* only when no identity file is known
+    max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; SFTP holds one)
+    python: list[str] = field(default_factory=lambda: ["python3"])
+    root: str = ""  # tests/labs: prefix of every absolute path of a file operation (like LocalHost.root)
+    path_prepend: list[str] = field(default_factory=list)  # tests/labs: directories put first on the remote PATH
+
+    def __post_init__(self):
+        if self.host_key_policy not in HOST_KEY_POLICIES:
+            raise ValueError(f"host_key_policy must be one of {HOST_KEY_POLICIES}, not {self.host_key_policy!r}")
+        self.name = self.name or self.address
+        self._lock = threading.Lock()  # guards the connection; never taken while holding _sftp_lock's waiters
+        self._sftp_lock = threading.Lock()
+        self._sessions = threading.BoundedSemaphore(max(1, self.max_sessions))
+        self._client = None
+        self._sftp = None
+        self._no_sftp = False
+        self._attempts = 0
+        self._last_error: HostError | None = None
+        self._resolved: _Resolved | None = None
+        self.connections_made = 0
+
+    # --- connection ---------------------------------------------------------------------------
+    def _p(self, path: str) -> str:
+        return self.root + path if self.root and path.startswith("/") else path
+
+    def resolve(self) -> _Resolved:
+        """Merge explicit settings over ~/.ssh/config (explicit wins, as on the ssh command line)."""
+        import paramiko
+
+        cfg: dict = {}
+        path = self.ssh_config if self.ssh_config is not None else os.path.expanduser("~/.ssh/config")
+        if path and os.path.exists(path):
+            try:
+                cfg = dict(paramiko.SSHConfig.from_path(path).lookup(self.address))
+            except Exception as exc:  # noqa: BLE001 - any parse problem becomes one clear line
+                raise HostUnreachable(f"{self.name}: cannot use ssh config {path}: {exc}") from exc
+        hostname = cfg.get("hostname") or self.address
+        port = self.port if self.port is not None else int(cfg.get("port", 22))
+        user = self.user or cfg.get("user") or getpass.getuser()
+        ids = [os.path.expanduser(p) for p in self.identity_files]
+        ids += [p for p in (os.path.expanduser(p) for p in cfg.get("identityfile", [])) if os.path.exists(p)]
+        kh = self.known_hosts or (cfg.get("userknownhostsfile") or "").split(" ")[0] or "~/.ssh/known_hosts"
+        proxy = cfg.get("proxycommand") or None
+        return _Resolved(hostname, port, user, ids, os.path.expanduser(kh), proxy)
+
+    def _where(self, r: _Resolved) -> str:
+        return f"{r.user}@{r.hostname}:{r.port}"
+
+    def _transport(self):
+        """The live paramiko Transport, connecting (once, for all threads) when there is none."""
+        seen = self._attempts
+        with self._lock:
+            if self._client is not None:
+                t = self._client.get_transport()
+                if t is not None and t.is_active():
+                    return t
+                self._drop_locked()
+            if self._attempts != seen and self._last_error is not None:
+                raise self._last_error  # another thread failed while we waited: do not hammer the host
+            self._attempts += 1
+            try:
+                self._client = self._connect()
+                self._last_error = None
+            except HostError as exc:
+                self._last_error = exc
+                raise
+            return self._client.get_transport()
+
+    def _connect(self):
+        import paramiko
+
+        _quiet_paramiko()
+        r = self._resolved = self.resolve()
+        where = self._where(r)
+        log = _log(host=self.name, target=where)
+        for p in self.identity_files:
+            if not os.path.exists(os.path.expanduser(p)):
+                raise HostUnreachable(f"{self.name}: identity file {p} does not exist")
+        client = paramiko.SSHClient()
+        files = [f for f in (GLOBAL_KNOWN_HOSTS, r.known_hosts) if os.path.exists(f)]
+        for f in files:
+            try:
+                client.load_system_host_keys(f)
+            except Exception as exc:  # noqa: BLE001
+                raise HostKeyError(f"{self.name}: cannot read known_hosts file {f}: {exc}; nothing was run") from exc
+        label = known_hosts_label(r.hostname, r.port)
+        client.set_missing_host_key_policy(_policy(self, r, label, files))
+        sock = None
+        if r.proxy_command:
+            try:
+                sock = paramiko.ProxyCommand(r.proxy_command)
+            except Exception as exc:  # noqa: BLE001
+                raise HostUnreachable(f"{self.name}: ProxyCommand {r.proxy_command!r} failed: {exc}") from exc
+        look = self.look_for_keys if self.look_for_keys is not None else not r.identity_files
+        t0 = time.perf_counter()
+        log.debug("ssh.connect")
+        try:
+            client.connect(r.hostname, port=r.port, username=r.user, key_filename=r.identity_files or None,
+                           allow_agent=self.allow_agent, look_for_keys=look, timeout=self.connect_timeout,
+                           banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+                           channel_timeout=self.connect_timeout, sock=sock)
+        except HostError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(_changed_key_message(self.name, label, exc.key, exc.expected_key, files)) from exc
+        except paramiko.PasswordRequiredException as exc:
+            client.close()
+            raise HostUnreachable(f"{self.name}: an identity file for {where} is passphrase-protected; load it into "
+                                  f"ssh-agent (ssh-add FILE) and try again") from exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            tried = ", ".join(r.identity_files) or "none"
+            raise HostUnreachable(f"{self.name}: authentication failed for {where} (identity files: {tried}; "
+                                  f"ssh-agent: {'yes' if self.allow_agent and os.environ.get('SSH_AUTH_SOCK') else 'no'})"
+                                  ) from exc
+        except (socket.timeout, TimeoutError) as exc:
+            client.close()
+            raise HostUnreachable(f"{self.name}: no answer from {where} within {self.connect_timeout:g} s") from exc
+        except socket.gaierror as exc:
+            client.close()
+            raise HostUnreachable(f"{self.name}: cannot resolve host name {r.hostname!r}: {exc.strerror}") from exc
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            client.close()
+            raise HostUnreachable(f"{self.name}: connection to {where} refused") from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            client.close()
+            detail = str(exc) or type(exc).__name__
+            raise HostUnreachable(f"{self.name}: SSH to {where} failed: {detail}") from exc
+        t = client.get_transport()
+        t.set_keepalive(30)
+        if isinstance(t.sock, socket.socket):  # small request/answer packets: do not wait for delayed ACKs
+            t.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connections_made += 1
+        log.info("ssh.connected", seconds=round(time.perf_counter() - t0, 3))
+        return client
+
+    def _drop_locked(self) -> None:
+        sftp, self._sftp = self._sftp, None
+        client, self._client = self._client, None
+        for thing in (sftp, client):
+            if thing is not None:
+                try:
+                    thing.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
+                    pass
+
+    def close(self) -> None:
+        """Close the connection; a later operation reconnects."""
+        with self._lock:
+            self._drop_locked()
+
+    @property
+    def uses_sftp(self) -> bool:
+        """False once the target turned out to have no SFTP subsystem (files then go through python)."""
+        return not self._no_sftp
+
+    @property
+    def connected(self) -> bool:
+        c = self._client
+        t = c.get_transport() if c is not None else None
+        return bool(t is not None and t.is_active())
+
+    # --- commands -----------------------------------------------------------------------------
+    def command_line(self, argv: list[str], env: dict[str, str] | None = None, stdin: bool = False) -> str:
+        """The exact shell line sent to the target. Every argument passes through quote_argv.
+
+        Without input, stdin is /dev/null on the target (as LocalHost's DEVNULL) so no EOF has to be sent:
+        paramiko sends a channel EOF outside its lock, and one racing the server's close of a finished
+        command reaches the server after the channel is freed; OpenSSH then drops the whole connection.
+        """
+        argv = [str(a) for a in argv]
+        if not argv:
+            raise ValueError("empty argv")
+        if any("\0" in a for a in argv):
+            raise ValueError("an argument contains a NUL byte")
+        if env:
+            bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+            if bad:
+                raise ValueError(f"invalid environment variable name(s): {bad}")
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        parts = ['echo "gpudoctor-pid:$$" >&2']
+        if self.path_prepend:
+            parts.append("PATH=" + quote_argv([":".join(self.path_prepend)]) + ':"$PATH"; export PATH')
+        parts.append("exec " + quote_argv(argv) + ("" if stdin else " </dev/null"))
+        return "; ".join(parts)
+
+    def run(self, argv, timeout=None, input=None, env=None) -> CommandResult:
+        import paramiko
+
+        timeout = self.default_timeout if timeout is None else timeout
+        argv = [str(a) for a in argv]
+        line = self.command_line(argv, env, stdin=input is not None)
+        transport = self._transport()  # connecting has its own deadline; the command's starts now
+        t0 = time.perf_counter()
+        deadline = t0 + timeout
+        if not self._sessions.acquire(timeout=max(0.0, deadline - time.perf_counter())):
+            return CommandResult(argv, None, "", f"no free SSH session on {self.name} within {timeout:g} s",
+                                 time.perf_counter() - t0, timed_out=True, timeout_s=timeout)
+        pid = None
+        try:
+            chan = self._open_channel(transport, deadline)
+            if chan is None:
+                return CommandResult(argv, None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=timeout)
+            try:
+                chan.settimeout(max(0.05, deadline - time.perf_counter()))
+                chan.exec_command(line)
+                if input is not None:
+                    if input:
+                        chan.sendall(input)
+                    if not chan.exit_status_ready():  # narrows paramiko's EOF-after-close race (see command_line)
+                        chan.shutdown_write()
+                out, err, finished = self._collect(chan, deadline)
+            except socket.timeout:
+                out, err, finished = bytearray(), bytearray(), False
+            finally:
+                if not chan.closed:
+                    chan.close()
+            m = _PID_MARK.search(bytes(err))
+            if m:
+                pid = int(m.group(1))
+                del err[m.start():m.end()]
+            if not finished:
+                timed_out = True
+            else:
+                timed_out = False
+                rc = chan.recv_exit_status() if chan.exit_status_ready() else None
+                if rc is None or (rc == -1 and not transport.is_active()):
+                    raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}")
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}: "
+                                  f"{exc or type(exc).__name__}") from exc
+        finally:
+            self._sessions.release()
+        if timed_out:
+            self._kill_group(pid)
+            _log(host=self.name).info("ssh.command.timeout", argv=argv[:4], timeout_s=timeout)
+            return CommandResult(argv, None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=timeout)
+        return CommandResult(argv, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                             time.perf_counter() - t0, timeout_s=timeout)
+
+    def _open_channel(self, transport, deadline: float):
+        """A new session channel. A refusal (the server at its MaxSessions while closed sessions wind down)
+        is retried until the deadline; paramiko reports it as ChannelException, or, when another thread's
+        refusal raced for the same saved exception, as a bare SSHException on a live transport."""
+        import paramiko
+
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return None
+            try:
+                return transport.open_session(timeout=min(left, self.connect_timeout))
+            except paramiko.SSHException:
+                if not transport.is_active():
+                    raise
+                time.sleep(0.02)
+
+    @staticmethod
+    def _collect(chan, deadline: float):
+        """Read stdout and stderr together until the command exits or the deadline passes."""
+        import select
+
+        out, err = bytearray(), bytearray()
+        while True:
+            busy = False
+            while chan.recv_ready():
+                out += chan.recv(65536)
+                busy = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+                busy = True
+            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                return out, err, True
+            if chan.closed:
+                return out, err, True  # closed without an exit status: the caller decides what it means
+            if busy:
+                continue
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return out, err, False
+            if chan.eof_received:
+                chan.status_event.wait(min(left, 0.5))
+            else:
+                select.select([chan], [], [], min(left, 0.5))
+
+    def _kill_group(self, pid: int | None) -> None:
+        """Kill the timed-out command's process group (sshd made it a session leader) on the target."""
+        if not pid:
+            return
+        try:
+            self.run(["sh", "-c", 'kill -9 -"$1"', "sh", str(int(pid))], timeout=min(5.0, self.connect_timeout))
+        except HostError:
+            pass  # the connection is gone: nothing more can be done from here
+
+    # --- files ----------------------------------------------------------------------------------
+    def _sftp_call(self, fn, timeout: float):
+        """Run fn(sftp) on the shared SFTP session under a deadline; file errors propagate as OSError."""
+        import paramiko
+
+        if self._no_sftp:
+            raise _NoSftp()
+        with self._sftp_lock:
+            sftp = self._sftp
+            if sftp is None or sftp.get_channel() is None or sftp.get_channel().closed:
+                transport = self._transport()
+                chan = self._open_channel(transport, time.perf_counter() + timeout)
+                if chan is None:
+                    raise _SftpTimeout()
+                try:
+                    chan.invoke_subsystem("sftp")
+                    sftp = paramiko.SFTPClient(chan)
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    chan.close()
+                    if not transport.is_active():
+                        raise HostUnreachable(f"{self.name}: connection lost opening SFTP: {exc}") from exc
+                    self._no_sftp = True  # no sftp subsystem on this target: use the python programs
+                    _log(host=self.name).info("ssh.sftp.unavailable", error=str(exc))
+                    raise _NoSftp() from exc
+                self._sftp = sftp
+            sftp.get_channel().settimeout(timeout)
+            try:
+                return fn(sftp)
+            except socket.timeout as exc:
+                self._sftp = None
+                sftp.close()
+                raise _SftpTimeout() from exc
+            except (paramiko.SSHException, EOFError) as exc:
+                self._sftp = None
+                raise HostUnreachable(f"{self.name}: SFTP failed: {exc or type(exc).__name__}") from exc
+            except OSError:
+                if not sftp.get_channel().get_transport().is_active():
+                    self._sftp = None
+                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from None
+                raise
+
+    def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
+        rp = self._p(path)
+
+        def read(sftp):
+            with sftp.open(rp, "rb") as fh:
+                return read_capped(fh, max_bytes, step=32768)  # one SFTP request per step
+
+        try:
+            return FileRead(path, self._sftp_call(read, timeout))
+        except _SftpTimeout:
+            return FileRead(path, error="TIMEOUT")
+        except _NoSftp:
+            return _rekey_read(Host.read_file(self, rp, timeout, max_bytes), path)
+        except OSError as exc:
+            if self._plainly_missing(rp, exc, timeout):
+                return FileRead(path, error="ENOENT")
+            exact = Host.read_file(self, rp, timeout, max_bytes)  # ask again for the target's own errno
+            if exact.ok or (exact.error and not exact.error.startswith("PROBE_FAILED")):
+                return _rekey_read(exact, path)
+            return FileRead(path, error=_sftp_errname(exc))
+
+    def listdir(self, path, timeout=3.0):
+        rp = self._p(path)
+        try:
+            return sorted(self._sftp_call(lambda s: s.listdir(rp), timeout))
+        except _SftpTimeout:
+            return "TIMEOUT"
+        except _NoSftp:
+            return Host.listdir(self, rp, timeout)
+        except OSError as exc:
+            if self._plainly_missing(rp, exc, timeout):
+                return "ENOENT"
+            exact = Host.listdir(self, rp, timeout)
+            return exact if exact != "TIMEOUT" else _sftp_errname(exc)
+
+    def _plainly_missing(self, rp: str, exc: OSError, timeout: float) -> bool:
+        """SFTP says "no such file" for ENOENT, ENOTDIR and ELOOP alike. When nothing is at the path and its
+        parent is a directory it can only be ENOENT: two quick SFTP round trips instead of a python start."""
+        import stat as statmod
+
+        if exc.errno != errno.ENOENT or rp.endswith("/") or "/" not in rp:
+            return False
+
+        def probe(sftp):
+            try:
+                sftp.lstat(rp)
+                return False  # something is there (e.g. a symlink loop): let python name it
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    return False
+            parent = rp.rsplit("/", 1)[0] or "/"
+            return statmod.S_ISDIR(sftp.stat(parent).st_mode or 0)
+
+        try:
+            return bool(self._sftp_call(probe, timeout))
+        except (OSError, _SftpTimeout, _NoSftp):
+            return False
+
+    def stat_many(self, paths, timeout=3.0):
+        back = {self._p(p): p for p in paths}
+        res = Host.stat_many(self, list(back), timeout)
+        out = {}
+        for rp, r in res.items():
+            r.path = back[rp]
+            out[back[rp]] = r
+        return out
+
+    def try_open_many(self, paths, timeout=5.0):
+        back = {self._p(p): p for p in paths}
+        return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout).items()}
+
+    def statvfs(self, path, timeout=3.0):
+        return Host.statvfs(self, self._p(path), timeout)
+
+    def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
+        """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows).
+
+        With mode, owner or exclusive the portable python program does it in one step (O_EXCL, fchmod, fchown).
+        """
+        rp = self._p(path)
+        if mode is not None or owner is not None or exclusive:
+            Host.write_file(self, rp, data, mode=mode, owner=owner, exclusive=exclusive, timeout=timeout)
+            return
+
+        def write(sftp):
+            with sftp.open(rp, "wb") as fh:
+                fh.set_pipelined(True)
+                fh.write(data)
+                fh.flush()
+                _sftp_fsync(sftp, fh)
+
+        self._file_op("write", path, write, timeout,
+                      lambda: Host.write_file(self, rp, data, timeout=timeout))
+
+    def unlink(self, path, timeout=10.0) -> None:
+        Host.unlink(self, self._p(path), timeout)
+
+    def makedirs(self, path, mode=0o700, timeout=10.0) -> None:
+        Host.makedirs(self, self._p(path), mode, timeout)
+
+    def rename(self, src, dst, timeout=10.0) -> None:
+        """Atomically replace `dst` with `src` (posix-rename@openssh.com)."""
+        rs, rd = self._p(src), self._p(dst)
+        self._file_op("rename", src, lambda s: s.posix_rename(rs, rd), timeout,
+                      lambda: Host.rename(self, rs, rd, timeout))
+
+    def _file_op(self, what, path, fn, timeout, fallback) -> None:
+        from gpudoctor.errors import CommandTimeout
+
+        try:
+            self._sftp_call(fn, timeout)
+            return
+        except _SftpTimeout as exc:
+            raise CommandTimeout(f"{what} {path} on {self.name}", timeout) from exc
+        except _NoSftp:
+            fallback()
+            return
+        except OSError as exc:
+            sftp_exc = exc
+        try:
+            fallback()  # the same operation through python: succeeds, or raises with the exact errno
+        except OSError as exc:
+            if exc.errno:
+                raise
+            raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
+        except HostError:
+            raise_errno(_sftp_errname(sftp_exc), path)
+
+
+def _rekey_read(r: FileRead, path: str) -> FileRead:
+    return FileRead(path, r.data, r.error)
+
+
+def _sftp_errname(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
+
+
+def _sftp_fsync(sftp, fh) -> None:
+    """fsync@openssh.com on an open handle; servers without the extension are left to their own flushing."""
+    from paramiko.sftp import CMD_EXTENDED
+
+    try:
+        sftp._request(CMD_EXTENDED, "fsync@openssh.com", fh.handle)  # paramiko has no public call for it
+    except OSError:
+        pass
+
+
+def _policy(host: SSHHost, r: _Resolved, label: str, files: list[str]):
+    """Unknown host key: refuse (strict), or record it in the known_hosts file (accept-new)."""
+    import paramiko
+
+    class Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            fp = fingerprint(key)
+            if host.host_key_policy == "accept-new":
+                _append_known_host(r.known_hosts, label, key)
+                _log(host=host.name).warning("ssh.hostkey.accepted", label=label, key_type=key.get_name(),
+                                             fingerprint=fp, file=r.known_hosts)
+                return
+            where = " or ".join(files) if files else f"{r.known_hosts} (which does not exist)"
+            raise HostKeyError(
+                f"{host.name}: unknown SSH host key for {label}: {key.get_name()} {fp}, not in {where}; nothing was "
+                f"run. Check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then accept it: "
+                f"ssh-keyscan -p {r.port} {r.hostname} >> {r.known_hosts}, or set host_key_policy: accept-new for this "
+                f"host in the inventory (or pass --accept-new-host-key) to trust it on first use")
+
+    return Policy()
+
+
+def _changed_key_message(name: str, label: str, got, expected, files: list[str]) -> str:
+    where = " or ".join(files)
+    return (f"{name}: SSH host key for {label} CHANGED: the server offers {got.get_name()} {fingerprint(got)}, "
+            f"{where} has {expected.get_name()} {fingerprint(expected)}; nothing was run. This is either a reinstalled "
+            f"host or a man-in-the-middle. If the change is expected, remove the old key (ssh-keygen -R '{label}' "
+            f"-f FILE) and accept the new one; host_key_policy: accept-new never replaces a changed key")
+
+
+def _append_known_host(path: str, label: str, key) -> None:
+    """Record a newly trusted key the way OpenSSH does: one line appended, file 0600, directory 0700."""
+    d = os.path.dirname(path)
+    if d and not os.path.isdir(d):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+    line = f"{label} {key.get_name()} {key.get_base64()}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size:
+            with open(path, "rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    line = "\n" + line
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_quieted = False
+
+
+def _quiet_paramiko() -> None:
+    """paramiko logs transport errors with tracebacks through stdlib logging; ours speak through HostError."""
+    global _quieted
+    if not _quieted:
+        import logging
+
+        lg = logging.getLogger("paramiko")
+        lg.addHandler(logging.NullHandler())
+        lg.propagate = False
+        _quieted = True
+
+
+def _log(**ctx):
+    from gpudoctor.log import get_logger
+
+    return get_logger("gpudoctor.ssh", **ctx)

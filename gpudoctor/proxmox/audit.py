@@ -1,0 +1,520 @@
+"""Audit a container's GPU device boundary: pure, over a parsed config, the host's /proc/devices and (optionally)
+the running config. Every finding says which line, which major, and what the host has now.
+
+Device-rule semantics follow LXC's cgroup2 eBPF program (src/lxc/cgroups/cgroup2_devices.c): rules are checked in
+order and the first rule that matches the device and the requested access decides; a rule identical to an earlier
+one flips that one's allow/deny in place; `a` alone switches the default (Proxmox's common.conf starts with
+`deny = a`: an allow-list). Proxmox emits devN: rules before the raw lxc.* lines (update_lxc_config), and LXC
+ignores lxc.cgroup.* (v1) settings on a pure cgroup2 host ("Ignoring legacy cgroup limits").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from gpudoctor.findings import Finding, Status
+from gpudoctor.proxmox.config import ALLOW_KEY, DENY_KEY, LIVE, PENDING, Config, DeviceRule, Line
+from gpudoctor.proxmox.devices import (NVIDIA_MAJOR, NodeKind, ProcDevices, classify_node, is_dynamic_major)
+
+REMEDY_ID = "lxc.cgroup_allow"
+OPEN_ACCESS = "rw"  # what open(O_RDWR) asks the device cgroup for
+
+
+@dataclass
+class RuleRef:
+    """A rule in evaluation order, and where it came from (for evidence)."""
+
+    allow: bool
+    rule: DeviceRule
+    origin: str
+    line: Line | None = None
+
+    def describe(self) -> str:
+        if self.line is not None:
+            return f"line {self.line.no} `{self.line.text.strip()}`"
+        return f"{self.origin} ({'allow' if self.allow else 'deny'} {self.rule})"
+
+
+@dataclass
+class Need:
+    """A /dev/nvidia* node the container is given, and the lines that give it."""
+
+    node: NodeKind
+    via: list[Line] = field(default_factory=list)
+    passthrough: Line | None = None
+
+    @property
+    def optional(self) -> bool:
+        return any(ln.mount is not None and ln.mount.optional for ln in self.via)
+
+    @property
+    def guest_path(self) -> str:
+        """Where the container sees the node (the subject its own probes use): the mount target, else the path."""
+        for ln in self.via:
+            if ln.mount is not None:
+                return "/" + ln.mount.target.strip("/")
+        return self.node.path
+
+
+@dataclass
+class Decision:
+    allowed: bool
+    by: RuleRef | None  # the deciding rule (None: the default)
+    partial: list[RuleRef] = field(default_factory=list)  # rules for this device that lack the access asked
+
+
+def _same(a: DeviceRule, b: DeviceRule) -> bool:
+    return (a.type, a.major, a.minor, a.access, a.path) == (b.type, b.major, b.minor, b.access, b.path)
+
+
+def decide(rules: list[RuleRef], node: NodeKind, major: int, access: str = OPEN_ACCESS) -> Decision:
+    """LXC's decision for opening `node` (char major:minor) with `access`, given rules in order."""
+    default_allow = False
+    eff: list[RuleRef] = []
+    for r in rules:
+        if r.rule.is_global:
+            default_allow = r.allow
+            continue
+        for i, e in enumerate(eff):
+            if _same(e.rule, r.rule):
+                eff[i] = RuleRef(r.allow, e.rule, r.origin, r.line)
+                break
+        else:
+            eff.append(r)
+    partial = []
+    for e in eff:
+        if not e.rule.matches("c", major, node.minor, node.path):
+            continue
+        if e.rule.grants(access):
+            return Decision(e.allow, e, partial)
+        if e.allow:
+            partial.append(e)
+    return Decision(default_allow, None, partial)
+
+
+def needed_nodes(cfg: Config, section: str = LIVE) -> list[Need]:
+    """The NVIDIA nodes a section hands the container: lxc.mount.entry sources and devN: paths."""
+    needs: dict[str, Need] = {}
+    for ln in cfg.section(section):
+        path = ln.mount.source if ln.mount is not None else ln.device.path if ln.device is not None else None
+        kind = classify_node(path) if path else None
+        if kind is None:
+            continue
+        need = needs.setdefault(kind.path, Need(kind))
+        need.via.append(ln)
+        if ln.device is not None:
+            need.passthrough = ln
+    return list(needs.values())
+
+
+def live_rules(cfg: Config) -> list[RuleRef]:
+    """The live section's cgroup2 rules as LXC sees them: devN: rules first, then raw lines in order."""
+    out = []
+    for ln in cfg.passthrough():
+        dev = ln.device
+        out.append(RuleRef(True, DeviceRule("", access="r" if dev.deny_write else "rw", path=dev.path),
+                           f"line {ln.no} {ln.key}: {dev.path}", ln))
+        if dev.deny_write:
+            out.append(RuleRef(False, DeviceRule("", access="w", path=dev.path), f"line {ln.no} {ln.key}", ln))
+    for ln in cfg.rules():
+        if ln.key in (ALLOW_KEY, DENY_KEY) and not ln.error:
+            out.append(RuleRef(ln.key == ALLOW_KEY, ln.rule, f"line {ln.no}", ln))
+    return out
+
+
+_RUN_RULE = re.compile(r"^\s*(lxc\.cgroup2\.devices\.(allow|deny))\s*=\s*(.*?)\s*$")
+
+
+def running_rules(text: str) -> list[RuleRef]:
+    """cgroup2 device rules of a running config (/var/lib/lxc/<vmid>/config, `key = value`)."""
+    out = []
+    for no, line in enumerate(text.splitlines(), 1):
+        m = _RUN_RULE.match(line)
+        if not m:
+            continue
+        try:
+            rule = DeviceRule.parse(m.group(3), allow_path=m.group(2) == "allow")
+        except ValueError:
+            continue
+        out.append(RuleRef(m.group(2) == "allow", rule, f"running config line {no}"))
+    return out
+
+
+def allow_list_majors(cfg: Config) -> list[str]:
+    """The majors the live section allows, in file order: '195, 509, 226, 234' (cgroup2 allow lines only)."""
+    seen: list[str] = []
+    for ln in cfg.rules():
+        if ln.key != ALLOW_KEY or ln.error or ln.rule is None:
+            continue
+        r = ln.rule
+        item = r.path if r.path else ("*" if r.major is None else str(r.major))
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def ct_label(vmid: int | None, name: str | None, path: str | None) -> str:
+    if name:
+        return name
+    if vmid is not None:
+        return f"ct{vmid}"
+    return os.path.basename(path or "container")
+
+
+def vmid_from_path(path: str | None) -> int | None:
+    m = re.search(r"(?:^|/)(\d+)\.conf$", path or "")
+    return int(m.group(1)) if m else None
+
+
+def allow_line(cfg: Config, major: int) -> str:
+    """The line to add, in the file's own style for allow lines (': ' unless it uses ' = ')."""
+    seps = [ln.sep for ln in cfg.rules() if ln.key == ALLOW_KEY]
+    sep = " = " if seps and seps[-1] == "=" else ": "
+    return f"{ALLOW_KEY}{sep}c {major}:* rwm"
+
+
+@dataclass
+class AuditInput:
+    cfg: Config
+    procdev: ProcDevices
+    running: str | None = None  # /var/lib/lxc/<vmid>/config text, None when not read
+    status: str | None = None  # "running" | "stopped" | None (unknown)
+    vmid: int | None = None
+    name: str | None = None
+    host_nodes: dict | None = None  # path -> StatResult JSON on the Proxmox host, when gathered
+
+    @property
+    def label(self) -> str:
+        return ct_label(self.vmid, self.name, self.cfg.path)
+
+    @property
+    def running_applies(self) -> bool:
+        """The running config describes the container now only while it runs."""
+        return self.running is not None and self.status != "stopped"
+
+
+def audit(inp: AuditInput) -> list[Finding]:
+    """Every boundary.lxc.* finding for one container."""
+    out: list[Finding] = []
+    out += check_cgroup_allow(inp)
+    out += check_stale(inp)
+    out += check_malformed(inp)
+    out += check_misplaced(inp)
+    out += check_cgroup_v1(inp)
+    out += check_lock(inp)
+    out += check_restart_pending(inp)
+    out += check_mount_sources(inp)
+    return out
+
+
+# --- boundary.lxc.cgroup_allow -----------------------------------------------------------------
+
+def _other_places(inp: AuditInput, major: int, node: NodeKind) -> list[str]:
+    """Lines that look like they were meant to allow this major but do not count: snapshot/pending, v1, keyless."""
+    notes = []
+    cfg = inp.cfg
+    for ln in cfg.lines:
+        r = ln.rule or ln.bare_rule
+        if r is None or not r.matches("c", major, node.minor):
+            continue
+        if ln.section != LIVE and (ln.is_allow or ln.bare_rule):
+            where = "[pve:pending]" if ln.section == PENDING else f"snapshot [{ln.section}]"
+            notes.append(f"line {ln.no} `{ln.text.strip()}` sits in {where}, not in the live config: it does not "
+                         f"apply (a line appended at the end of the file lands in the last section)")
+        elif ln.section == LIVE and ln.bare_rule is not None:
+            notes.append(f"line {ln.no} `{ln.text.strip()}` has no key: Proxmox ignores it")
+        elif ln.section == LIVE and ln.cgroup_v1 and ln.is_allow:
+            notes.append(f"line {ln.no} allows it with the cgroup v1 key {ln.key}, which a cgroup v2 host ignores")
+    return notes
+
+
+def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
+    cfg, procdev, label = inp.cfg, inp.procdev, inp.label
+    needs = needed_nodes(cfg)
+    if not needs:
+        return []
+    rules = live_rules(cfg)
+    run_rules = running_rules(inp.running) if inp.running_applies else None
+    have = ", ".join(allow_list_majors(cfg)) or "none"
+    out = []
+    for need in needs:
+        node = need.node
+        major = node.live_major(procdev)
+        via = ", ".join(f"line {ln.no} {ln.key}" for ln in need.via)
+        base = {"config": cfg.path, "driver": node.driver, "minor": node.minor, "vmid": inp.vmid, "via": via,
+                "host_path": node.path}
+        bad = Status.FAIL if node.critical else Status.WARN
+        if major is None:
+            out.append(Finding(
+                "boundary.lxc.cgroup_allow", Status.UNKNOWN,
+                f"{node.path}: {node.driver} is not in the host's /proc/devices, so its major is unknown",
+                subject=need.guest_path,
+                evidence=[f"host /proc/devices has no '{node.driver}' entry"
+                          + ("" if procdev.text_ok else " (could not read /proc/devices)"),
+                          f"{cfg.path}: {via} passes {node.path}"],
+                hint=("load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run"
+                      if procdev.text_ok else "read the Proxmox host's /proc/devices"),
+                data=base))
+            continue
+        base["major"] = major
+        minor_s = "*" if node.minor is None else str(node.minor)
+        if need.passthrough is not None and run_rules is None:
+            ln = need.passthrough
+            out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
+                               f"{node.path} is passed through by {ln.key}: Proxmox allows its live "
+                               f"{major}:{minor_s} at every start", subject=need.guest_path,
+                               evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}"], data=base))
+            continue
+        live = decide(rules, node, major)
+        if live.allowed:
+            by = live.by.describe() if live.by else "the default rule (allow a)"
+            if run_rules is not None and not decide(run_rules, node, major).allowed:
+                out.append(Finding(
+                    "boundary.lxc.cgroup_allow", bad,
+                    f"{node.path}: the config allows major {major} but the running container does not "
+                    f"(edited, not restarted)", subject=need.guest_path,
+                    evidence=[f"{cfg.path}: {by} allows {major}:{minor_s}",
+                              f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
+                    hint=f"restart the container so LXC rebuilds its device cgroup: pct reboot {inp.vmid or 'VMID'} "
+                         f"(gpudoctor lxc fix {inp.vmid or 'VMID'} --apply --reboot checks no GPU job runs first)",
+                    remedy=REMEDY_ID, data={**base, "restart_needed": True}))
+                continue
+            out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
+                               f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {label}'s config",
+                               subject=need.guest_path, evidence=[f"{cfg.path}: {by}"], data=base))
+            continue
+        fix = allow_line(cfg, major)
+        evidence = [f"major {major} ({node.driver}) is not in {label}'s allow-list (has {have})"]
+        if live.by is not None:
+            evidence = [f"{cfg.path}: {live.by.describe()} denies {major}:{minor_s} before any allow"]
+        for p in live.partial:
+            evidence.append(f"{cfg.path}: {p.describe()} grants only '{p.rule.access}'; open() needs '{OPEN_ACCESS}'")
+        evidence.append(f"host /proc/devices: {major} {procdev.holder(major)}; {cfg.path}: {via} passes {node.path}")
+        evidence += _other_places(inp, major, node)
+        first = cfg.first_header
+        where = f" (before line {first.no} `{first.text.strip()}`)" if first else ""
+        out.append(Finding(
+            "boundary.lxc.cgroup_allow", bad,
+            f"{node.path}: major {major} ({node.driver}) is not allowed by {label}'s config; opening it in the "
+            f"container fails with EPERM", subject=need.guest_path, evidence=evidence,
+            hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then pct reboot "
+                  f"{inp.vmid or 'VMID'}; `gpudoctor lxc fix {inp.vmid or '--config ' + cfg.path} --apply` does this "
+                  f"safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
+                  f"allows its live major at every start, so a driver update cannot break it again"),
+            remedy=REMEDY_ID if live.by is None else None,
+            data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
+    return out
+
+
+# --- boundary.lxc.stale_allow ------------------------------------------------------------------
+
+def check_stale(inp: AuditInput) -> list[Finding]:
+    """Allow rules for a dynamic major that no NVIDIA driver holds now: leftovers that may grant another device."""
+    cfg, procdev, label = inp.cfg, inp.procdev, inp.label
+    if not procdev.text_ok:
+        return []
+    current = {d: procdev.major(d) for d in ("nvidia-uvm", "nvidia-caps")}
+    now = ", ".join(f"{d} is {m}" for d, m in current.items() if m is not None)
+    out = []
+    for ln in cfg.rules():
+        r = ln.rule
+        if ln.key != ALLOW_KEY or ln.error or r.path or r.major is None or r.type == "b":
+            continue
+        if procdev.is_nvidia(r.major) or not is_dynamic_major(r.major):
+            continue
+        holder = procdev.holder(r.major)
+        if holder == "nothing":
+            what = f"major {r.major} belongs to no device on the host now (a leftover: {now or 'nvidia majors moved'})"
+        else:
+            what = f"major {r.major} is now held by {holder}: this rule grants {label} that device"
+        out.append(Finding(
+            "boundary.lxc.stale_allow", Status.WARN,
+            f"{cfg.path}:{ln.no} allows c {r.major}, which is no NVIDIA device's major any more", subject=f"c {r.major}",
+            evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}", what],
+            hint="remove the line if nothing in the container needs it (dynamic majors move with driver updates; "
+                 "devN: passthrough avoids hard-coded majors)",
+            data={"config": cfg.path, "line": ln.no, "major": r.major, "holder": holder}))
+    return out
+
+
+# --- boundary.lxc.malformed --------------------------------------------------------------------
+
+def check_malformed(inp: AuditInput) -> list[Finding]:
+    cfg = inp.cfg
+    out = []
+    for ln in cfg.invalid:
+        if ln.bare_rule is not None:
+            status, remedy = Status.WARN, (REMEDY_ID if ln.section == LIVE else None)
+            hint = ("a hand fix lost its key; remove the line and add the keyed rule "
+                    "(gpudoctor lxc fix does both)" if ln.section == LIVE else
+                    "remove the line by hand: gpudoctor never edits snapshot sections")
+        elif ln.kind == "invalid" or ln.key == "delete":
+            status, remedy, hint = Status.WARN, None, "Proxmox ignores this line with a warning; fix or remove it"
+        else:  # a known key with a value LXC or Proxmox rejects at start
+            status, remedy = (Status.FAIL if ln.section == LIVE else Status.WARN), None
+            hint = "the container will not start with this value; correct it"
+        where = "" if ln.section == LIVE else f" (in [{ln.section}])"
+        out.append(Finding("boundary.lxc.malformed", status, f"{cfg.path}:{ln.no}: {ln.error}{where}",
+                           subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text!r}"],
+                           hint=hint, remedy=remedy,
+                           data={"config": cfg.path, "line": ln.no, "section": ln.section,
+                                 "bare_rule": str(ln.bare_rule) if ln.bare_rule else None}))
+    return out
+
+
+# --- boundary.lxc.misplaced --------------------------------------------------------------------
+
+def check_misplaced(inp: AuditInput) -> list[Finding]:
+    """GPU lines that sit only in a snapshot or pending section, where they do not apply."""
+    cfg, procdev = inp.cfg, inp.procdev
+    live_text = {ln.text.strip() for ln in cfg.live}
+    live_majors = {ln.rule.major for ln in cfg.rules() if ln.key == ALLOW_KEY and ln.rule and not ln.error}
+    gpu_majors = {m for m in procdev.char if procdev.is_nvidia(m)} | {NVIDIA_MAJOR}
+    out = []
+    for section in cfg.sections[1:]:
+        lines = []
+        for ln in cfg.section(section):
+            r = ln.rule if ln.is_allow else ln.bare_rule
+            gpu = (r is not None and r.major in gpu_majors and r.major not in live_majors) or (
+                (ln.mount is not None and classify_node(ln.mount.source)) or
+                (ln.device is not None and classify_node(ln.device.path)))
+            if gpu and ln.text.strip() not in live_text:
+                lines.append(ln)
+        if not lines:
+            continue
+        last = cfg.lines[-1].no if cfg.lines else 0
+        name = "[pve:pending]" if section == PENDING else f"snapshot [{section}]"
+        ev = [f"{cfg.path}:{ln.no} in {name}: {ln.text.strip()}" for ln in lines]
+        if any(ln.no >= last - 1 for ln in lines):
+            ev.append("it is at the end of the file: a line appended with `>>` lands in the last section, "
+                      "not in the live config")
+        out.append(Finding("boundary.lxc.misplaced", Status.WARN,
+                           f"{len(lines)} GPU line(s) sit only in {name}, where they do not apply to the container",
+                           subject=section, evidence=ev,
+                           hint="live settings go before the first [section] header; gpudoctor lxc fix inserts "
+                                "missing allow rules there and never edits snapshot sections",
+                           data={"config": cfg.path, "section": section, "lines": [ln.no for ln in lines]}))
+    return out
+
+
+# --- boundary.lxc.cgroup_v1, boundary.lxc.lock -------------------------------------------------
+
+def check_cgroup_v1(inp: AuditInput) -> list[Finding]:
+    cfg = inp.cfg
+    return [Finding("boundary.lxc.cgroup_v1", Status.WARN, f"{cfg.path}:{ln.no}: {ln.key} is a cgroup v1 key",
+                    subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}", ln.deprecated],
+                    hint=f"rename it to lxc.cgroup2.{ln.key[len('lxc.cgroup.'):]}; PVE 9 hosts run cgroup v2 only",
+                    data={"config": cfg.path, "line": ln.no, "key": ln.key})
+            for ln in cfg.live if ln.deprecated]
+
+
+def check_lock(inp: AuditInput) -> list[Finding]:
+    cfg = inp.cfg
+    lock = cfg.lock
+    if lock is None:
+        return []
+    ln = next(ln for ln in reversed(cfg.live) if ln.key == "lock")
+    return [Finding("boundary.lxc.lock", Status.WARN,
+                    f"{inp.label} is locked ({lock}): an operation is running or was interrupted",
+                    subject=inp.label, evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}"],
+                    hint=f"wait for the {lock} to finish; if it was interrupted, `pct unlock {inp.vmid or 'VMID'}`. "
+                         f"gpudoctor will not edit a locked config",
+                    data={"config": cfg.path, "lock": lock})]
+
+
+# --- boundary.lxc.restart_pending --------------------------------------------------------------
+
+def check_restart_pending(inp: AuditInput) -> list[Finding]:
+    """The config's device rules and GPU mounts differ from what the running container started with."""
+    if not inp.running_applies:
+        return []
+    cfg = inp.cfg
+    run_lines = {" ".join(s.split()) for s in _running_values(inp.running)}
+    missing = []
+    for ln in cfg.live:
+        if ln.error or ln.kind != "lxc":
+            continue
+        gpu_mount = ln.mount is not None and classify_node(ln.mount.source)
+        if ln.key in (ALLOW_KEY, DENY_KEY) or gpu_mount:
+            want = " ".join(f"{ln.key} = {ln.value}".split())
+            if want not in run_lines:
+                missing.append(ln)
+    if not missing:
+        return []
+    vmid = inp.vmid or "VMID"
+    return [Finding("boundary.lxc.restart_pending", Status.WARN,
+                    f"{inp.label}'s config was edited after it started: {len(missing)} device line(s) not in force",
+                    subject=inp.label,
+                    evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()} — not in the running config" for ln in missing],
+                    hint=f"pct reboot {vmid} applies them (gpudoctor lxc fix {vmid} --apply --reboot reboots only "
+                         f"when no GPU process runs)",
+                    data={"config": cfg.path, "lines": [ln.no for ln in missing]})]
+
+
+def _running_values(text: str | None) -> list[str]:
+    out = []
+    for line in (text or "").splitlines():
+        m = re.match(r"^\s*(lxc\.[^\s=]+)\s*=\s*(.*?)\s*$", line)
+        if m:
+            out.append(f"{m.group(1)} = {m.group(2)}")
+    return out
+
+
+# --- boundary.lxc.mount_entry -----------------------------------------------------------------
+
+def check_mount_sources(inp: AuditInput) -> list[Finding]:
+    """A GPU node the config passes must exist on the host: `optional` mounts skip a missing one silently."""
+    if not needed_nodes(inp.cfg):
+        return _no_gpu_nodes(inp)
+    if inp.host_nodes is None:
+        return []
+    out = []
+    for need in needed_nodes(inp.cfg):
+        st = inp.host_nodes.get(need.node.path)
+        if st is None or st.get("exists", False) or st.get("error") not in (None, "ENOENT"):
+            continue
+        bad = Status.FAIL if need.node.critical else Status.WARN
+        if need.passthrough is not None:
+            effect = f"{need.passthrough.key}: a missing path makes the container fail to start"
+        elif need.optional:
+            effect = "the mount is `optional`: LXC skips it silently and the node is simply absent in the container"
+        else:
+            effect = "the bind mount fails and the container does not start"
+        out.append(Finding("boundary.lxc.mount_entry", bad, f"{need.node.path} does not exist on the Proxmox host",
+                           subject=need.guest_path,
+                           evidence=[f"host stat {need.node.path} → ENOENT", effect],
+                           hint=("create it on the host: nvidia-modprobe -u -c 0 (uvm nodes) or nvidia-smi (others); "
+                                 "nvidia-persistenced at boot keeps them"),
+                           data={"path": need.node.path}))
+    return out
+
+
+def input_from_facts(b: dict) -> AuditInput:
+    """An AuditInput from facts["boundary"] (gather/boundary.py). ConfigError when the config is unusable."""
+    from gpudoctor.errors import ConfigError
+    from gpudoctor.proxmox.config import parse as parse_config
+
+    conf = b.get("config") or {}
+    path = conf.get("path") or "<config>"
+    if conf.get("text") is None:
+        raise ConfigError(f"cannot read it on {b.get('proxmox') or 'the Proxmox host'} ({conf.get('error')})",
+                          path=path)
+    cfg = parse_config(conf["text"], path)
+    pd = b.get("proc_devices") or {}
+    run = b.get("running") or {}
+    st = (b.get("status") or {}).get("status")
+    return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
+                      vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
+                      name=b.get("name"), host_nodes=b.get("host_nodes"))
+
+
+def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:
+    cfg, label = inp.cfg, inp.label
+    return [Finding("boundary.lxc.mount_entry", Status.WARN,
+                    f"{label}'s config passes no /dev/nvidia* node to the container", subject=None,
+                    evidence=[f"{cfg.path}: no lxc.mount.entry or devN: names /dev/nvidia* in the live section"],
+                    hint="pass the nodes with devN: entries (dev0: /dev/nvidia0, dev1: /dev/nvidiactl, "
+                         "dev2: /dev/nvidia-uvm, dev3: /dev/nvidia-uvm-tools) or bind mounts plus allow rules",
+                    data={"config": cfg.path})]

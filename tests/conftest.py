@@ -1,0 +1,120 @@
+"""Shared fixtures: a real OpenSSH server on 127.0.0.1, SSH hosts that trust it, fake remote roots.
+
+    sshd            session: the running server (tests.sshd.SSHD): .port .user .client_key .known_hosts,
+                    .make_host(**SSHHost kwargs), .inventory_yaml(...), .write_known_hosts(path, port)
+    sshd_factory    session: start_extra(**kw) -> another SSHD (own keys; e.g. to cut its connections)
+    sshd_nosftp     session: an SSHD without an SFTP subsystem
+    ssh_host        function: an SSHHost on `sshd`, closed after the test
+    ssh_fake_root   function: FakeRoot(root: Path, host: SSHHost) — the host maps every absolute path of a file
+                    operation under `root` and puts root/usr/local/bin first on the remote PATH, so
+                    `fake.write("/etc/pve/lxc/200.conf", text)` then `fake.host.read_file("/etc/pve/lxc/200.conf")`
+    cut_proxy       function: factory cut_proxy(cut_after=N) -> CutProxy in front of `sshd` (fault injection)
+    unused_major    session: a character-device major absent from /proc/devices (open() gives ENXIO)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.sshd import SSHD, CutProxy, start_sshd
+
+
+@pytest.fixture(scope="session")
+def sshd_factory(tmp_path_factory):
+    started: list[SSHD] = []
+
+    class Factory:
+        @staticmethod
+        def start_extra(**kw) -> SSHD:
+            server = start_sshd(tmp_path_factory.mktemp("sshd"), **kw)
+            started.append(server)
+            return server
+
+    yield Factory()
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def sshd(sshd_factory) -> SSHD:
+    return sshd_factory.start_extra()
+
+
+@pytest.fixture(scope="session")
+def sshd_nosftp(sshd_factory) -> SSHD:
+    """A server without an SFTP subsystem: SSHHost falls back to its python programs for files."""
+    return sshd_factory.start_extra(sftp=False)
+
+
+@pytest.fixture
+def ssh_host(sshd):
+    host = sshd.make_host()
+    yield host
+    host.close()
+
+
+@dataclass
+class FakeRoot:
+    """A temp directory standing in for a remote machine's filesystem, served over real SSH."""
+
+    root: Path
+    host: object  # SSHHost with root=self.root
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "usr/local/bin"
+
+    def path(self, remote: str) -> Path:
+        return self.root / remote.lstrip("/")
+
+    def write(self, remote: str, data: str | bytes, mode: int | None = None) -> Path:
+        p = self.path(remote)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data.encode() if isinstance(data, str) else data)
+        if mode is not None:
+            os.chmod(p, mode)
+        return p
+
+    def tool(self, name: str, script: str) -> Path:
+        """An executable stand-in (e.g. `pct`) first on the remote PATH."""
+        return self.write(f"/usr/local/bin/{name}", script, 0o755)
+
+
+@pytest.fixture
+def ssh_fake_root(sshd, tmp_path):
+    root = tmp_path / "remote"
+    (root / "usr/local/bin").mkdir(parents=True)
+    host = sshd.make_host(name="fake-remote", root=str(root), path_prepend=[str(root / "usr/local/bin")])
+    yield FakeRoot(root, host)
+    host.close()
+
+
+@pytest.fixture
+def cut_proxy(sshd):
+    proxies: list[CutProxy] = []
+
+    def make(cut_after: int | None = None) -> CutProxy:
+        p = CutProxy(sshd.port, cut_after)
+        proxies.append(p)
+        return p
+
+    yield make
+    for p in proxies:
+        p.close()
+
+
+@pytest.fixture(scope="session")
+def unused_major() -> int:
+    used = set()
+    section = None
+    for line in Path("/proc/devices").read_text().splitlines():
+        if line.endswith(":"):
+            section = line
+            continue
+        if section and section.startswith("Character") and line.strip():
+            used.add(int(line.split()[0]))
+    return next(m for m in range(240, 255) if m not in used)

@@ -1,0 +1,100 @@
+"""The real CLI on this CPU-only machine: fast, plain about the missing driver, JSON valid, bad input exit 3."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jsonschema
+
+from .conftest import SNAPSHOTS
+
+SCHEMA = json.loads((SNAPSHOTS.parents[2] / "gpudoctor" / "data" / "check.schema.json").read_text())
+
+
+def gd(*args, env=None, timeout=60):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "gpudoctor", *args], capture_output=True, text=True, env=e,
+                          timeout=timeout)
+
+
+def test_check_without_driver_is_fast_and_plain():
+    t = time.perf_counter()
+    r = gd("check")
+    took = time.perf_counter() - t
+    assert took < 2.0
+    assert r.returncode in (2, 3)
+    assert "No NVIDIA driver is loaded" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_check_json_validates():
+    r = gd("check", "--json")
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["exit_code"] == r.returncode == 2
+    assert doc["root_cause"]["id"] == "host.driver.loaded"
+    symptoms = [f for f in doc["findings"] if f["blocked_by"] == "host.driver.loaded"]
+    assert {f["id"] for f in symptoms} >= {"cuda.init"}
+
+
+def test_snapshot_round_trip_through_the_cli(tmp_path):
+    out = tmp_path / "snap.json"
+    r = gd("snapshot", "-o", str(out))
+    assert r.returncode == 0 and out.exists()
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "gpudoctor.snapshot/1" and doc["transcript"]
+    assert not any("TOKEN" in k or "SECRET" in k for k in doc["facts"].get("fabric", {}).get("env", {}))
+    live = json.loads(gd("check", "--json").stdout)
+    replay = json.loads(gd("check", "--json", "--snapshot", str(out)).stdout)
+    assert replay["verdict"] == live["verdict"] and replay["root_cause"]["key"] == live["root_cause"]["key"]
+
+
+def test_snapshot_never_holds_secrets(tmp_path):
+    out = tmp_path / "snap.json"
+    gd("snapshot", "-o", str(out), env={"NCCL_IB_AUTH_TOKEN": "hunter2", "HF_TOKEN": "hf_secret", "NCCL_DEBUG": "INFO"})
+    text = out.read_text()
+    assert "hunter2" not in text and "hf_secret" not in text
+    assert json.loads(text)["facts"]["fabric"]["env"]["NCCL_DEBUG"] == "INFO"
+
+
+def test_only_and_explain():
+    r = gd("check", "--json", "--only", "fabric")
+    assert {f["layer"] for f in json.loads(r.stdout)["findings"]} == {"fabric"}
+    r = gd("check", "--explain", "devices.node.open")
+    assert r.returncode == 0 and "EPERM" in r.stdout and "boundary.lxc.cgroup_allow" in r.stdout
+
+
+def test_checks_lists_every_id_once():
+    r = gd("checks", "--json")
+    ids = [c["id"] for c in json.loads(r.stdout)]
+    assert len(ids) == len(set(ids)) and "cuda.init" in ids and "devices.node.major" in ids
+
+
+BAD = [
+    (["check", "--timeout", "0"], "--timeout"),
+    (["check", "--only", "gpu"], "--only"),
+    (["check", "--expect-gpus", "-1"], "--expect-gpus"),
+    (["check", "--explain", "no.such.check"], "unknown check id"),
+    (["check", "--bogus"], "--bogus"),
+    (["nosuchcommand"], "nosuchcommand"),
+]
+
+
+def test_bad_flags_one_line_exit_3():
+    for argv, word in BAD:
+        r = gd(*argv)
+        assert r.returncode == 3, argv
+        assert word in r.stderr and "Traceback" not in r.stderr, argv
+
+
+def test_bad_snapshot_files(tmp_path):
+    (tmp_path / "bad.json").write_text('{"schema": "gpudoctor.snapshot/1",\n  "facts": [1, 2,\n}')
+    (tmp_path / "other.json").write_text('{"schema": "something/else"}')
+    cases = {str(tmp_path / "missing.json"): "no such snapshot file",
+             str(tmp_path / "bad.json"): "bad.json:3:",
+             str(tmp_path / "other.json"): "not a gpudoctor snapshot"}
+    for path, word in cases.items():
+        r = gd("check", "--snapshot", path)
+        assert r.returncode == 3 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -1,0 +1,60 @@
+"""Nothing hangs: a command that never returns becomes an 'unknown: did not answer in N s' finding, within budget."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from gpudoctor.diagnose import diagnose
+from gpudoctor.gather import gather
+from gpudoctor.gather.context import GatherContext
+from gpudoctor.host.local import LocalHost
+
+
+def fake_tools(tmp_path):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("nvidia-smi",):
+        p = bin_ / tool
+        p.write_text("#!/bin/sh\nexec sleep 600\n")
+        p.chmod(0o755)
+    return bin_
+
+
+def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):
+    bin_ = fake_tools(tmp_path)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "gpudoctor", "check", "--json", "--timeout", "1"], capture_output=True,
+                       text=True, env=env, timeout=30)
+    took = time.perf_counter() - t
+    assert took < 8.0, took  # 1 s deadline + interpreter start-up, with room for a loaded CI machine
+    doc = json.loads(r.stdout)
+    assert doc["timings"]["driver"] < 2.5  # the probe itself was cut at its deadline
+    f = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
+    assert f["status"] == "unknown" and f["summary"] == "nvidia-smi did not answer in 1 s"
+    # and the sleeping process was killed, not left behind
+    left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_hung_read_becomes_timeout_result(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # open() of a FIFO with no writer blocks forever
+    host = LocalHost()
+    t = time.perf_counter()
+    r = host.read_file(str(fifo), timeout=0.5)
+    assert time.perf_counter() - t < 2.0
+    assert r.error == "TIMEOUT" and not r.ok
+
+
+def test_whole_gather_respects_deadline(tmp_path):
+    bin_ = fake_tools(tmp_path)
+    host = LocalHost(path_prepend=[str(bin_)])
+    t = time.perf_counter()
+    facts = gather(host, GatherContext(name="t", timeout=0.5))
+    assert time.perf_counter() - t < 3.0
+    assert facts["driver"]["timed_out"] is True
+    d = diagnose(facts)
+    assert d.by_key()["driver.nvml.init"].status.value == "unknown"

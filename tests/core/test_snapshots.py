@@ -1,0 +1,86 @@
+"""Every real H200 snapshot replays offline to the verdict it had on the machine (docs/h200/*.check.txt)."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from gpudoctor import snapshot
+from gpudoctor.diagnose import diagnose
+
+from .conftest import SNAPSHOTS
+
+SCHEMA = json.loads((SNAPSHOTS.parents[2] / "gpudoctor" / "data" / "check.schema.json").read_text())
+
+# name -> (exit code, root-cause key or None, words the root cause or chain must contain)
+CASES = {
+    "h200-healthy": (0, None, []),
+    "h200-uvm-blocked": (2, "devices.node.major[/dev/nvidia-uvm]", ["1:3", "238:0", "NVML ok", "999"]),
+    "h200-ctl-blocked": (2, "devices.node.major[/dev/nvidiactl]", ["195:255", "code 17", "CUDA_ERROR_NO_DEVICE"]),
+    "h200-uvmtools-000": (1, "devices.node.mode[/dev/nvidia-uvm-tools]", ["0000"]),
+    "h200-uvm-stale-major": (2, "devices.node.major[/dev/nvidia-uvm]", ["509:0", "ENXIO", "999"]),
+    "h200-uvm-missing": (1, "devices.node.present[/dev/nvidia-uvm]", ["cuInit still succeeded"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_snapshot_replays_to_its_verdict(name):
+    code, root, words = CASES[name]
+    doc = snapshot.load(str(SNAPSHOTS / f"{name}.json"))
+    d = diagnose(snapshot.facts_of(doc))
+    assert d.exit_code == code
+    assert (d.root_cause.key if d.root_cause else None) == root
+    text = " ".join([d.root_cause.summary, *d.root_cause.evidence, *d.chain]) if d.root_cause else ""
+    for w in words:
+        assert w in text
+    jsonschema.validate(d.to_json(), SCHEMA)
+
+
+def test_replayed_facts_equal_recorded_facts():
+    doc = snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))
+    again = snapshot.facts_of(doc)
+    for key in ("host", "driver", "devices", "cuda", "workload"):
+        a, b = dict(doc["facts"][key]), dict(again[key])
+        for x in (a, b):
+            x.pop("duration_s", None)
+        assert a == b, key
+
+
+def test_uvm_blocked_names_the_node_not_cuda_unknown_error():
+    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))))
+    cuda = next(f for f in d.findings if f.id == "cuda.init")
+    assert cuda.status.value == "fail" and cuda.blocked_by == "devices.node.major[/dev/nvidia-uvm]"
+    nvml = next(f for f in d.findings if f.id == "driver.nvml.init")
+    assert nvml.status.value == "ok"
+    assert d.chain[0] == "NVML ok" and d.chain[-1].startswith("root cause: /dev/nvidia-uvm is 1:3")
+
+
+def test_ctl_blocked_names_nvml_17_as_a_symptom():
+    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-ctl-blocked.json"))))
+    nvml = next(f for f in d.findings if f.id == "driver.nvml.init")
+    assert nvml.data["nvml_code"] == 17 and "blocked by the operating system" in nvml.summary
+    assert nvml.blocked_by == "devices.node.major[/dev/nvidiactl]"
+
+
+def test_healthy_reports_real_values():
+    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json"))))
+    by = d.by_key()
+    assert by["fabric.pcie.mrrs[0000:00:06.0]"].data == {"mrrs": 4096, "mps": 256}
+    assert by["fabric.numa.gpu_node[0000:00:06.0]"].status.value == "info"
+    assert re.match(r"cuInit ok: 1 device", by["cuda.init"].summary)
+
+
+def test_expect_gpus_mismatch_fails():
+    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
+    facts["meta"]["context"]["expect_gpus"] = 8
+    d = diagnose(facts)
+    assert d.exit_code == 2 and d.root_cause.key == "driver.gpu.count"
+    assert "1 GPU(s) visible, 8 expected" in d.root_cause.summary
+
+
+def test_mrrs_policy_turns_report_into_audit():
+    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
+    facts["meta"]["context"]["policy"] = {"pcie": {"mrrs": 512}}
+    f = diagnose(facts).by_key()["fabric.pcie.mrrs[0000:00:06.0]"]
+    assert f.status.value == "warn" and "4096 ≠ policy 512" in f.summary and f.remedy == "fabric.pcie.mrrs"

@@ -1,0 +1,248 @@
+"""One contract, every backend: LocalHost, SSHHost (a real sshd, with and without SFTP) and ReplayHost (a recorded
+transcript).
+
+The replay backend records each operation on a RecordingHost over LocalHost, round-trips the transcript through
+JSON, replays it on a fresh ReplayHost, asserts the replay equals the live answer and returns the replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from gpudoctor.host.base import Host
+from gpudoctor.host.local import LocalHost
+from gpudoctor.host.replay import RecordingHost, ReplayHost
+
+
+class ReplayThrough(Host):
+    """Answers every operation from a replay of what a RecordingHost just recorded live."""
+
+    def __init__(self, inner: Host):
+        super().__init__(name="replay", python=list(inner.python))
+        self.inner = inner
+
+    def _replay(self, op: str, *args, **kw):
+        rec = RecordingHost(inner=self.inner)
+        live = getattr(rec, op)(*args, **kw)
+        transcript = json.loads(json.dumps(rec.transcript))
+        replayed = getattr(ReplayHost(name="replay", python=list(self.inner.python), transcript=transcript),
+                           op)(*args, **kw)
+        assert replayed == live, f"replay of {op}{args} differs from the live answer"
+        return replayed
+
+    def run(self, argv, timeout=None, input=None, env=None):
+        return self._replay("run", argv, timeout=timeout, input=input, env=env)
+
+    def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
+        return self._replay("read_file", path, timeout, max_bytes)
+
+    def stat_many(self, paths, timeout=3.0):
+        return self._replay("stat_many", paths, timeout)
+
+    def try_open_many(self, paths, timeout=5.0):
+        return self._replay("try_open_many", paths, timeout)
+
+    def listdir(self, path, timeout=3.0):
+        return self._replay("listdir", path, timeout)
+
+    def statvfs(self, path, timeout=3.0):
+        return self._replay("statvfs", path, timeout)
+
+
+@pytest.fixture(params=["local", "ssh", "ssh-nosftp", "replay"])
+def host(request, sshd, sshd_nosftp):
+    if request.param == "local":
+        h = LocalHost()
+    elif request.param == "ssh":
+        h = sshd.make_host()
+    elif request.param == "ssh-nosftp":
+        h = sshd_nosftp.make_host()
+    else:
+        h = ReplayThrough(LocalHost())
+    yield h
+    h.close()
+
+
+@pytest.fixture(params=["local", "ssh", "ssh-nosftp"])
+def live_host(request, sshd, sshd_nosftp):
+    h = {"local": LocalHost, "ssh": sshd.make_host, "ssh-nosftp": sshd_nosftp.make_host}[request.param]()
+    yield h
+    h.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+# --- run --------------------------------------------------------------------------------------------
+
+def test_run_captures_stdout_stderr_and_rc(host):
+    r = host.run(["sh", "-c", "echo out; echo err >&2"])
+    assert (r.rc, r.stdout, r.stderr, r.timed_out, r.ok) == (0, "out\n", "err\n", False, True)
+
+
+def test_nonzero_exit_is_a_result_not_an_exception(host):
+    r = host.run(["sh", "-c", "echo nope >&2; exit 3"])
+    assert (r.rc, r.stderr, r.ok) == (3, "nope\n", False)
+    assert "rc 3: nope" in r.describe()
+
+
+def test_command_not_found_is_127(host):
+    r = host.run(["gpudoctor-no-such-command-xyz", "--version"])
+    assert r.rc == 127 and not r.timed_out
+
+
+def test_arguments_arrive_byte_exact(host):
+    args = ["a b", "'", '"', "$(echo no)", "`echo no`", "x;y", "line1\nline2", "*", "", "-n", "é ✓"]
+    r = host.run([*host.python, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *args])
+    assert r.rc == 0, r.stderr
+    assert json.loads(r.stdout) == args
+
+
+def test_input_and_env_reach_the_command(host):
+    r = host.run(["sh", "-c", 'cat; printf "%s" "$GPUDOCTOR_T"'], input=b"from stdin\n",
+                 env={"GPUDOCTOR_T": "v $(x) `y` 'z'"})
+    assert r.stdout == "from stdin\nv $(x) `y` 'z'"
+
+
+def test_timeout_is_a_result_within_budget_and_kills_the_process_group(host, tmp_path):
+    pidfile = tmp_path / "pid"
+    t0 = time.monotonic()
+    r = host.run(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"], timeout=2.0)
+    elapsed = time.monotonic() - t0
+    assert r.timed_out and r.rc is None and not r.ok
+    assert 1.9 <= elapsed < 2.0 + 5.0, elapsed  # the budget, plus slack for a loaded CI machine
+    assert "did not answer in 2 s" in r.describe()
+    child = int(pidfile.read_text())
+    assert wait_dead(child, within=5.0), "the timed-out command's child survived"
+
+
+# --- read_file -------------------------------------------------------------------------------------
+
+def test_read_file_returns_bytes_exactly(host, tmp_path):
+    data = bytes(range(256)) * 300  # binary, > one SFTP request
+    p = tmp_path / "blob"
+    p.write_bytes(data)
+    r = host.read_file(str(p))
+    assert r.ok and r.data == data and r.error is None
+
+
+def test_read_file_honours_max_bytes(host, tmp_path):
+    p = tmp_path / "big"
+    p.write_bytes(b"x" * 100_000)
+    assert host.read_file(str(p), max_bytes=70_000).data == b"x" * 70_000
+
+
+def test_read_file_of_proc(host):
+    assert host.read_file("/proc/sys/kernel/ostype").text == "Linux\n"
+
+
+def test_read_file_errors_are_errno_names(host, tmp_path):
+    assert host.read_file(str(tmp_path / "missing")).error == "ENOENT"
+    assert host.read_file(str(tmp_path)).error == "EISDIR"
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert host.read_file(str(f / "below-a-file")).error == "ENOTDIR"
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    assert host.read_file(str(loop)).error == "ELOOP"
+    assert host.read_file(str(tmp_path / "dangling-parent" / "x")).error == "ENOENT"
+
+
+# --- stat ------------------------------------------------------------------------------------------
+
+def test_stat_char_device_dir_file_link_and_missing(host, tmp_path, unused_major):
+    node = tmp_path / "nvidia-uvm"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 3))
+    os.chmod(node, 0o666)
+    f = tmp_path / "f"
+    f.write_bytes(b"12345")
+    link = tmp_path / "l"
+    link.symlink_to("f")
+    res = host.stat_many([str(node), str(tmp_path), str(f), str(link), str(tmp_path / "nope")])
+    n = res[str(node)]
+    assert (n.exists, n.kind, n.major, n.minor, n.mode) == (True, "char", unused_major, 3, 0o666)
+    assert res[str(tmp_path)].kind == "dir"
+    assert (res[str(f)].kind, res[str(f)].size) == ("file", 5)
+    assert (res[str(link)].kind, res[str(link)].target) == ("link", "f")
+    missing = res[str(tmp_path / "nope")]
+    assert (missing.exists, missing.error) == (False, "ENOENT")
+    assert host.stat(str(node)).path == str(node)
+
+
+# --- try_open --------------------------------------------------------------------------------------
+
+def test_try_open_ok_enoent_enxio(host, tmp_path, unused_major):
+    stale = tmp_path / "stale"
+    os.mknod(stale, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 0))
+    res = host.try_open_many(["/dev/null", str(tmp_path / "nope"), str(stale)])
+    assert res == {"/dev/null": "OK", str(tmp_path / "nope"): "ENOENT", str(stale): "ENXIO"}
+
+
+# --- listdir / statvfs -----------------------------------------------------------------------------
+
+def test_listdir_sorted_and_errors(host, tmp_path):
+    for n in ("b", "a", ".hidden", "c"):
+        (tmp_path / n).write_text("")
+    assert host.listdir(str(tmp_path)) == [".hidden", "a", "b", "c"]
+    assert host.listdir(str(tmp_path / "nope")) == "ENOENT"
+    assert host.listdir(str(tmp_path / "a")) == "ENOTDIR"
+
+
+def test_statvfs(host, tmp_path):
+    s = host.statvfs(str(tmp_path))
+    assert set(s) == {"total", "free", "avail", "readonly"} and s["total"] >= s["free"] >= s["avail"] >= 0 and s["total"] > 0
+    assert s["readonly"] is False
+    assert host.statvfs(str(tmp_path / "nope")) == {"error": "ENOENT"}
+
+
+# --- write_file + rename (live backends: a snapshot is read-only) -------------------------------------
+
+def test_write_temp_then_rename_replaces_the_target(live_host, tmp_path):
+    target = tmp_path / "200.conf"
+    target.write_text("old\n")
+    tmp = tmp_path / ".200.conf.tmp"
+    live_host.write_file(str(tmp), b"new\n")
+    assert tmp.read_bytes() == b"new\n" and target.read_text() == "old\n"
+    live_host.rename(str(tmp), str(target))
+    assert target.read_bytes() == b"new\n" and not tmp.exists()
+
+
+def test_write_and_rename_errors_carry_the_targets_errno(live_host, tmp_path):
+    with pytest.raises(OSError) as e:
+        live_host.write_file(str(tmp_path / "no-dir" / "f"), b"x")
+    assert e.value.errno == 2
+    with pytest.raises(OSError) as e:
+        live_host.rename(str(tmp_path / "missing"), str(tmp_path / "t"))
+    assert e.value.errno == 2
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "inside").write_text("")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(OSError) as e:  # a file cannot replace a non-empty directory
+        live_host.rename(str(tmp_path / "f"), str(tmp_path / "d"))
+    assert e.value.errno in (21, 39)  # EISDIR (Linux rename(2) of file onto dir)
+    assert (tmp_path / "f").exists()
+
+
+def test_snapshot_refuses_writes():
+    with pytest.raises(OSError) as e:
+        ReplayHost(transcript={}).write_file("/etc/x", b"")
+    assert e.value.errno == 30

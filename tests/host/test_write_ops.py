@@ -1,0 +1,102 @@
+"""Contract of the Host write operations used by gpudoctor.edit: in-process (LocalHost) and the portable
+defaults that run small python programs through `run` (what a remote backend without SFTP gets)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+import pytest
+
+from gpudoctor.host.base import Host
+from gpudoctor.host.local import LocalHost
+
+
+@dataclass
+class RunOnlyHost(Host):
+    """A backend that implements only `run`: every write goes through the base class's programs."""
+
+    name: str = "runonly"
+
+    def __post_init__(self):
+        self._local = LocalHost()
+        self.python = self._local.python
+
+    def run(self, argv, timeout=None, input=None, env=None):
+        return self._local.run(argv, timeout=timeout, input=input, env=env)
+
+
+@pytest.fixture(params=["local", "run-only"])
+def host(request, tmp_path):
+    if request.param == "local":
+        return LocalHost(root=str(tmp_path)), "/"
+    return RunOnlyHost(), str(tmp_path) + "/"
+
+
+def test_write_create_truncate_exclusive(host):
+    h, base = host
+    p = base + "f.txt"
+    h.write_file(p, b"one\n", mode=0o640)
+    assert h.read_file(p).data == b"one\n"
+    assert h.stat(p).mode == 0o640
+    h.write_file(p, b"two")  # truncates
+    assert h.read_file(p).data == b"two"
+    with pytest.raises(OSError) as exc:
+        h.write_file(p, b"three", exclusive=True)
+    assert exc.value.errno == errno.EEXIST
+    assert h.read_file(p).data == b"two"
+
+
+def test_mode_is_exact_despite_umask(host):
+    h, base = host
+    old = os.umask(0o077)
+    try:
+        h.write_file(base + "m", b"x", mode=0o644)
+    finally:
+        os.umask(old)
+    assert h.stat(base + "m").mode == 0o644
+
+
+def test_rename_replaces_and_unlink(host):
+    h, base = host
+    h.write_file(base + "a", b"new")
+    h.write_file(base + "b", b"old")
+    h.rename(base + "a", base + "b")
+    assert h.read_file(base + "b").data == b"new"
+    assert h.read_file(base + "a").error == "ENOENT"
+    h.unlink(base + "b")
+    with pytest.raises(FileNotFoundError):
+        h.unlink(base + "b")
+
+
+def test_makedirs_and_errors_carry_errno(host):
+    h, base = host
+    h.makedirs(base + "x/y/z", 0o700)
+    assert h.stat(base + "x/y/z").kind == "dir"
+    h.makedirs(base + "x/y/z")  # exists: fine
+    with pytest.raises(OSError) as exc:
+        h.write_file(base + "nope/f", b"x")
+    assert exc.value.errno == errno.ENOENT
+
+
+def test_readonly_filesystem_is_refused_with_erofs(host, tmp_path):
+    """A real read-only bind mount: the write raises EROFS and statvfs says readonly."""
+    import subprocess
+
+    h, base = host
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "keep").write_bytes(b"k")
+    subprocess.run(["mount", "--bind", str(ro), str(ro)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+        assert h.statvfs(base + "ro")["readonly"] is True
+        with pytest.raises(OSError) as exc:
+            h.write_file(base + "ro/new", b"x")
+        assert exc.value.errno == errno.EROFS
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert h.statvfs(base + "ro")["readonly"] is False
+    assert stat.S_ISREG(os.stat(ro / "keep").st_mode)

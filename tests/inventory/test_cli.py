@@ -1,0 +1,70 @@
+"""`gpudoctor inventory show|ping` through gpudoctor.cli.main against the real sshd."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from gpudoctor.cli import main
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+@pytest.fixture
+def inv_file(sshd, tmp_path):
+    p = tmp_path / "inventory.yaml"
+    p.write_text(sshd.inventory_yaml("ct200", proxmox="kpro6"))
+    return p
+
+
+def test_show_table_and_json(capsys, inv_file, sshd):
+    rc, out, _ = cli(capsys, "inventory", "show", "--inventory", str(inv_file))
+    assert rc == 0
+    assert "ct200" in out and f"127.0.0.1:{sshd.port}" in out and "200@kpro6" in out and "/etc/pve/lxc" in out
+    rc, out, _ = cli(capsys, "inventory", "show", "--inventory", str(inv_file), "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["hosts"]["ct200"]["lxc"] == {"proxmox": "kpro6", "vmid": 200}
+
+
+def test_ping_reaches_host_and_its_proxmox_node(capsys, inv_file):
+    rc, out, _ = cli(capsys, "inventory", "ping", "--inventory", str(inv_file), "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0
+    assert {(r["role"], r["name"], r["ok"]) for r in rows} == {("host", "ct200", True), ("proxmox", "kpro6", True)}
+    assert all(r["detail"] == socket.gethostname() for r in rows)
+
+
+def test_ping_unknown_host_key_is_refused_exit_3_then_accepted_on_request(capsys, sshd, tmp_path):
+    kh = tmp_path / "known_hosts"
+    p = tmp_path / "inventory.yaml"
+    p.write_text(sshd.inventory_yaml("ct200").replace(str(sshd.known_hosts), str(kh)))
+    rc, out, err = cli(capsys, "inventory", "ping", "--inventory", str(p))
+    assert rc == 3
+    assert "FAIL" in out and "unknown SSH host key" in out and "Traceback" not in out + err
+    assert not kh.exists()
+    rc, out, _ = cli(capsys, "inventory", "ping", "--inventory", str(p), "--accept-new-host-key")
+    assert rc == 0 and kh.read_text() == sshd.known_hosts_line()
+    rc, out, _ = cli(capsys, "inventory", "ping", "--inventory", str(p))  # now strict checking passes
+    assert rc == 0
+
+
+def test_ping_unreachable_is_exit_3_one_line_per_host(capsys, sshd, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        p = tmp_path / "inventory.yaml"
+        p.write_text(sshd.inventory_yaml("ct200", port=port))
+        rc, out, err = cli(capsys, "inventory", "ping", "--inventory", str(p), "ct200")
+    assert rc == 3 and "refused" in out and "Traceback" not in out + err
+
+
+def test_ping_unknown_spec_is_bad_input(capsys, inv_file):
+    rc, _, err = cli(capsys, "inventory", "ping", "--inventory", str(inv_file), "nope")
+    assert rc == 3 and err.startswith("gpudoctor: ") and "no host named 'nope'" in err

@@ -1,0 +1,274 @@
+"""A real OpenSSH server on 127.0.0.1 for tests: throwaway host and user keys, started in well under a second.
+
+Used through the fixtures in tests/conftest.py (`sshd`, `ssh_host`, `ssh_fake_root`, `sshd_factory`, `cut_proxy`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd")
+
+
+def find_sshd() -> str | None:
+    found = shutil.which("sshd")
+    return found or next((p for p in SSHD_CANDIDATES if os.access(p, os.X_OK)), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> Path:
+    """A passphrase-less key pair at path / path.pub."""
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "gpudoctor-test", "-f", str(path)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def pub_key_fields(pub: Path) -> tuple[str, str]:
+    kind, b64 = pub.read_text().split()[:2]
+    return kind, b64
+
+
+@dataclass
+class SSHD:
+    """One running sshd. `make_host()` gives an SSHHost that trusts it; `inventory_yaml()` an inventory that does."""
+
+    dir: Path
+    port: int
+    user: str
+    host_key: Path
+    client_key: Path
+    known_hosts: Path
+    log: Path
+    proc: subprocess.Popen = field(repr=False)
+    address: str = "127.0.0.1"
+
+    def known_hosts_line(self, port: int | None = None) -> str:
+        kind, b64 = pub_key_fields(self.host_key.with_suffix(".pub"))
+        return f"[{self.address}]:{port or self.port} {kind} {b64}\n"
+
+    def write_known_hosts(self, path: Path, port: int | None = None) -> Path:
+        """A known_hosts file that trusts this server (on `port`, e.g. a proxy in front of it)."""
+        path.write_text(self.known_hosts_line(port))
+        return path
+
+    def make_host(self, **kw):
+        from gpudoctor.host.ssh import SSHHost
+
+        args = dict(name="sshd-test", address=self.address, port=self.port, user=self.user,
+                    identity_files=[str(self.client_key)], known_hosts=str(self.known_hosts), ssh_config="",
+                    allow_agent=False, look_for_keys=False, connect_timeout=5.0)
+        args.update(kw)
+        return SSHHost(**args)
+
+    def inventory_yaml(self, name: str = "ct200", *, proxmox: str | None = None, extra_host: str = "",
+                       extra_proxmox: str = "", vmid: int = 200, port: int | None = None) -> str:
+        """Inventory text naming this server as host `name` (and as Proxmox host `proxmox` when given)."""
+        common = (f"    address: {self.address}\n    port: {port or self.port}\n    user: {self.user}\n"
+                  f"    identity_file: {self.client_key}\n    known_hosts: {self.known_hosts}\n")
+        text = f"hosts:\n  {name}:\n{common}{extra_host}"
+        if proxmox:
+            text += f"    lxc: {{vmid: {vmid}, proxmox: {proxmox}}}\n"
+            text += f"proxmox:\n  {proxmox}:\n{common}{extra_proxmox}"
+        return text
+
+    def session_pids(self) -> list[int]:
+        """The per-connection sshd processes (children of the listener)."""
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == self.proc.pid:
+                    out.append(int(d.name))
+        return out
+
+    def cut_connections(self) -> int:
+        """Kill every open connection's sshd process (SIGKILL): the client sees the connection drop."""
+        pids = self.session_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(pids)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+CONFIG = """\
+ListenAddress 127.0.0.1
+Port {port}
+HostKey {dir}/host_key
+PidFile {dir}/sshd.pid
+AuthorizedKeysFile {dir}/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+UseDNS no
+PrintMotd no
+PrintLastLog no
+MaxStartups 200
+MaxSessions 10
+{sftp}
+LogLevel {loglevel}
+# Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
+# ssh only when SHLVL < 2.
+SetEnv SHLVL=1
+{extra}
+"""
+
+
+def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0,
+               sftp: bool = True) -> SSHD:
+    """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`.
+    sftp=False serves no SFTP subsystem (like a minimal container), so file operations take the python path."""
+    sshd = find_sshd()
+    if sshd is None:
+        raise RuntimeError("OpenSSH server (sshd) is not installed: apt-get install openssh-server (see .ci/run)")
+    d.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+    host_key = keygen(d / "host_key")
+    client_key = keygen(d / "client_key")
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    last = ""
+    for _attempt in range(5):
+        port = free_port()
+        cfg = d / "sshd_config"
+        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config,
+                                    sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
+        log = d / "sshd.log"
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+                                    stdout=logf, stderr=logf, start_new_session=True)
+        if _wait_banner(port, proc, start_timeout):
+            kh = d / "known_hosts"
+            server = SSHD(d, port, user, host_key, client_key, kh, log, proc)
+            server.write_known_hosts(kh)
+            return server
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        last = log.read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"sshd did not start; its log:\n{last}")
+
+
+def _wait_banner(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+                if s.recv(64).startswith(b"SSH-2.0"):
+                    return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+class CutProxy:
+    """A loopback TCP proxy in front of a server that cuts the connection after `cut_after` bytes (both ways).
+
+    For fault injection: sweep cut_after over a range and every phase of a remote operation gets interrupted.
+    cut_after=None forwards forever. `cuts` counts connections it cut.
+    """
+
+    def __init__(self, target_port: int, cut_after: int | None = None):
+        self.target_port = target_port
+        self.cut_after = cut_after
+        self.cuts = 0
+        self.forwarded = 0  # bytes passed on, both directions, all connections
+        self._srv = socket.socket()
+        self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._srv.bind(("127.0.0.1", 0))
+        self._srv.listen(64)
+        self.port = self._srv.getsockname()[1]
+        self._closing = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._closing:
+            try:
+                c, _ = self._srv.accept()
+            except OSError:
+                return
+            try:
+                s = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                c.close()
+                continue
+            with self._lock:
+                self._socks += [c, s]
+            budget = [self.cut_after]
+            for a, b in ((c, s), (s, c)):
+                threading.Thread(target=self._pump, args=(a, b, c, s, budget), daemon=True).start()
+
+    def _pump(self, src, dst, c, s, budget):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                cut = False
+                with self._lock:
+                    if budget[0] == 0:
+                        break  # the other direction already cut this connection
+                    if budget[0] is not None and len(data) >= budget[0]:
+                        data, budget[0], cut = data[: budget[0]], 0, True
+                        self.cuts += 1
+                    elif budget[0] is not None:
+                        budget[0] -= len(data)
+                    self.forwarded += len(data)
+                if data:
+                    dst.sendall(data)
+                if cut:
+                    break
+        except OSError:
+            pass
+        for x in (c, s):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def close(self):
+        self._closing = True
+        self._srv.close()
+        with self._lock:
+            for x in self._socks:
+                try:
+                    x.close()
+                except OSError:
+                    pass
