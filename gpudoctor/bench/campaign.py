@@ -17,7 +17,7 @@ DEFAULT_SERVER = "python -m sglang.launch_server"
 DEFAULT_GATE = "gpudoctor gate --profile benchmark"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
-            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash"}
+            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
 
@@ -50,6 +50,11 @@ class Config:
     tp: int
     argv: list[str]
     env: dict[str, str]
+    n_command: int = 0  # argv[:n_command] is the server command, the rest are SGLang flags
+
+    @property
+    def sglang_args(self) -> list[str]:
+        return self.argv[self.n_command:]
 
     @property
     def label(self) -> str:
@@ -81,6 +86,7 @@ class Campaign:
     heal_command: list[str] | None
     gpu_release_mib: int
     on_crash: str
+    validate: bool
 
     @property
     def base_url(self) -> str:
@@ -103,7 +109,7 @@ class Campaign:
                 if m.draft_model:
                     argv += ["--speculative-draft-model-path", m.draft_model]
                 env = {**self.server_env, **self.nccl_env.get(tp, {}), **m.env}
-                out.append(Config(m, tp, argv, env))
+                out.append(Config(m, tp, argv, env, len(self.server_command)))
         return out
 
 
@@ -223,6 +229,11 @@ def load(path: str) -> Campaign:
     on_crash = d.get("on_crash", "skip")
     if on_crash not in ("skip", "restart"):
         v.fail(f"on_crash must be skip or restart, got {on_crash!r}", "on_crash")
+    validate = d.get("validate", "auto")
+    if validate not in ("auto", True, False):
+        v.fail(f"validate must be auto, true or false, got {validate!r}", "validate")
+    if validate == "auto":  # SGLang's own launcher: check its flags; a stand-in or other server: do not
+        validate = any("sglang" in part for part in command)
     limit = d.get("context_limit")
     return Campaign(
         path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target, model=model,
@@ -236,7 +247,7 @@ def load(path: str) -> Campaign:
         gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
         gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
-        on_crash=on_crash,
+        on_crash=on_crash, validate=validate,
     )
 
 

@@ -123,6 +123,13 @@ class Runner:
             self.emit("config", label=cfg.label, what=f"complete ({len(levels)} levels recorded), skipped")
             return
         self.emit("config", label=cfg.label, what=f"{len(todo)} of {len(levels)} levels to run")
+        invalid = self.validate(cfg) if camp.validate else None
+        if invalid:
+            for lv in todo:
+                rec = self.store.append({**lv.spec.head(), "status": ERROR, "completed": 0, "error": invalid[0],
+                                         "log_excerpt": invalid[1]})
+                self.emit("level_done", record=rec)
+            return
         self.gate(cfg)
         self.apply_limit(todo, static_context_limit(camp, cfg))
         if all(lv.misfit for lv in todo):
@@ -193,6 +200,35 @@ class Runner:
                    "log_excerpt": logscan.excerpt(log_text) if log_text else None}
             rec = self.store.append(rec)
             self.emit("level_done", record=rec)
+
+    # ---- preflight ------------------------------------------------------------------------------------------------
+    def validate(self, cfg: Config) -> tuple[str, str] | None:
+        """Check the SGLang flags with `gpudoctor sglang validate` before a long model load.
+
+        Returns (error, details) when SGLang would refuse them (the levels are recorded as errors, nothing launched),
+        None when they are valid, have warnings, or could not be checked (then a note says why).
+        """
+        import sys
+
+        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json", "--", *cfg.sglang_args]
+        res = self.host.run(argv, timeout=120)
+        try:
+            out = json.loads(res.stdout)
+        except ValueError:
+            self.emit("note", text=f"sglang validate could not check {cfg.label}: {res.describe()}")
+            return None
+        bad = [f for f in out.get("findings", []) if f.get("status") == "fail"]
+        warn = [f for f in out.get("findings", []) if f.get("status") == "warn"]
+        for f in warn:
+            self.emit("note", text=f"sglang validate warns: {f.get('summary')}")
+        if out.get("verdict") != "invalid" or not bad:
+            self.emit("note", text=f"sglang validate: {out.get('verdict')}")
+            return None
+        details = "\n".join(f"FAIL {f['id']}: {f['summary']}" + (f"\n  fix: {f['data']['fix']}"
+                                                                  if (f.get("data") or {}).get("fix") else "")
+                             for f in bad)
+        return (f"not launched: sglang validate says SGLang would refuse these flags: "
+                + "; ".join(f["summary"] for f in bad), details)
 
     # ---- the gate -----------------------------------------------------------------------------------------------------
     def gate(self, cfg: Config) -> None:

@@ -40,6 +40,7 @@ def test_good_campaign_expands(tmp_path):
     f.write_text(GOOD)
     c = campaign.load(str(f))
     assert c.baseline == "ar" and c.concurrency == [1, 4, 16] and c.gate_command is None
+    assert c.validate is True  # the server command is SGLang's launcher
     cfgs = c.configs()
     assert [x.label for x in cfgs] == ["ar-tp1", "ar-tp4", "eagle3-tp4"]
     e = cfgs[2]
@@ -61,6 +62,8 @@ def test_defaults(tmp_path):
     assert c.server_command == ["python", "-m", "sglang.launch_server"]
     assert c.gate_command == ["gpudoctor", "gate", "--profile", "benchmark"]
     assert c.baseline == "baseline" and c.port == 30000 and c.timeouts["ready_s"] == 1800
+    assert c.configs()[0].sglang_args == ["--model-path", "/m", "--tp-size", "8", "--host", "127.0.0.1", "--port",
+                                          "30000"]
 
 
 # (file body, line, message) — every one must exit 3 with `gpudoctor: FILE:LINE: message`
@@ -92,6 +95,7 @@ BAD = [
     (GOOD + "timeouts: {ready_s: -5}\n", 25, "timeouts.ready_s must be a number >= 0.001"),
     (GOOD + "timeouts: {ready: 5}\n", 25, "unknown key 'ready' in timeouts"),
     (GOOD + "on_crash: retry\n", 25, "on_crash must be skip or restart"),
+    (GOOD + "validate: sometimes\n", 25, "validate must be auto, true or false"),
     (GOOD + "target: ct200\n", 25, "target 'ct200': launching servers on another host is not built yet"),
     (GOOD.replace("  args: --mem-fraction-static 0.85 --attention-backend fa3", "  args: \"--x 'unclosed\""), 6,
      "server.args: cannot split into arguments"),

@@ -198,3 +198,25 @@ def test_long_context_that_cannot_fit_is_skipped_never_sent(tmp_path):
     skipped = recs[("baseline-tp1", "chat:ctx2000:out24", 1, 0)]
     assert skipped["status"] == "skipped" and "> context limit 1500; not sent" in skipped["error"]
     assert "longer than the model's context length" not in (out / "logs" / "baseline-tp1.log").read_text()
+
+
+def test_flags_sglang_would_refuse_are_caught_before_launch(tmp_path):
+    # The seed's failing EAGLE-3 flags: draft tokens without steps is a bare AssertionError after the model load.
+    body = """\
+    validate: true
+    methods:
+      baseline: {baseline: true}
+      eagle3_bad: {args: [--speculative-algorithm, EAGLE3, --speculative-num-draft-tokens, "3"]}
+    """
+    path, _ = write(tmp_path, body, concurrency="[1, 2]")
+    out = tmp_path / "out"
+    p = run_cli("bench", "run", str(path), "--out", str(out))
+    assert p.returncode == 1, p.stderr
+    recs = by_key(records(out))
+    assert_honest(recs.values())
+    assert recs[("baseline-tp1", "chat:short:out24", 1, 0)]["status"] == "ok"
+    for c in (1, 2):
+        r = recs[("eagle3_bad-tp1", "chat:short:out24", c, 0)]
+        assert r["status"] == "error" and r["error"].startswith("not launched: sglang validate says")
+        assert "sglang.spec.draft_without_steps" in r["log_excerpt"]
+    assert not (out / "logs" / "eagle3_bad-tp1.log").exists()  # never launched
