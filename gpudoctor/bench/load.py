@@ -16,7 +16,7 @@ from typing import Callable
 from gpudoctor.bench import logscan
 from gpudoctor.bench.prompts import Prompt
 from gpudoctor.bench.results import CRASHED, ERROR, OK, percentile
-from gpudoctor.bench.stream import CONNECT, DISCONNECT, RequestResult, sent_trace, stream_generate
+from gpudoctor.bench.stream import CONNECT, DISCONNECT, RequestResult, Watchdog, sent_trace, stream_generate
 
 
 @dataclass
@@ -75,12 +75,13 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int, sta
     sem = asyncio.Semaphore(concurrency)
     failed = asyncio.Event()
     results: list[RequestResult | None] = [None] * len(bodies)
+    watchdog = Watchdog(stall_s)
 
     async def one(i: int) -> None:
         async with sem:
             if failed.is_set():
                 return
-            r = await stream_generate(session, url, bodies[i], stall_s)
+            r = await stream_generate(session, url, bodies[i], stall_s, watchdog)
             results[i] = r
             if not r.ok:
                 failed.set()
@@ -88,7 +89,11 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int, sta
                 on_request(r)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(len(bodies))))
+    dog = asyncio.create_task(watchdog.run())
+    try:
+        await asyncio.gather(*(one(i) for i in range(len(bodies))))
+    finally:
+        dog.cancel()
     return [r for r in results if r is not None], time.perf_counter() - t0
 
 

@@ -165,7 +165,7 @@ class StandIn:
     async def generate(self, request):
         from aiohttp import web
 
-        received = time.time()
+        received = getattr(request.protocol, "rx_first", None) or time.time()
         body = await request.json()
         self.on_request()
         if self.failing and self.a.fail_mode == "http500":
@@ -285,6 +285,22 @@ class StandIn:
         self.log(READY_LINE)
 
 
+def _stamp_request_arrival() -> None:
+    """Make aiohttp note when a request's first bytes were read, so request_received_ts is the arrival, not the
+    moment the handler ran (this process serves only the stand-in, so patching its handler class is contained)."""
+    from aiohttp import web_protocol, web_server
+
+    class Stamping(web_protocol.RequestHandler):
+        rx_first: float | None = None
+
+        def data_received(self, data: bytes) -> None:
+            if data[:4] in (b"POST", b"PUT ", b"GET "):  # a request line: no pipelining, so a new request
+                self.rx_first = time.time()
+            super().data_received(data)
+
+    web_server.RequestHandler = Stamping
+
+
 def build_app(state: StandIn):
     from aiohttp import web
 
@@ -317,6 +333,7 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
         state.log('  File "sglang/srt/server_args.py", line 1021, in __post_init__')
         state.log("AssertionError")
         raise SystemExit(1)
+    _stamp_request_arrival()
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, reuse_address=True)

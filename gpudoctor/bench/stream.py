@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 _KEY = b'"completion_tokens":'
+_KEY_LEN = len(_KEY)
 _NUM = re.compile(rb"\s*(\d+)")
 _DATA = b"data: "
 _DONE = b"data: [DONE]"
@@ -58,28 +59,66 @@ def _error_message(event: bytes) -> str:
 
 
 def sent_trace():
-    """A TraceConfig that stamps when the request's headers went to the socket (the clock start for TTFT and e2e).
+    """A TraceConfig that stamps when the request went to the socket (the clock start for TTFT and e2e).
 
-    Starting the clock there, not before `session.post`, keeps the client's own request building and event-loop
-    queueing out of the latency it attributes to the server.
+    The stamp is taken when the body has been written (headers alone, for a request without a body): starting the
+    clock there, not before `session.post`, keeps the client's own request building and event-loop queueing out of
+    the latency it attributes to the server.
     """
     import aiohttp
 
-    async def on_sent(session, ctx, params):
+    async def on_headers(session, ctx, params):
         box = ctx.trace_request_ctx
         if box is not None and "t" not in box:
-            box["t"] = time.perf_counter()
-            box["w"] = time.time()
+            box["t"], box["w"] = time.perf_counter(), time.time()
+
+    async def on_body(session, ctx, params):
+        box = ctx.trace_request_ctx
+        if box is not None and "body" not in box:
+            box["t"], box["w"], box["body"] = time.perf_counter(), time.time(), True
 
     tc = aiohttp.TraceConfig()
-    tc.on_request_headers_sent.append(on_sent)
+    tc.on_request_headers_sent.append(on_headers)
+    tc.on_request_chunk_sent.append(on_body)
     return tc
 
 
-async def stream_generate(session, url: str, body: bytes, stall_s: float) -> RequestResult:
+class Watchdog:
+    """Cancels requests that received no byte for `stall_s`: one timer for all streams instead of a read timeout
+    rescheduled on every socket read (which costs about 1 us per chunk in aiohttp)."""
+
+    def __init__(self, stall_s: float):
+        self.stall_s = stall_s
+        self.active: dict[asyncio.Task, list[float]] = {}  # task -> [last byte time]; a list so the hot path can set it
+        self.cancelled: set[asyncio.Task] = set()
+
+    def track(self) -> list[float]:
+        cell = [time.monotonic()]
+        self.active[asyncio.current_task()] = cell
+        return cell
+
+    def untrack(self) -> None:
+        self.active.pop(asyncio.current_task(), None)
+
+    def stalled(self, task) -> bool:
+        return task in self.cancelled
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.stall_s / 4))
+            now = time.monotonic()
+            for task, cell in list(self.active.items()):
+                if now - cell[0] > self.stall_s and not task.done() and task not in self.cancelled:
+                    self.cancelled.add(task)
+                    task.cancel()
+
+
+async def stream_generate(session, url: str, body: bytes, stall_s: float,
+                          watchdog: Watchdog | None = None) -> RequestResult:
     """POST a streaming /generate request and measure TTFT, inter-token gaps, e2e latency, tokens and verify steps.
 
     The clock starts when the request was sent (see sent_trace; before the call when the session has no trace).
+    A stream without a byte for `stall_s` is a hang: the watchdog cancels it (without one, a socket read timeout does).
     """
     import aiohttp
 
@@ -93,7 +132,11 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
     done = False
     itl = r.itl_s
     try:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(stall_s, 10.0), sock_read=stall_s)
+        if watchdog is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(stall_s, 10.0), sock_read=stall_s)
+        else:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(stall_s, 10.0))
+            alive = watchdog.track()
         async with session.post(url, data=body, headers=JSON_HEADERS, timeout=timeout, trace_request_ctx=sent) as resp:
             st = sent.get("t", st)
             r.sent_wall = sent.get("w")
@@ -108,28 +151,35 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
                 if not data:
                     break
                 now = perf()
+                if watchdog is not None:
+                    alive[0] = time.monotonic()
                 if buf:
                     data = buf + data
                 events = data.split(b"\n\n")
                 buf = events.pop()
                 for ev in events:
-                    if not ev.startswith(_DATA):
+                    if ev[:6] != _DATA:
                         ev = ev.strip()
                         if not ev.startswith(_DATA):
                             continue
-                    if ev.startswith(_DONE):
-                        done = True
-                        continue
-                    if ev.startswith(_ERR):
-                        r.error = _error_message(ev)
+                    if ev[6:7] != b"{":
+                        if ev.startswith(_DONE):
+                            done = True
                         continue
                     i = ev.rfind(_KEY)
                     if i < 0:
+                        if ev.startswith(_ERR):
+                            r.error = _error_message(ev)
                         continue
-                    m = _NUM.match(ev, i + len(_KEY))
-                    if m is None:
-                        continue
-                    n = int(m.group(1))
+                    j = i + _KEY_LEN
+                    k = ev.find(b",", j)
+                    try:
+                        n = int(ev[j:k] if k > 0 else ev[j:ev.find(b"}", j)])
+                    except ValueError:
+                        m = _NUM.match(ev, j)
+                        if m is None:
+                            continue
+                        n = int(m.group(1))
                     r.chunks += 1
                     last_event = ev
                     if n > last_n:
@@ -146,10 +196,20 @@ async def stream_generate(session, url: str, body: bytes, stall_s: float) -> Req
                         last_n, last_t = n, now
     except asyncio.TimeoutError:
         return _fail(r, STALL, f"no bytes for {stall_s:g} s: the server stopped sending (hang)")
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if watchdog is None or not watchdog.stalled(task):
+            raise
+        if hasattr(task, "uncancel"):  # Python >= 3.11: this cancellation is handled here
+            task.uncancel()
+        return _fail(r, STALL, f"no bytes for {stall_s:g} s: the server stopped sending (hang)")
     except aiohttp.ClientConnectorError as exc:
         return _fail(r, CONNECT, f"cannot connect: {exc.os_error or exc}")
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
         return _fail(r, DISCONNECT, f"connection lost mid-stream after {last_n} tokens: {type(exc).__name__}: {exc}")
+    finally:
+        if watchdog is not None:
+            watchdog.untrack()
     r.e2e_s = perf() - st
     r.output_tokens = last_n
     if last_event is not None:
