@@ -1,0 +1,313 @@
+"""Campaign files: methods x TP x workloads x concurrency, validated with FILE:LINE errors, expanded to configurations.
+
+The schema is documented in docs/bench.md; examples/campaign.yaml is a complete example. Validation refuses unknown
+keys (a typo must not silently drop a setting) and checks every value's type and range before anything starts.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudoctor.bench import yamlpos
+
+DEFAULT_SERVER = "python -m sglang.launch_server"
+DEFAULT_GATE = "gpudoctor gate --profile benchmark"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
+            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
+TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
+            "gate_s": 600.0}
+
+
+@dataclass
+class Method:
+    name: str
+    args: list[str]
+    draft_model: str | None = None
+    baseline: bool = False
+    tp: list[int] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: str
+    max_tokens: list[int]
+    context_lengths: list[int | None]
+    num_prompts: int | None
+    trials: int
+
+
+@dataclass
+class Config:
+    """One server configuration: a method at a TP size, and how to launch it."""
+
+    method: Method
+    tp: int
+    argv: list[str]
+    env: dict[str, str]
+    n_command: int = 0  # argv[:n_command] is the server command, the rest are SGLang flags
+
+    @property
+    def sglang_args(self) -> list[str]:
+        return self.argv[self.n_command:]
+
+    @property
+    def label(self) -> str:
+        return f"{self.method.name}-tp{self.tp}"
+
+
+@dataclass
+class Campaign:
+    path: str
+    name: str
+    target: str
+    model: str
+    tokenizer_dir: str
+    server_command: list[str]
+    host: str
+    port: int
+    client_host: str
+    server_args: list[str]
+    server_env: dict[str, str]
+    nccl_env: dict[int, dict[str, str]]
+    tp: list[int]
+    methods: list[Method]
+    workloads: list[Workload]
+    concurrency: list[int]
+    context_limit: int | None
+    timeouts: dict[str, float]
+    warmup: int
+    gate_command: list[str] | None
+    heal_command: list[str] | None
+    gpu_release_mib: int
+    on_crash: str
+    validate: bool
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.client_host}:{self.port}"
+
+    @property
+    def baseline(self) -> str | None:
+        return next((m.name for m in self.methods if m.baseline), None)
+
+    def configs(self) -> list[Config]:
+        """Every (method, tp) in run order: by TP, baseline first, then methods in file order."""
+        out = []
+        order = sorted(self.methods, key=lambda m: not m.baseline)
+        for tp in self.tp:
+            for m in order:
+                if m.tp is not None and tp not in m.tp:
+                    continue
+                argv = [*self.server_command, "--model-path", self.model, "--tp-size", str(tp), "--host", self.host,
+                        "--port", str(self.port), *self.server_args, *m.args]
+                if m.draft_model:
+                    argv += ["--speculative-draft-model-path", m.draft_model]
+                env = {**self.server_env, **self.nccl_env.get(tp, {}), **m.env}
+                out.append(Config(m, tp, argv, env, len(self.server_command)))
+        return out
+
+
+class _V:
+    """Validation helpers bound to one located document."""
+
+    def __init__(self, doc: yamlpos.Located):
+        self.doc = doc
+
+    def fail(self, msg: str, *where):
+        raise self.doc.error(msg, *where)
+
+    def mapping(self, value, *where, keys: set[str] | None = None) -> dict:
+        if not isinstance(value, dict):
+            self.fail(f"{_name(where)} must be a mapping", *where)
+        for k in value:
+            if keys is not None and k not in keys:
+                self.fail(f"unknown key {k!r} in {_name(where)} (allowed: {', '.join(sorted(keys))})", *where, k)
+        return value
+
+    def string(self, value, *where, required: bool = True) -> str | None:
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"{_name(where)} must be a non-empty string", *where)
+        return value
+
+    def number(self, value, *where, integer: bool = False, lo: float = 0, hi: float | None = None) -> float | int:
+        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type or value < lo or (hi is not None and value > hi):
+            kind = "an integer" if integer else "a number"
+            rng = f" >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+            self.fail(f"{_name(where)} must be {kind}{rng}, got {value!r}", *where)
+        return value
+
+    def int_list(self, value, *where, lo: int = 1) -> list[int]:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            self.fail(f"{_name(where)} must not be empty", *where)
+        where_i = (lambda i: (*where, i)) if isinstance(value, list) else (lambda i: where)
+        out = [int(self.number(v, *where_i(i), integer=True, lo=lo)) for i, v in enumerate(items)]
+        if len(set(out)) != len(out):
+            self.fail(f"{_name(where)} has duplicates: {out}", *where)
+        return out
+
+    def argv(self, value, *where) -> list[str]:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                self.fail(f"{_name(where)}: cannot split into arguments: {exc}", *where)
+        if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                           for v in value):
+            return [str(v) for v in value]
+        self.fail(f"{_name(where)} must be a string or a list of strings", *where)
+
+    def env(self, value, *where) -> dict[str, str]:
+        if value is None:
+            return {}
+        self.mapping(value, *where)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                self.fail(f"{_name(where)}: {k!r} is not an environment variable name", *where, k)
+            if isinstance(v, (dict, list)) or v is None:
+                self.fail(f"{_name(where)}.{k} must be a scalar", *where, k)
+            out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        return out
+
+
+def _name(where: tuple) -> str:
+    return ".".join(str(w) for w in where) or "the campaign"
+
+
+def load(path: str) -> Campaign:
+    """Read and validate a campaign file; any problem raises ConfigError naming FILE:LINE."""
+    from gpudoctor.errors import ConfigError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read campaign: {exc.strerror}", path=path) from None
+    doc = yamlpos.load(text, path)
+    v = _V(doc)
+    d = v.mapping(doc.data, keys=TOP_KEYS)
+    base = Path(path).resolve().parent
+    for req in ("model", "methods", "tp", "workloads", "concurrency"):
+        if req not in d:
+            v.fail(f"missing required key {req!r}")
+    target = v.string(d.get("target", "local"), "target")
+    if target != "local":
+        v.fail(f"target {target!r}: launching servers on another host is not built yet; run the campaign on the "
+               "target itself (target: local)", "target")
+    model = v.string(d["model"], "model")
+    tp = v.int_list(d["tp"], "tp")
+    server = v.mapping(d.get("server") or {}, "server",
+                       keys={"command", "host", "port", "client_host", "args", "env"})
+    command = v.argv(server.get("command", DEFAULT_SERVER), "server", "command")
+    if not command:
+        v.fail("server.command must not be empty", "server", "command")
+    host = v.string(server.get("host", "127.0.0.1"), "server", "host")
+    port = int(v.number(server.get("port", 30000), "server", "port", integer=True, lo=1, hi=65535))
+    methods = _methods(v, d["methods"], tp)
+    nccl = {}
+    for k, env in v.mapping(d.get("nccl_env") or {}, "nccl_env").items():
+        if not isinstance(k, int) or k not in tp:
+            v.fail(f"nccl_env key {k!r} must be one of the tp sizes {tp}", "nccl_env", k)
+        nccl[k] = v.env(env, "nccl_env", k)
+    timeouts = dict(TIMEOUTS)
+    for k, val in v.mapping(d.get("timeouts") or {}, "timeouts", keys=set(TIMEOUTS)).items():
+        timeouts[k] = float(v.number(val, "timeouts", k, lo=0.001))
+    gate = v.mapping(d.get("gate") or {}, "gate", keys={"command", "heal_command"})
+    gate_cmd = gate.get("command", DEFAULT_GATE)
+    gpu = v.mapping(d.get("gpu") or {}, "gpu", keys={"release_mib"})
+    on_crash = d.get("on_crash", "skip")
+    if on_crash not in ("skip", "restart"):
+        v.fail(f"on_crash must be skip or restart, got {on_crash!r}", "on_crash")
+    validate = d.get("validate", "auto")
+    if validate not in ("auto", True, False):
+        v.fail(f"validate must be auto, true or false, got {validate!r}", "validate")
+    if validate == "auto":  # SGLang's own launcher: check its flags; a stand-in or other server: do not
+        validate = any("sglang" in part for part in command)
+    limit = d.get("context_limit")
+    return Campaign(
+        path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target, model=model,
+        tokenizer_dir=v.string(d.get("tokenizer_dir", model), "tokenizer_dir"), server_command=command, host=host,
+        port=port, client_host=v.string(server.get("client_host", host), "server", "client_host"),
+        server_args=v.argv(server.get("args"), "server", "args"), server_env=v.env(server.get("env"), "server", "env"),
+        nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base),
+        concurrency=sorted(v.int_list(d["concurrency"], "concurrency")),
+        context_limit=None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1)),
+        timeouts=timeouts, warmup=int(v.number(d.get("warmup", 2), "warmup", integer=True, lo=0)),
+        gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
+        heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
+        gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
+        on_crash=on_crash, validate=validate,
+    )
+
+
+def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
+    v.mapping(raw, "methods")
+    if not raw:
+        v.fail("methods must name at least one method", "methods")
+    out = []
+    for name, m in raw.items():
+        where = ("methods", name)
+        if not isinstance(name, str) or not NAME.match(name):
+            v.fail(f"method name {name!r} must be letters, digits, '.', '_' or '-'", *where)
+        m = v.mapping(m if m is not None else {}, *where, keys={"args", "draft_model", "baseline", "tp", "env"})
+        baseline = m.get("baseline", False)
+        if not isinstance(baseline, bool):
+            v.fail(f"methods.{name}.baseline must be true or false", *where, "baseline")
+        mtp = v.int_list(m["tp"], *where, "tp") if "tp" in m else None
+        for i, t in enumerate(mtp or []):
+            if t not in tp:
+                v.fail(f"methods.{name}.tp: {t} is not in the campaign's tp list {tp}", *where, "tp", i)
+        out.append(Method(name, v.argv(m.get("args"), *where, "args"),
+                          v.string(m.get("draft_model"), *where, "draft_model", required=False), baseline, mtp,
+                          v.env(m.get("env"), *where, "env")))
+    marked = [m for m in out if m.baseline]
+    if len(marked) > 1:
+        v.fail(f"only one method can be the baseline; marked: {', '.join(m.name for m in marked)}", "methods")
+    if not marked:
+        for m in out:
+            if m.name in ("baseline", "autoregressive"):
+                m.baseline = True
+                break
+    return out
+
+
+def _workloads(v: _V, raw, base: Path) -> list[Workload]:
+    if not isinstance(raw, list) or not raw:
+        v.fail("workloads must be a non-empty list", "workloads")
+    out, names = [], set()
+    for i, w in enumerate(raw):
+        where = ("workloads", i)
+        w = v.mapping(w, *where, keys={"name", "prompts", "max_tokens", "context_lengths", "num_prompts", "trials"})
+        name = v.string(w.get("name"), *where, "name")
+        if not NAME.match(name) or name in names:
+            v.fail(f"workload name {name!r} must be unique and made of letters, digits, '.', '_' or '-'",
+                   *where, "name")
+        names.add(name)
+        prompts = v.string(w.get("prompts", "builtin"), *where, "prompts")
+        if prompts != "builtin":
+            p = Path(prompts) if Path(prompts).is_absolute() else base / prompts
+            if not p.is_file():
+                v.fail(f"prompt set {prompts!r} not found (looked for {p})", *where, "prompts")
+            prompts = str(p)
+        if "max_tokens" not in w:
+            v.fail(f"workload {name!r} needs max_tokens", *where)
+        ctx_raw = w.get("context_lengths", [None])
+        ctx_list = ctx_raw if isinstance(ctx_raw, list) else [ctx_raw]
+        ctx = [None if c is None else int(v.number(c, *where, "context_lengths", j, integer=True, lo=1))
+               for j, c in enumerate(ctx_list)]
+        n = w.get("num_prompts")
+        out.append(Workload(name, prompts, v.int_list(w["max_tokens"], *where, "max_tokens"), ctx or [None],
+                            None if n is None else int(v.number(n, *where, "num_prompts", integer=True, lo=1)),
+                            int(v.number(w.get("trials", 1), *where, "trials", integer=True, lo=1))))
+    return out

@@ -1,0 +1,172 @@
+"""Run a server's levels in order: warm up, skip what is recorded, stop sending once the server is broken.
+
+Shared by `gpudoctor bench load` (a server someone else started) and the campaign runner (a server we started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpudoctor.bench import logscan
+from gpudoctor.bench.load import LevelSpec, new_session, run_level
+from gpudoctor.bench.prompts import Prompt, build, load_source
+from gpudoctor.bench.tokens import Counter
+from gpudoctor.bench.results import CRASHED, ERROR, OK, SKIPPED, ResultStore, key
+
+
+@dataclass
+class Level:
+    """A level to run: its spec, its prompts, and why it cannot be sent (None when it can)."""
+
+    spec: LevelSpec
+    prompts: list[Prompt] = field(default_factory=list)
+    misfit: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        s = self.spec
+        return key({"label": s.label, "workload": s.workload, "concurrency": s.concurrency, "trial": s.trial})
+
+
+async def health_generate(base_url: str, timeout: float) -> str | None:
+    """None when /health_generate answers 200 within `timeout`, else what it did."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            async with s.get(base_url + "/health_generate") as resp:
+                return None if resp.status == 200 else f"/health_generate answered HTTP {resp.status}"
+    except asyncio.TimeoutError:
+        return f"/health_generate did not answer in {timeout:g} s"
+    except aiohttp.ClientError as exc:
+        return f"/health_generate failed: {exc}"
+
+
+async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str | None] | None = None) -> str | None:
+    """Poll /health_generate until it answers 200 (None) or the deadline passes (why not). `alive` says if it died."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    last = "no answer yet"
+    while True:
+        if alive is not None:
+            gone = alive()
+            if gone:
+                return gone
+        left = end - time.monotonic()
+        if left <= 0:
+            return f"not ready in {deadline_s:g} s (last: {last})"
+        last = await health_generate(base_url, timeout=max(0.5, min(left, 25.0))) or ""
+        if not last:
+            return None
+        waited = deadline_s - (end - time.monotonic())
+        await asyncio.sleep(max(0.0, min(0.2 if waited < 10 else 1.0, end - time.monotonic())))
+
+
+def _skip(level: Level, reason: str) -> dict:
+    return {**level.spec.head(), "status": SKIPPED, "completed": 0, "error": reason, "log_excerpt": None}
+
+
+async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, stall_s: float = 120.0,
+                     level_timeout_s: float | None = None, warmup: int = 2, log_path: str | None = None,
+                     ready_timeout_s: float = 0.0, record_skips: bool = True,
+                     server_gone: Callable[[], str | None] | None = None,
+                     on_event: Callable[..., None] | None = None) -> list[dict]:
+    """Run every level not yet in `store`, append its record, and return the records written now.
+
+    Once the server is broken (crashed, or unhealthy after a failed level) the remaining levels are recorded as
+    skipped with the reason, or, with record_skips=False, left unrecorded for a restarted server to run.
+    """
+    emit = on_event or (lambda *a, **k: None)
+    done = store.keys()
+    todo = [lv for lv in levels if lv.key not in done]
+    written: list[dict] = []
+    log = logscan.LogWatch(log_path) if log_path else None
+    broken: str | None = None
+
+    def put(rec: dict) -> None:
+        rec = store.append(rec)
+        written.append(rec)
+        emit("level_done", record=rec)
+
+    if ready_timeout_s > 0 and any(not lv.misfit for lv in todo):
+        not_ready = await wait_ready(base_url, ready_timeout_s)
+        if not_ready:
+            text = log.read_all() if log is not None else ""
+            for lv in todo:
+                rec = _skip(lv, lv.misfit) if lv.misfit else {
+                    **lv.spec.head(), "status": ERROR, "completed": 0,
+                    "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
+                                                                 if text and logscan.reason(text) else ""),
+                    "log_excerpt": logscan.excerpt(text) if text else None}
+                put(rec)
+            return written
+
+    warmed = warmup <= 0
+    for lv in todo:
+        if lv.misfit:
+            put(_skip(lv, lv.misfit))
+            continue
+        if broken:
+            if not record_skips:
+                break
+            put(_skip(lv, f"not run: {broken}"))
+            continue
+        emit("level_start", spec=lv.spec)
+        async with new_session(lv.spec.concurrency) as session:
+            if not warmed:
+                warm = LevelSpec(label=lv.spec.label, workload="warmup", concurrency=min(warmup, 4),
+                                 max_tokens=16, num_prompts=warmup)
+                # Short prompts of their own: warming up on the level's prompts would prime the radix cache.
+                wprompts = build(warmup, load_source("builtin"), Counter(), None, seed=7919)
+                wrec = await run_level(session, base_url, warm, wprompts, stall_s=stall_s,
+                                       level_timeout_s=level_timeout_s, log=log, server_gone=server_gone)
+                warmed = True
+                if wrec["status"] != OK:
+                    rec = {**lv.spec.head(), **{k: wrec[k] for k in ("status", "log_excerpt")},
+                           "completed": 0, "error": "warm-up failed: " + wrec["error"]}
+                    put(rec)
+                    broken = f"warm-up failed before {_where(lv.spec)}"
+                    continue
+            rec = await run_level(session, base_url, lv.spec, lv.prompts, stall_s=stall_s,
+                                  level_timeout_s=level_timeout_s, log=log, server_gone=server_gone,
+                                  on_request=lambda r: emit("request", result=r))
+        put(rec)
+        if rec["status"] == CRASHED:
+            broken = f"the server crashed during {_where(lv.spec)}"
+        elif rec["status"] != OK:
+            unhealthy = await health_generate(base_url, timeout=min(stall_s, 30.0))
+            if unhealthy:
+                broken = f"the server was unhealthy after {_where(lv.spec)} ({unhealthy})"
+    return written
+
+
+def _where(spec: LevelSpec) -> str:
+    return f"workload {spec.workload} at concurrency {spec.concurrency}"
+
+
+async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | None:
+    """The context limit a running SGLang reports in /server_info (context_length, else max_req_input_len + 1)."""
+    import aiohttp
+
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+                async with s.get(base_url + path) as resp:
+                    if resp.status != 200:
+                        continue
+                    info = await resp.json(content_type=None)
+        except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+            continue
+        if isinstance(info.get("context_length"), int):
+            return info["context_length"]
+        if isinstance(info.get("max_req_input_len"), int):
+            return info["max_req_input_len"] + 1
+    return None
+
+
+def workload_name(prompt_set: str, context_len: int | None, max_tokens: int) -> str:
+    """A stable, readable workload id: `builtin:ctx30000:out256` or `chat:short:out128`."""
+    return f"{prompt_set}:{f'ctx{context_len}' if context_len else 'short'}:out{max_tokens}"

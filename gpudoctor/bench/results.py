@@ -1,0 +1,71 @@
+"""Result records: one per (label, workload, concurrency, trial), appended to DIR/results.jsonl atomically.
+
+A record is `ok` only when every request completed with output; otherwise it is `crashed` (the server died), `error`
+(requests failed, the server hung, or the level timed out) or `skipped` (not sent, with the reason). Metrics of a record
+that is not ok are null, never zeros, so nothing downstream can mistake a failure for a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from gpudoctor.atomic import append_jsonl_atomic
+
+SCHEMA = "gpudoctor.bench/1"
+OK, CRASHED, ERROR, SKIPPED = "ok", "crashed", "error", "skipped"
+STATUSES = (OK, CRASHED, ERROR, SKIPPED)
+METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_ms_p50", "accept_length",
+           "output_tokens", "duration_s", "prompt_tokens_mean")
+FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "trial", "status",
+          "requests", "completed", *METRICS, "error", "log_excerpt")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation, like numpy's default; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def key(rec: dict) -> tuple:
+    """The identity of a record: a rerun must never add a second record with the same key."""
+    return (rec.get("label"), rec.get("workload"), rec.get("concurrency"), rec.get("trial", 0))
+
+
+class ResultStore:
+    """DIR/results.jsonl. Every append rewrites the file atomically, so a kill leaves whole records only."""
+
+    def __init__(self, out_dir: str | Path):
+        self.dir = Path(out_dir)
+        self.path = self.dir / "results.jsonl"
+
+    def load(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+        return out
+
+    def keys(self) -> set[tuple]:
+        return {key(r) for r in self.load()}
+
+    def append(self, rec: dict) -> dict:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if key(rec) in self.keys():
+            raise ValueError(f"duplicate result record {key(rec)}")
+        rec = {"schema": SCHEMA, **rec}
+        for f in FIELDS:
+            rec.setdefault(f, None)
+        if rec["status"] != OK:
+            for m in METRICS:
+                if m != "prompt_tokens_mean":
+                    rec[m] = None
+        append_jsonl_atomic(self.path, [rec])
+        return rec

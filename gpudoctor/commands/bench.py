@@ -1,0 +1,200 @@
+"""`gpudoctor bench`: the load generator, campaigns and reports. Thin: parse, call gpudoctor.bench, render."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
+
+
+def _int_list(value: str, flag: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"{flag} wants comma-separated integers, got {value!r}") from None
+    if not out or any(v <= 0 for v in out):
+        raise InputError(f"{flag} wants positive integers, got {value!r}")
+    return out
+
+
+class Display:
+    """Progress on a TTY (rich), one plain line per level otherwise. Only the CLI prints."""
+
+    def __init__(self, json_out: bool = False):
+        self.json_out = json_out
+        self.tty = sys.stderr.isatty() and not json_out
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), transient=True)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _line(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text, highlight=False)
+        else:
+            click.echo(text, err=True)
+
+    def __call__(self, kind: str, **data) -> None:
+        if kind == "level_start" and self.progress is not None:
+            s = data["spec"]
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+            self.task = self.progress.add_task(f"{s.label} {s.workload} c={s.concurrency}", total=s.num_prompts)
+        elif kind == "request" and self.progress is not None and self.task is not None:
+            self.progress.advance(self.task)
+        elif kind == "level_done":
+            self._line(_level_line(data["record"]))
+        elif kind == "config":
+            self._line(f"== {data['label']}: {data['what']}")
+        elif kind == "note":
+            self._line(f"   {data['text']}")
+
+
+def _level_line(r: dict) -> str:
+    head = f"{r['label']} {r['workload']} c={r['concurrency']}"
+    if r["status"] == "ok":
+        acc = f" accept {r['accept_length']:.2f}" if r.get("accept_length") else ""
+        return (f"{head}: ok {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
+                f"ITL p50 {r['itl_ms_p50'] or 0:.2f} ms{acc}")
+    return f"{head}: {r['status'].upper()} {r['error']}"
+
+
+@click.group()
+def bench():
+    """The benchmark stage: load generator, campaigns and reports.
+
+    \b
+    gpudoctor bench load --server-url http://127.0.0.1:30000 --concurrency 1,4,16 --max-tokens 256 --out runs/a
+    gpudoctor bench run campaign.yaml --out runs/c1 [--resume]
+    gpudoctor bench report runs/c1
+    python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 60 --accept-length 3   (a stand-in for dry runs)
+
+    Records go to OUT/results.jsonl, one per (label, workload, concurrency, trial), status ok | crashed | error |
+    skipped. A failed level is never recorded as zeros. See docs/bench.md.
+    """
+
+
+@bench.command("load")
+@click.option("--server-url", required=True, help="Base URL of a running SGLang server, e.g. http://127.0.0.1:30000.")
+@click.option("--concurrency", "concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
+@click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
+@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
+              help="Requests per level [default: max(8, 4 x concurrency)].")
+@click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
+@click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
+@click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
+@click.option("--context-limit", type=click.IntRange(1), default=None,
+              help="Server context length [default: from /server_info].")
+@click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
+@click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
+@click.option("--stall-timeout", type=float, default=120.0, show_default=True,
+              help="Seconds without a byte before a request counts as hung.")
+@click.option("--ready-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for /health_generate to answer 200 before the first level.")
+@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
+@click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
+@click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
+def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_set, tokenizer_dir, context_limit,
+         label, server_log, stall_timeout, ready_timeout, warmup, out_dir, json_out):
+    """Drive a running server with streamed /generate requests, one level per concurrency.
+
+    \b
+    Example:
+      gpudoctor bench load --server-url http://127.0.0.1:30000 --concurrency 1,4,16 \\
+          --max-tokens 256 --context-len 3000 --label eagle3-tp4 --server-log sglang.log --out runs/a
+    Exit codes: 0 every level ok, 2 a level crashed, errored or was skipped, 3 bad input.
+    """
+    import asyncio
+    import json
+
+    from gpudoctor.bench.levels import Level, run_levels, server_context_limit, workload_name
+    from gpudoctor.bench.load import LevelSpec
+    from gpudoctor.bench.prompts import build, load_source, misfit
+    from gpudoctor.bench.results import ResultStore
+    from gpudoctor.bench.tokens import load_counter
+
+    levels_c = _int_list(concurrency, "--concurrency")
+    base = server_url.rstrip("/")
+    questions = load_source(prompt_set)
+    counter = load_counter(tokenizer_dir)
+    set_name = "builtin" if prompt_set == "builtin" else prompt_set.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    limit = context_limit or asyncio.run(server_context_limit(base))
+    levels = []
+    for c in levels_c:
+        n = num_prompts or max(8, 4 * c)
+        spec = LevelSpec(label=label, workload=workload_name(set_name, context_len, max_tokens), concurrency=c,
+                         max_tokens=max_tokens, num_prompts=n, context_len=context_len)
+        prompts = build(n, questions, counter, context_len, seed=c)
+        levels.append(Level(spec, prompts, misfit(prompts, max_tokens, limit)))
+    store = ResultStore(out_dir)
+    with Display(json_out) as display:
+        display("note", text=f"token counts: {counter.source}; context limit: {limit or 'unknown'}")
+        written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
+                                         log_path=server_log, on_event=display))
+    if json_out:
+        for rec in written:
+            click.echo(json.dumps(rec, sort_keys=True))
+    bad = [r for r in written if r["status"] != "ok"]
+    raise SystemExit(EXIT_FAIL if bad else EXIT_OK)
+
+
+@bench.command("run")
+@click.argument("campaign", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True, help="Directory for results.jsonl, server logs and the campaign copy.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run: skip recorded levels, re-gate, rerun the rest.")
+def run(campaign, out_dir, resume):
+    """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
+
+    \b
+    Example:
+      gpudoctor bench run examples/campaign.yaml --out runs/llama70b
+      gpudoctor bench run examples/campaign.yaml --out runs/llama70b --resume    # after a crash or reboot
+    The campaign format is documented in docs/bench.md.
+    Exit codes: 0 every level ok, 1 some levels crashed/errored/skipped (recorded with reasons),
+    2 the campaign stopped on an infrastructure failure (gate, port, GPU memory), 3 bad campaign file or flags.
+    """
+    from gpudoctor.bench.runner import run_campaign
+    from gpudoctor.errors import EXIT_WARN
+
+    with Display() as display:
+        counts = run_campaign(campaign, out_dir, resume=resume, on_event=display)
+    click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
+                     else EXIT_WARN)
+
+
+@bench.command("report")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+def report(out_dir, baseline, no_plots):
+    """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
+
+    \b
+    Example:
+      gpudoctor bench report runs/llama70b
+    Tables per method x TP: tok/s per workload and concurrency, speedup vs the baseline at the same TP and
+    concurrency, accept length. Levels that were not measured are listed with their reason.
+    Exit codes: 0 written, 3 no results in OUT_DIR.
+    """
+    from gpudoctor.bench.report import write_report
+
+    written = write_report(out_dir, baseline=baseline, plots=not no_plots)
+    click.echo(written["report"])
+    click.echo(written["csv"])
+    for p in written["plots"]:
+        click.echo(p)
+    raise SystemExit(EXIT_OK)

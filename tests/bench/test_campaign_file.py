@@ -1,0 +1,140 @@
+"""Campaign files: a corpus of bad inputs through the real CLI (one line FILE:LINE, exit 3), and the expansion."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudoctor.bench import campaign
+from gpudoctor.cli import main
+
+GOOD = """\
+name: demo
+model: /models/llama
+server:
+  command: /venv/bin/python -m sglang.launch_server
+  port: 30001
+  args: --mem-fraction-static 0.85 --attention-backend fa3
+  env: {SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: 1}
+nccl_env:
+  4: {NCCL_P2P_LEVEL: NVL}
+tp: [1, 4]
+methods:
+  eagle3:
+    draft_model: /models/eagle3
+    args: [--speculative-algorithm, EAGLE3, --speculative-num-steps, 1]
+    tp: [4]
+  ar: {baseline: true}
+workloads:
+  - name: chat
+    max_tokens: [256, 1024]
+    context_lengths: [null, 3000]
+    trials: 2
+concurrency: [16, 1, 4]
+gate:
+  command: false
+"""
+
+
+def test_good_campaign_expands(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(GOOD)
+    c = campaign.load(str(f))
+    assert c.baseline == "ar" and c.concurrency == [1, 4, 16] and c.gate_command is None
+    assert c.validate is True  # the server command is SGLang's launcher
+    cfgs = c.configs()
+    assert [x.label for x in cfgs] == ["ar-tp1", "ar-tp4", "eagle3-tp4"]
+    e = cfgs[2]
+    assert e.argv == ["/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--tp-size",
+                      "4", "--host", "127.0.0.1", "--port", "30001", "--mem-fraction-static", "0.85",
+                      "--attention-backend", "fa3", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps",
+                      "1", "--speculative-draft-model-path", "/models/eagle3"]
+    assert e.env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1", "NCCL_P2P_LEVEL": "NVL"}
+    assert cfgs[0].env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    assert c.workloads[0].context_lengths == [None, 3000] and c.workloads[0].trials == 2
+    assert c.gate_command is None
+
+
+def test_defaults(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: /m\ntp: 8\nmethods: {baseline: {}}\nworkloads: [{name: w, max_tokens: 64}]\n"
+                 "concurrency: 1\n")
+    c = campaign.load(str(f))
+    assert c.server_command == ["python", "-m", "sglang.launch_server"]
+    assert c.gate_command == ["gpudoctor", "gate", "--profile", "benchmark"]
+    assert c.baseline == "baseline" and c.port == 30000 and c.timeouts["ready_s"] == 1800
+    assert c.configs()[0].sglang_args == ["--model-path", "/m", "--tp-size", "8", "--host", "127.0.0.1", "--port",
+                                          "30000"]
+
+
+# (file body, line, message) — every one must exit 3 with `gpudoctor: FILE:LINE: message`
+BAD = [
+    ("model: /m\ntp: [1]\nmethods: {a: {}}\nworkloads: [{name: w, max_tokens: 8}]\n", 1,
+     "missing required key 'concurrency'"),
+    (GOOD.replace("concurrency: [16, 1, 4]", "concurency: [16, 1, 4]"), 22, "unknown key 'concurency'"),
+    (GOOD.replace("tp: [1, 4]", "tp: [1, four]"), 10, "tp.1 must be an integer >= 1, got 'four'"),
+    (GOOD.replace("tp: [1, 4]", "tp: [0]"), 10, "tp.0 must be an integer >= 1, got 0"),
+    (GOOD.replace("tp: [1, 4]", "tp: [1, 1]"), 10, "tp has duplicates"),
+    (GOOD.replace("    tp: [4]", "    tp: [8]"), 15, "methods.eagle3.tp: 8 is not in the campaign's tp list [1, 4]"),
+    (GOOD.replace("  ar: {baseline: true}", "  ar: {baseline: yes please}"), 16,
+     "methods.ar.baseline must be true or false"),
+    (GOOD.replace("  ar: {baseline: true}", "  ar: {baseline: true}\n  b2: {baseline: true}"), 11,
+     "only one method can be the baseline"),
+    (GOOD.replace("  ar: {baseline: true}", "  a r: {}"), 16, "method name 'a r' must be letters"),
+    (GOOD.replace("  port: 30001", "  port: 70000"), 5, "server.port must be an integer >= 1 and <= 65535"),
+    (GOOD.replace("  4: {NCCL_P2P_LEVEL: NVL}", "  8: {NCCL_P2P_LEVEL: NVL}"), 9,
+     "nccl_env key 8 must be one of the tp sizes [1, 4]"),
+    (GOOD.replace("  4: {NCCL_P2P_LEVEL: NVL}", "  4: {NCCL P2P: NVL}"), 9, "is not an environment variable name"),
+    (GOOD.replace("    max_tokens: [256, 1024]\n", ""), 18, "workload 'chat' needs max_tokens"),
+    (GOOD.replace("    max_tokens: [256, 1024]", "    max_tokens: [256, -1]"), 19,
+     "workloads.0.max_tokens.1 must be an integer >= 1"),
+    (GOOD.replace("    context_lengths: [null, 3000]", "    context_lengths: [null, 3k]"), 20,
+     "workloads.0.context_lengths.1 must be an integer >= 1, got '3k'"),
+    (GOOD.replace("  - name: chat", "  - name: chat\n    prompts: missing.jsonl"), 19,
+     "prompt set 'missing.jsonl' not found"),
+    (GOOD.replace("  - name: chat", "  - name: chat\n    prmpts: x"), 19, "unknown key 'prmpts' in workloads.0"),
+    (GOOD + "timeouts: {ready_s: -5}\n", 25, "timeouts.ready_s must be a number >= 0.001"),
+    (GOOD + "timeouts: {ready: 5}\n", 25, "unknown key 'ready' in timeouts"),
+    (GOOD + "on_crash: retry\n", 25, "on_crash must be skip or restart"),
+    (GOOD + "validate: sometimes\n", 25, "validate must be auto, true or false"),
+    (GOOD + "target: ct200\n", 25, "target 'ct200': launching servers on another host is not built yet"),
+    (GOOD.replace("  args: --mem-fraction-static 0.85 --attention-backend fa3", "  args: \"--x 'unclosed\""), 6,
+     "server.args: cannot split into arguments"),
+    (GOOD.replace("  command: /venv/bin/python -m sglang.launch_server", "  command: {a: 1}"), 4,
+     "server.command must be a string or a list of strings"),
+    (GOOD + "tp: [2]\n", 25, "duplicate key 'tp'"),
+    ("model: [unclosed\n", 2, "not valid YAML"),
+    ("- just\n- a list\n", 1, "the campaign must be a mapping"),
+    ("", 1, "the campaign must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("body,line,message", BAD, ids=[b[2][:40] for b in BAD])
+def test_bad_campaign_is_one_line_exit_3(tmp_path, capsys, body, line, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(body)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "run", str(f), "--out", str(out)])
+    assert exc.value.code == 3
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"gpudoctor: {f}:{line}: "), err
+    assert message in err, err
+    assert not out.exists()  # nothing half-written
+
+
+def test_missing_file_is_exit_3(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 3
+    assert "cannot read campaign: No such file or directory" in capsys.readouterr().err
+
+
+def test_example_campaign_is_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "campaign.yaml"
+    c = campaign.load(str(example))
+    labels = [x.label for x in c.configs()]
+    assert c.baseline == "autoregressive" and labels[0] == "autoregressive-tp1"
+    assert "dflash-tp4" in labels and "dflash-tp1" not in labels and "eagle3-tp8" in labels

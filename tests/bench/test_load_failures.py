@@ -1,0 +1,123 @@
+"""A server that dies, hangs, fails or never becomes ready gives crashed/error records with reasons, never zeros."""
+
+from __future__ import annotations
+
+import json
+
+from tests.bench.conftest import run_cli
+
+
+def records(out):
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_no_fake_ok(recs):
+    for r in recs:
+        if r["status"] == "ok":
+            assert r["output_tok_per_s"] and r["output_tok_per_s"] > 0 and r["completed"] == r["requests"]
+        else:
+            assert r["error"], r
+            assert r["output_tok_per_s"] is None and r["ttft_ms_p50"] is None and r["accept_length"] is None
+
+
+def load(s, out, *extra, conc="2,4", max_tokens="32"):
+    return run_cli("bench", "load", "--server-url", s.url, "--concurrency", conc, "--max-tokens", max_tokens,
+                   "--prompts", "8", "--server-log", str(s.log), "--out", str(out), *extra)
+
+
+def test_server_dies_mid_level(standin, tmp_path):
+    # 2 warm-up requests, then the 6th request (4th of the first level) kills the server 50 ms later.
+    s = standin("--decode-tok-s", "200", "--accept-length", "2", "--fail-mode", "die-mid-level",
+                "--fail-after-requests", "6")
+    out = tmp_path / "out"
+    p = load(s, out)
+    assert p.returncode == 2
+    first, second = recs = records(out)
+    assert_no_fake_ok(recs)
+    assert first["status"] == "crashed" and first["concurrency"] == 2
+    assert "server crashed" in first["error"] and "illegal instruction" in first["error"]
+    assert "RuntimeError: CUDA error: an illegal instruction was encountered" in first["log_excerpt"]
+    assert "Traceback" in first["log_excerpt"]
+    assert first["completed"] < first["requests"]
+    assert second["status"] == "skipped" and "the server crashed during" in second["error"]
+    assert "CRASHED" in p.stderr
+
+
+def test_server_dies_after_seconds(standin, tmp_path):
+    s = standin("--decode-tok-s", "25", "--fail-mode", "die-mid-level", "--fail-after-s", "1.5")  # level: 0.6..3.2 s
+    out = tmp_path / "out"
+    p = load(s, out, conc="4")
+    assert p.returncode == 2
+    (r,) = records(out)
+    assert r["status"] == "crashed" and "illegal instruction" in r["error"]
+
+
+def test_server_hangs(standin, tmp_path):
+    s = standin("--decode-tok-s", "200", "--fail-mode", "hang", "--fail-after-requests", "4",
+                "--health-timeout-s", "1")
+    out = tmp_path / "out"
+    p = load(s, out, "--stall-timeout", "1")
+    assert p.returncode == 2
+    first, second = recs = records(out)
+    assert_no_fake_ok(recs)
+    assert first["status"] == "error" and "stopped sending (hang)" in first["error"]
+    assert second["status"] == "skipped" and "unhealthy" in second["error"]
+
+
+def test_http_500(standin, tmp_path):
+    s = standin("--decode-tok-s", "500", "--fail-mode", "http500", "--fail-after-requests", "3")
+    out = tmp_path / "out"
+    p = load(s, out, conc="2")
+    assert p.returncode == 2
+    (r,) = records(out)
+    assert_no_fake_ok([r])
+    assert r["status"] == "error" and "HTTP 500" in r["error"]
+    assert "Exception in ASGI application" in r["log_excerpt"]
+
+
+def test_error_chunk_under_http_200(standin, tmp_path):
+    # SGLang reports a ValueError inside a 200 stream as `data: {"error": ...}`: the status code alone lies.
+    s = standin("--decode-tok-s", "500", "--fail-mode", "error-chunk", "--fail-after-requests", "3")
+    out = tmp_path / "out"
+    assert load(s, out, conc="2").returncode == 2
+    (r,) = records(out)
+    assert r["status"] == "error" and "error in stream: stand-in fault: error-chunk" in r["error"]
+
+
+def test_never_ready(standin, tmp_path):
+    s = standin("--fail-mode", "never-ready", ready=False)
+    out = tmp_path / "out"
+    p = load(s, out, "--ready-timeout", "1.5")
+    assert p.returncode == 2
+    recs = records(out)
+    assert [r["concurrency"] for r in recs] == [2, 4]
+    assert_no_fake_ok(recs)
+    for r in recs:
+        assert r["status"] == "error" and "server not ready" in r["error"] and "HTTP 503" in r["error"]
+        assert "Load weight begin" in r["log_excerpt"]
+
+
+def test_prompt_over_context_is_skipped_not_sent(standin, tmp_path):
+    s = standin("--decode-tok-s", "5000", "--context-length", "1000")
+    out = tmp_path / "out"
+    p = run_cli("bench", "load", "--server-url", s.url, "--concurrency", "1", "--max-tokens", "200",
+                "--context-len", "900", "--prompts", "2", "--warmup", "0", "--out", str(out))
+    assert p.returncode == 2
+    (r,) = records(out)
+    assert r["status"] == "skipped" and "> context limit 1000" in r["error"] and "not sent" in r["error"]
+    assert "[http_server] Error" not in s.log_text()  # the server never saw it
+    out2 = tmp_path / "out2"
+    p = run_cli("bench", "load", "--server-url", s.url, "--concurrency", "1", "--max-tokens", "100",
+                "--context-len", "500", "--prompts", "2", "--out", str(out2))
+    assert p.returncode == 0, p.stderr
+    (r,) = records(out2)
+    assert r["status"] == "ok" and r["prompt_tokens_mean"] == 500  # the stand-in counts text at 4 chars/token
+
+
+def test_bad_flags_exit_3(tmp_path):
+    p = run_cli("bench", "load", "--server-url", "http://127.0.0.1:9", "--concurrency", "1,x", "--max-tokens", "8",
+                "--out", str(tmp_path / "o"))
+    assert p.returncode == 3 and "--concurrency wants comma-separated integers" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "o").exists()
