@@ -263,8 +263,12 @@ def test_plans_from_real_h200_snapshots(fixture):
     doc = json.loads((Path(__file__).parents[1] / "fixtures/snapshots" / f"{fixture}.json").read_text())
     facts = doc["facts"]
     plan = Engine([CreateNodes(), NodeMode()], RemedyContext()).plan(facts)
-    (change,) = plan.changes
     if fixture == "h200-uvm-stale-major":
-        assert change.remedy == "devices.node.create" and "c 238 0" in " ".join(change.commands)
+        # The fault was injected as a bind mount over /dev/nvidia-uvm, and the snapshot's tools facts saw it: replacing
+        # the node would only hide the mount, so the remedy refuses and says where to fix it.
+        assert plan.changes == []
+        (refusal,) = plan.refusals
+        assert refusal.remedy == "devices.node.create" and "/dev/nvidia-uvm is a bind mount" in refusal.reason
     else:
+        (change,) = plan.changes
         assert change.remedy == "devices.node.mode" and change.commands == ["chmod 0666 /dev/nvidia-uvm-tools"]
