@@ -220,6 +220,12 @@ class SSHHost(Host):
                 except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
                     pass
 
+    def connect(self) -> None:
+        """Connect now (host key checked, user authenticated) without running anything; HostKeyError or
+        HostUnreachable when that fails. Callers that talk to several hosts connect to all of them first, so an
+        unknown host key stops the whole run before any command runs anywhere."""
+        self._transport()
+
     def close(self) -> None:
         """Close the connection; a later operation reconnects."""
         with self._lock:
