@@ -17,15 +17,23 @@ def _console():
 
 
 def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout):
-    """(Host, GatherContext) for the local machine or an inventory host."""
+    """(Host, GatherContext) for the local machine or an inventory host; for an LXC guest the context carries its
+    Proxmox node (ctx.proxmox, ctx.vmid, config_dir, pct), so the boundary layer is read from there over SSH.
+
+    Both connections are opened here, before anything runs: an unknown or changed host key on either refuses the
+    whole run (HostKeyError, exit 3)."""
     from gpudoctor.gather.context import GatherContext
 
     if host_name and host_name not in ("local", "localhost"):
+        from gpudoctor.host.factory import open_target
+
+        target = open_target(host_name, inventory)
         try:
-            from gpudoctor.host.factory import target_for
-        except ImportError:
-            raise InputError("--host needs the SSH backend, which this build lacks") from None
-        host, ctx = target_for(host_name, inventory)
+            target.connect()
+        except BaseException:
+            target.close()
+            raise
+        host, ctx = target.host, target.gather_context()
     else:
         from gpudoctor.host.local import LocalHost
 
@@ -38,6 +46,12 @@ def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         ctx.sglang_url = sglang_url
     ctx.timeout = timeout
     return host, ctx
+
+
+def _close(host, ctx) -> None:
+    host.close()
+    if ctx.proxmox is not None:
+        ctx.proxmox.close()
 
 
 def _hostname() -> str:
@@ -107,8 +121,10 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         if deep:
             ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
-        with host:
+        try:
             facts = gather(host, ctx)
+        finally:
+            _close(host, ctx)
     d = diagnose(facts, set(only) or None)
     if as_json:
         from gpudoctor.report import to_json
@@ -153,8 +169,10 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor.atomic import atomic_write
 
     host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-    with host:
+    try:
         doc = snap.take(host, ctx)
+    finally:
+        _close(host, ctx)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)
