@@ -138,13 +138,17 @@ Subsystem sftp internal-sftp
 LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
-SetEnv SHLVL=1
+SetEnv SHLVL=1{setenv}
 {extra}
 """
 
 
-def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0) -> SSHD:
-    """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`."""
+def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0,
+               setenv: dict[str, str] | None = None, wrap: list[str] | None = None) -> SSHD:
+    """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`.
+
+    setenv: more variables for every session (sshd_config SetEnv; values without spaces). wrap: a command line that
+    ends by exec'ing its arguments (the sshd command), e.g. to start the server in a cgroup or namespaces."""
     sshd = find_sshd()
     if sshd is None:
         raise RuntimeError("OpenSSH server (sshd) is not installed: apt-get install openssh-server (see .ci/run)")
@@ -161,10 +165,11 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
     for _attempt in range(5):
         port = free_port()
         cfg = d / "sshd_config"
-        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config))
+        env = "".join(f" {k}={v}" for k, v in (setenv or {}).items())
+        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config, setenv=env))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
-            proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([*(wrap or []), sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
                                     stdout=logf, stderr=logf, start_new_session=True)
         if _wait_banner(port, proc, start_timeout):
             kh = d / "known_hosts"
