@@ -112,8 +112,12 @@ def make_engine(remedies, hosts: dict, *, backup_dir, audit_log, lock_dir, reboo
 @click.option("--facts", "facts_path", metavar="FILE", type=click.Path(dir_okay=False),
               help="Plan from a facts snapshot (gpudoctor snapshot) instead of gathering this host's facts.")
 @click.option("--only", multiple=True, metavar="REMEDY", help="Only this remedy id (repeatable).")
+@click.option("--host", "host_name", metavar="NAME",
+              help="Inventory host to fix over SSH; an LXC guest's config is fixed on its Proxmox host.")
+@click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
+              help="Inventory file for --host (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml).")
 @engine_options
-def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_json):
+def fix(facts_path, only, host_name, inventory, apply, reboot, backup_dir, audit_log, lock_dir, as_json):
     """Plan guarded fixes for what the checks found; change nothing unless --apply.
 
     Every change is shown as a plan with its unified diff first. With --apply each change is made under a per-host
@@ -125,6 +129,7 @@ def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_jso
       gpudoctor fix --apply                  make the changes, verify, log
       gpudoctor fix --facts snap.json        plan from a saved snapshot (gpudoctor snapshot)
       gpudoctor fix --only lxc.cgroup_allow --apply --reboot
+      gpudoctor fix --host ct200 --apply     over SSH: ct200 and (for its LXC config) its Proxmox host
     """
     from gpudoctor import remedies
     from gpudoctor.host.local import LocalHost
@@ -136,6 +141,11 @@ def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_jso
     if only and len(chosen) != len(set(only)):
         unknown = sorted(set(only) - {r.id for r in chosen})
         raise InputError(f"unknown remedy {', '.join(unknown)}; known: {', '.join(sorted(remedies.REMEDIES))}")
+    if host_name and facts_path:
+        raise click.UsageError("give --host or --facts, not both")
+    if host_name and host_name not in ("local", "localhost"):
+        raise SystemExit(_fix_remote(host_name, inventory, chosen, apply=apply, reboot=reboot, backup_dir=backup_dir,
+                                     audit_log=audit_log, lock_dir=lock_dir, as_json=as_json))
     local = LocalHost()
     if facts_path:
         facts = _load_facts(facts_path)
@@ -145,6 +155,23 @@ def fix(facts_path, only, apply, reboot, backup_dir, audit_log, lock_dir, as_jso
     engine = make_engine(chosen, hosts, backup_dir=backup_dir, audit_log=audit_log, lock_dir=lock_dir,
                          reboot=reboot)
     raise SystemExit(run_engine(engine, facts, apply=apply, as_json=as_json))
+
+
+def _fix_remote(host_name, inventory, chosen, *, apply, reboot, backup_dir, audit_log, lock_dir, as_json) -> int:
+    """Gather the inventory host's facts over SSH (with its Proxmox host's, for an LXC guest), then plan and apply;
+    each change runs on the host it names. Both connections open first: an unknown host key runs nothing."""
+    from gpudoctor.gather import gather
+    from gpudoctor.host.factory import open_target
+
+    with open_target(host_name, inventory) as target:
+        target.connect()
+        facts = gather(target.host, target.gather_context())
+        hosts = {target.host.name: target.host}
+        if target.proxmox is not None:
+            hosts[target.proxmox.name] = target.proxmox
+        engine = make_engine(chosen, hosts, backup_dir=backup_dir, audit_log=audit_log, lock_dir=lock_dir,
+                             reboot=reboot)
+        return run_engine(engine, facts, apply=apply, as_json=as_json)
 
 
 def _load_facts(path: str) -> dict:
