@@ -133,7 +133,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     else:
         from gpudoctor.report import render
 
-        render(d, _console(), verbose=show_all)
+        remote = host_name if host_name and host_name not in ("local", "localhost") and not snapshot_path else None
+        render(d, _console(), verbose=show_all, host=remote)
     raise SystemExit(d.exit_code)
 
 
