@@ -295,10 +295,9 @@ class SSHHost(Host):
                 timed_out = False
                 rc = chan.recv_exit_status() if chan.exit_status_ready() else None
                 if rc is None or (rc == -1 and not transport.is_active()):
-                    raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}")
+                    raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}")
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}: "
-                                  f"{exc or type(exc).__name__}") from exc
+            raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}: {_why(exc)}") from exc
         finally:
             self._sessions.release()
         if timed_out:
@@ -395,7 +394,7 @@ class SSHHost(Host):
                 raise _SftpTimeout() from exc
             except (paramiko.SSHException, EOFError) as exc:
                 self._sftp = None
-                raise HostUnreachable(f"{self.name}: SFTP failed: {exc or type(exc).__name__}") from exc
+                raise HostUnreachable(f"{self.name}: SFTP failed: {_why(exc)}") from exc
             except OSError:
                 if not sftp.get_channel().get_transport().is_active():
                     self._sftp = None
@@ -500,6 +499,16 @@ class SSHHost(Host):
             raise
         except HostError:
             raise_errno(_sftp_errname(sftp_exc), path)
+
+
+def _shown(argv: list[str]) -> str:
+    """A command for a message: quoted, an inline program (python -c PROGRAM) shown as <program>, at most 200 chars."""
+    return quote_argv(["<program>" if "\n" in a else a for a in argv])[:200]
+
+
+def _why(exc: BaseException) -> str:
+    """paramiko's messages may be empty or end in ': ' ("Server connection dropped: ")."""
+    return str(exc).strip().rstrip(":").strip() or type(exc).__name__
 
 
 def _rekey_read(r: FileRead, path: str) -> FileRead:
