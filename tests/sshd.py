@@ -201,12 +201,14 @@ class CutProxy:
     """A loopback TCP proxy in front of a server that cuts the connection after `cut_after` bytes (both ways).
 
     For fault injection: sweep cut_after over a range and every phase of a remote operation gets interrupted.
-    cut_after=None forwards forever. `cuts` counts connections it cut.
+    cut_after=None forwards forever. `cuts` counts connections it cut. With stay_down, every connection after the
+    first cut is cut at once (the host stays unreachable: nothing can be cleaned up or retried over SSH).
     """
 
-    def __init__(self, target_port: int, cut_after: int | None = None):
+    def __init__(self, target_port: int, cut_after: int | None = None, stay_down: bool = False):
         self.target_port = target_port
         self.cut_after = cut_after
+        self.stay_down = stay_down
         self.cuts = 0
         self.forwarded = 0  # bytes passed on, both directions, all connections
         self._srv = socket.socket()
@@ -232,7 +234,7 @@ class CutProxy:
                 continue
             with self._lock:
                 self._socks += [c, s]
-            budget = [self.cut_after]
+            budget = [0 if self.stay_down and self.cuts else self.cut_after]
             for a, b in ((c, s), (s, c)):
                 threading.Thread(target=self._pump, args=(a, b, c, s, budget), daemon=True).start()
 
