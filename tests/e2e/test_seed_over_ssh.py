@@ -131,3 +131,17 @@ def test_fix_over_ssh_then_the_container_is_healthy_and_a_second_fix_changes_not
     assert len(lab.px.backups()) == 1
     audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [(a["host"], a["result"]) for a in audit] == [("kpro6", "applied")]
+
+
+def test_snapshot_over_ssh_replays_both_hosts_to_the_same_diagnosis(seed_lab, tmp_path):
+    snap = tmp_path / "ct200.json"
+    r = gd("snapshot", "--host", "ct200", "--inventory", str(seed_lab.inventory), "-o", str(snap))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(snap.read_text())
+    assert doc["context"]["proxmox"] == "kpro6" and doc["context"]["pct"] == [str(seed_lab.px.pct)]
+    assert doc["proxmox_transcript"]  # kpro6's reads travel with the snapshot
+    seed_lab.px.write_config(SEED_FIXED)  # the live host changes; the snapshot does not
+    r = gd("check", "--snapshot", str(snap), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 2 and d["root_cause"]["key"] == ROOT
+    assert d["chain"][-1].startswith("root cause: /dev/nvidia-uvm: major 511")
