@@ -179,8 +179,11 @@ def allreduce(facts):
     """Measured with torch.distributed (NVLS off); a group far below its peers has a bad link or placement."""
     deep = facts.get("deep") or {}
     groups = deep.get("groups")
+    if groups is None:
+        return None  # the deep tier was not asked for
     if not groups:
-        return None
+        return Finding("fabric.nccl.allreduce", Status.UNKNOWN, "Deep tier asked for, but no GPU group to measure",
+                       evidence=[deep.get("note") or "nvidia-smi topo -m listed no GPUs"])
     out, floor = [], (_policy(facts).get("min_busbw_gbs"))
     for g in groups:
         subj = f"TP{g['tp']}:{','.join(x[3:] for x in g['gpus'])}"

@@ -83,9 +83,14 @@ def main(argv=None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
+        cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
+        msg = " ".join(exc.format_message().split())
+        click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
+        sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_UNKNOWN)  # bad flags are bad input: exit 3
+        click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_UNKNOWN)

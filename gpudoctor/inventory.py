@@ -435,8 +435,8 @@ class _Loader:
                 kw["identity_files"] = tuple(self.local_path(n, label) for n in items_)
             elif key == "known_hosts":
                 kw["known_hosts"] = self.local_path(v, label)
-            elif key == "ssh_config":
-                kw["ssh_config"] = self.local_path(v, label)
+            elif key == "ssh_config":  # "" reads no ssh config at all
+                kw["ssh_config"] = "" if self.value(v) == "" else self.local_path(v, label)
             elif key == "host_key_policy":
                 pol = self.value(v)
                 if pol not in HOST_KEY_POLICIES:

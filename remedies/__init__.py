@@ -8,8 +8,16 @@ from __future__ import annotations
 import fnmatch
 import importlib
 
+# Registry order is the order `gpudoctor fix` applies changes in: host-side config first, then device nodes, their
+# modes, the driver's persistence, sysctls, PCIe registers, and the model last (it needs a working host).
 REMEDIES: dict[str, str] = {
     "lxc.cgroup_allow": "gpudoctor.remedies.lxc_cgroup:LxcCgroupAllow",
+    "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
+    "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
+    "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
+    "fabric.numa.balancing": "gpudoctor.remedies.sysctl:NumaBalancing",
+    "fabric.pcie.mrrs": "gpudoctor.remedies.pcie:PcieMrrs",
+    "model.stage": "gpudoctor.remedies.model_stage:ModelStage",
 }
 
 

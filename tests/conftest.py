@@ -3,6 +3,7 @@
     sshd            session: the running server (tests.sshd.SSHD): .port .user .client_key .known_hosts,
                     .make_host(**SSHHost kwargs), .inventory_yaml(...), .write_known_hosts(path, port)
     sshd_factory    session: start_extra(**kw) -> another SSHD (own keys; e.g. to cut its connections)
+    sshd_nosftp     session: an SSHD without an SFTP subsystem
     ssh_host        function: an SSHHost on `sshd`, closed after the test
     ssh_fake_root   function: FakeRoot(root: Path, host: SSHHost) — the host maps every absolute path of a file
                     operation under `root` and puts root/usr/local/bin first on the remote PATH, so
@@ -41,6 +42,12 @@ def sshd_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sshd(sshd_factory) -> SSHD:
     return sshd_factory.start_extra()
+
+
+@pytest.fixture(scope="session")
+def sshd_nosftp(sshd_factory) -> SSHD:
+    """A server without an SFTP subsystem: SSHHost falls back to its python programs for files."""
+    return sshd_factory.start_extra(sftp=False)
 
 
 @pytest.fixture

@@ -134,7 +134,7 @@ PrintMotd no
 PrintLastLog no
 MaxStartups 200
 MaxSessions 10
-Subsystem sftp internal-sftp
+{sftp}
 LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
@@ -144,9 +144,10 @@ SetEnv SHLVL=1{setenv}
 
 
 def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0,
-               setenv: dict[str, str] | None = None, wrap: list[str] | None = None) -> SSHD:
+               sftp: bool = True, setenv: dict[str, str] | None = None, wrap: list[str] | None = None) -> SSHD:
     """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`.
 
+    sftp=False serves no SFTP subsystem (like a minimal container), so file operations take the python path.
     setenv: more variables for every session (sshd_config SetEnv; values without spaces). wrap: a command line that
     ends by exec'ing its arguments (the sshd command), e.g. to start the server in a cgroup or namespaces."""
     sshd = find_sshd()
@@ -166,7 +167,8 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
         port = free_port()
         cfg = d / "sshd_config"
         env = "".join(f" {k}={v}" for k, v in (setenv or {}).items())
-        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config, setenv=env))
+        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config, setenv=env,
+                                     sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
             proc = subprocess.Popen([*(wrap or []), sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,

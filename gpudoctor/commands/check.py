@@ -25,15 +25,15 @@ def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
     from gpudoctor.gather.context import GatherContext
 
     if host_name and host_name not in ("local", "localhost"):
-        from gpudoctor.host.factory import open_target
+        from gpudoctor.fleet import open_check_target
+        from gpudoctor.host.factory import connect_all
 
-        target = open_target(host_name, inventory)
+        host, ctx = open_check_target(host_name, inventory, timeout)
         try:
-            target.connect()
+            connect_all(host, ctx.proxmox)
         except BaseException:
-            target.close()
+            _close(host, ctx)
             raise
-        host, ctx = target.host, target.gather_context()
     else:
         from gpudoctor.host.local import LocalHost
 
@@ -87,8 +87,14 @@ def common(f):
 @click.option("--verbose-findings", "-a", "show_all", is_flag=True, help="Show every finding with its evidence.")
 @click.option("--deep", is_flag=True, help="Also measure NCCL all-reduce bandwidth per TP group (occupies the GPUs; needs torch).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+@click.option("--all", "all_hosts", is_flag=True, help="Check every inventory host, concurrently (fleet mode).")
+@click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
+@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="Fleet mode: hosts checked at once.")
+@click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python):
+          deep, deep_python, all_hosts, groups, parallel, prom_path):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -102,11 +108,17 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
       gpudoctor check --snapshot examples/h200-uvm-blocked.json
       gpudoctor check --json | jq .root_cause
       gpudoctor check --explain devices.node.major
+      gpudoctor check --all --parallel 32               every inventory host, one line each (--json: one record each)
+      gpudoctor check --group h200 --prom /var/lib/node_exporter/textfile/gpudoctor.prom
 
     Exit codes (Nagios): 0 ok, 1 warning, 2 failure, 3 unknown (could not probe) or bad input.
     """
     if explain:
         raise SystemExit(_explain(explain))
+    if all_hosts or groups:
+        if snapshot_path or host_name:
+            raise InputError("--all/--group check inventory hosts; they do not combine with --snapshot or --host")
+        raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path))
     from gpudoctor.diagnose import diagnose
 
     if snapshot_path:
@@ -118,6 +130,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     else:
         from gpudoctor.gather import gather
 
+        _warm_imports(as_json)
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         if deep:
             ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
@@ -126,6 +139,14 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         finally:
             _close(host, ctx)
     d = diagnose(facts, set(only) or None)
+    if prom_path:
+        import time
+
+        from gpudoctor.promfile import write_prom
+
+        total = (facts.get("meta") or {}).get("timings", {}).get("total")
+        write_prom(prom_path, [{"host": d.host, "status": d.verdict.value, "findings": d.findings,
+                                "duration_s": total, "timestamp": time.time()}])
     if as_json:
         from gpudoctor.report import to_json
 
@@ -136,6 +157,44 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         remote = host_name if host_name and host_name not in ("local", "localhost") and not snapshot_path else None
         render(d, _console(), verbose=show_all, host=remote)
     raise SystemExit(d.exit_code)
+
+
+def _warm_imports(as_json: bool) -> None:
+    """Import the checks and the renderer while the probes run: the probes wait on subprocesses, not the CPU."""
+    import threading
+
+    def warm():
+        import gpudoctor.checks  # noqa: F401
+        import gpudoctor.diagnose  # noqa: F401
+
+        if not as_json:
+            import rich.console  # noqa: F401
+            import rich.table  # noqa: F401
+
+    threading.Thread(target=warm, daemon=True).start()
+
+
+def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
+    """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
+    from gpudoctor.fleet import check_fleet, default_check_fn, render, select_hosts
+    from gpudoctor.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
+    if not names:
+        raise InputError("the inventory selects no hosts", path=inv.path)
+    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout))
+    if prom_path:
+        from gpudoctor.promfile import write_prom
+
+        write_prom(prom_path, result.prom_records())
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        render(result, _console())
+    return result.exit_code
 
 
 def _explain(check_id: str) -> int:

@@ -22,6 +22,7 @@ SUBSYSTEMS = {
     "boundary": "gpudoctor.gather.boundary:gather",
     "model": "gpudoctor.gather.model:gather",
     "deep": "gpudoctor.gather.deep:gather",
+    "tools": "gpudoctor.gather.tools:gather",
 }
 
 
@@ -39,13 +40,16 @@ def gather(host: Host, ctx: GatherContext | None = None, only: set[str] | None =
     """Gather every subsystem's facts from `host` concurrently. A subsystem that crashes is recorded, not raised."""
     ctx = ctx or GatherContext(name=host.name)
     facts: dict = {"schema": FACTS_SCHEMA, "meta": {"host": ctx.name, "context": ctx.to_json(), "timings": {}}}
-    todo = {k: v for k, v in SUBSYSTEMS.items() if only is None or k in only}
-    fns = {k: f for k, f in ((k, _load(v)) for k, v in todo.items()) if f is not None}
+    todo = [k for k in SUBSYSTEMS if only is None or k in only]
 
     def one(key):
+        # Each thread imports its own subsystem, so the slow probes (cuInit) start before the rest is even loaded.
         t0 = time.perf_counter()
+        fn = _load(SUBSYSTEMS[key])
+        if fn is None:
+            return key, None, 0.0
         try:
-            out = fns[key](host, ctx)
+            out = fn(host, ctx)
         except Exception as exc:  # noqa: BLE001 - a broken probe becomes "could not probe"
             if type(exc).__name__ in ("HostUnreachable", "HostKeyError"):
                 raise
@@ -53,8 +57,10 @@ def gather(host: Host, ctx: GatherContext | None = None, only: set[str] | None =
         return key, out, time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(fns) or 1) as pool:
-        for key, out, dt in pool.map(one, list(fns)):
+    with ThreadPoolExecutor(max_workers=len(todo) or 1) as pool:
+        for key, out, dt in pool.map(one, todo):
+            if out is None:
+                continue
             facts[key] = out
             facts["meta"]["timings"][key] = round(dt, 4)
     facts["meta"]["timings"]["total"] = round(time.perf_counter() - t0, 4)

@@ -24,3 +24,17 @@ class GatherContext:
         d.pop("proxmox")
         d["proxmox"] = getattr(self.proxmox, "name", None)
         return d
+
+
+def policy_from_inventory(policy=None, *, mrrs: int | None = None) -> dict:
+    """GatherContext.policy from the inventory's `policy:` (an inventory.Policy or its dict), in the shape the checks
+    read: `checks: fabric.pcie.mrrs: {expect: 512}` becomes policy["pcie"]["mrrs"] = 512 (fabric.pcie.mrrs audits
+    against it; fabric.pcie.mrrs's remedy acts only then). `mrrs` (gpudoctor fix --mrrs) overrides the inventory."""
+    pol = policy.as_dict() if hasattr(policy, "as_dict") else dict(policy or {})
+    want = mrrs
+    if want is None:
+        exp = ((pol.get("checks") or {}).get("fabric.pcie.mrrs") or {}).get("expect")
+        want = int(exp) if isinstance(exp, (int, str)) and str(exp).isdigit() else None
+    if want is not None:
+        pol["pcie"] = {**(pol.get("pcie") or {}), "mrrs": want}
+    return pol

@@ -10,40 +10,29 @@ import json
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
-# Runs on the target with a python that has torch. argv: devices(csv) bytes iters
+# One rank of the probe; the gather starts one per GPU of the group (threads over Host.run), rendezvous by file.
+# argv: rank world rendezvous-file device bytes iters
 PROBE = r"""
 import json, os, sys, time
-devs = [int(x) for x in sys.argv[1].split(",")]
-nbytes, iters = int(sys.argv[2]), int(sys.argv[3])
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-import torch, torch.distributed as dist, torch.multiprocessing as mp
-
-def worker(rank, world, port, q):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(devs[rank])
-    dist.init_process_group("nccl", rank=rank, world_size=world)
-    x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
-    for _ in range(3):
-        dist.all_reduce(x)
-    torch.cuda.synchronize(); dist.barrier()
-    t = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(x)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t) / iters
-    if rank == 0:
-        q.put(dt)
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    import socket
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    ctx = mp.get_context("spawn"); q = ctx.Queue(); n = len(devs)
-    mp.start_processes(worker, args=(n, port, q), nprocs=n, start_method="spawn", join=True)
-    dt = q.get()
+rank, world, rdv, dev, nbytes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
+                                        int(sys.argv[5]), int(sys.argv[6]))
+import torch, torch.distributed as dist
+torch.cuda.set_device(dev)
+dist.init_process_group("nccl", init_method="file://" + rdv, rank=rank, world_size=world)
+x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+for _ in range(3):
+    dist.all_reduce(x)
+torch.cuda.synchronize(); dist.barrier()
+t = time.perf_counter()
+for _ in range(iters):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+dt = (time.perf_counter() - t) / iters
+dist.destroy_process_group()
+if rank == 0:
     alg = nbytes / dt / 1e9
-    print(json.dumps({"devices": devs, "bytes": nbytes, "iters": iters, "seconds_per_op": dt,
-                      "algbw_gbs": alg, "busbw_gbs": alg * 2 * (n - 1) / n, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}))
+    print(json.dumps({"seconds_per_op": dt, "algbw_gbs": alg, "busbw_gbs": alg * 2 * (world - 1) / world,
+                      "nccl": ".".join(map(str, torch.cuda.nccl.version()))}))
 """
 
 
@@ -59,20 +48,42 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     python = ctx.policy.get("torch_python") or host.python
     python = [python] if isinstance(python, str) else list(python)
     nbytes = int(ctx.policy.get("allreduce_bytes", 256 << 20))
-    out = {"groups": []}
+    out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}"}
     for s in sizes:
         groups = tp_groups(topo, s) if s > 1 else [{"gpus": ["GPU0"], "worst_link": "X", "numa_nodes": []}]
         for g in groups:
-            devs = ",".join(x[3:] for x in g["gpus"])
-            res = host.run([*python, "-c", PROBE, devs, str(nbytes), "20"], timeout=max(ctx.timeout, 180),
-                           env={"NCCL_NVLS_ENABLE": "0"})
-            rec = {"tp": s, **g}
-            if res.ok:
-                try:
-                    rec.update(json.loads(res.stdout.strip().splitlines()[-1]))
-                except (ValueError, IndexError):
-                    rec["error"] = res.describe()
-            else:
-                rec["error"] = res.describe() + " " + res.stderr.strip()[-300:]
-            out["groups"].append(rec)
+            out["groups"].append(_measure(host, python, s, g, nbytes, ctx))
     return out
+
+
+def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, ctx: GatherContext) -> dict:
+    """Run every rank of one group at once; rank 0's line is the measurement."""
+    import threading
+    import uuid
+
+    devs = [int(x[3:]) for x in group["gpus"]]
+    rdv = f"/tmp/gpudoctor-nccl-{uuid.uuid4().hex}"
+    results: dict = {}
+
+    def rank(r):
+        results[r] = host.run([*python, "-c", PROBE, str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"],
+                              timeout=max(ctx.timeout, 180), env={"NCCL_NVLS_ENABLE": "0"})
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(devs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    host.run(["rm", "-f", rdv], timeout=5)
+    rec = {"tp": tp, **group, "devices": devs, "bytes": nbytes, "iters": 20}
+    failed = [res for res in results.values() if not res.ok]
+    if failed:
+        res = failed[0]
+        rec["error"] = (f"rank probe rc {res.rc}" + (" (timed out)" if res.timed_out else "") + ": "
+                        + (res.stderr.strip() or res.stdout.strip())[-400:])
+        return rec
+    try:
+        rec.update(json.loads(results[0].stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        rec["error"] = "rank 0 printed no measurement: " + results[0].stdout[-300:]
+    return rec

@@ -75,6 +75,9 @@ _PY_WRITE = r"""
 import json, os, sys
 path, mode, uid, gid, excl = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 data = sys.stdin.buffer.read()
+if len(sys.argv) > 6 and len(data) != int(sys.argv[6]):  # stdin cut short (connection lost): write nothing
+    print(json.dumps({"errno": 5, "msg": "short input: %d of %s bytes" % (len(data), sys.argv[6])}))
+    sys.exit(0)
 try:
     m = 0o666 if mode == "-" else int(mode, 8)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if excl else os.O_TRUNC), m)
@@ -113,6 +116,18 @@ try:
         os.unlink(a)
     elif op == "makedirs":
         os.makedirs(a, int(sys.argv[3], 8), exist_ok=True)
+    elif op == "chmod":
+        os.chmod(a, int(sys.argv[3], 8))
+    elif op == "mknod":
+        import stat
+        mode, major, minor = int(sys.argv[3], 8), int(sys.argv[4]), int(sys.argv[5])
+        os.mknod(a, stat.S_IFCHR | mode, os.makedev(major, minor))
+        try:
+            if stat.S_IMODE(os.lstat(a).st_mode) != mode:
+                os.chmod(a, mode)  # mknod's mode was cut by the umask
+        except OSError:
+            os.unlink(a)
+            raise
     print(json.dumps({"ok": 1}))
 except OSError as e:
     print(json.dumps({"errno": e.errno, "msg": e.strerror}))
@@ -286,7 +301,7 @@ class Host:
         """
         argv = [*self.python, "-c", _PY_WRITE, path, "-" if mode is None else format(mode, "o"),
                 "-" if owner is None else str(owner[0]), "-" if owner is None else str(owner[1]),
-                "1" if exclusive else "0"]
+                "1" if exclusive else "0", str(len(data))]
         self._fileop(argv, "write", path, timeout, input=bytes(data))
 
     def rename(self, src: str, dst: str, timeout: float = 10.0) -> None:
@@ -300,6 +315,18 @@ class Host:
     def makedirs(self, path: str, mode: int = 0o700, timeout: float = 10.0) -> None:
         """mkdir -p with `mode` for the directories it creates."""
         self._fileop([*self.python, "-c", _PY_FILEOP, "makedirs", path, format(mode, "o")], "makedirs", path, timeout)
+
+    def chmod(self, path: str, mode: int, timeout: float = 10.0) -> None:
+        """chmod(2) `path` (follows a bind mount to the inode it shows, as chmod does)."""
+        self._fileop([*self.python, "-c", _PY_FILEOP, "chmod", path, format(mode, "o")], "chmod", path, timeout)
+
+    def mknod(self, path: str, major: int, minor: int, mode: int = 0o666, timeout: float = 10.0) -> None:
+        """Create a character device node with exactly `mode` (not cut by the umask); EEXIST when `path` exists.
+
+        Owned by the caller (root). Remedies create nodes under a temp name and rename() them into place.
+        """
+        self._fileop([*self.python, "-c", _PY_FILEOP, "mknod", path, format(mode, "o"), str(int(major)),
+                      str(int(minor))], "mknod", path, timeout)
 
     def _fileop(self, argv: list[str], what: str, path: str, timeout: float, input: bytes | None = None) -> None:
         from gpudoctor.errors import CommandTimeout

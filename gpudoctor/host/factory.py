@@ -4,7 +4,7 @@
     proxmox_for(entry)           -> Host | None   (the Proxmox node of an LXC host)
     open_host("ct200" | "local") -> Host
     open_target(spec)            -> Target        (host + proxmox + vmid + expectations: what `check` needs)
-    Target.connect()                              (both connections, host keys first: refuse before running anything)
+    connect_all(host, proxmox) / Target.connect()  (both connections, host keys first: refuse before running anything)
     Target.gather_context()      -> GatherContext (name, expectations, Proxmox host, vmid, config_dir, pct)
 
 Nothing connects here: connections open on first use, so building a Target for 100 hosts is instant.
@@ -63,20 +63,8 @@ class Target:
     model_paths: list[str] = field(default_factory=list)
 
     def connect(self) -> None:
-        """Open the target's connection and its Proxmox node's before anything runs on either.
-
-        An unknown or changed host key on either raises HostKeyError, so nothing runs anywhere. An unreachable
-        target raises HostUnreachable; an unreachable Proxmox node does not: the boundary gather then reports
-        it as "could not probe" and every other layer is still checked."""
-        for h in (self.host, self.proxmox):
-            fn = getattr(h, "connect", None)
-            if fn is None:
-                continue
-            try:
-                fn()
-            except HostUnreachable:
-                if h is self.host:
-                    raise
+        """Open the target's connection and its Proxmox node's before anything runs on either (connect_all)."""
+        connect_all(self.host, self.proxmox)
 
     def gather_context(self, **kw):
         """The GatherContext a check of this target needs (kw sets further fields, e.g. timeout)."""
@@ -99,6 +87,23 @@ class Target:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def connect_all(host: Host, proxmox: Host | None = None) -> None:
+    """Open a target's connection and its Proxmox node's before anything runs on either.
+
+    An unknown or changed host key on either raises HostKeyError, so nothing runs anywhere. An unreachable target
+    raises HostUnreachable; an unreachable Proxmox node does not: the boundary gather then reports it as "could not
+    probe" and every other layer is still checked. Hosts without connections (local) are skipped."""
+    for h in (host, proxmox):
+        fn = getattr(h, "connect", None)
+        if fn is None:
+            continue
+        try:
+            fn()
+        except HostUnreachable:
+            if h is host:
+                raise
 
 
 def open_host(spec: str, inventory=None, *, host_key_policy: str | None = None) -> Host:

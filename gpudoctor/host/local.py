@@ -207,3 +207,20 @@ class LocalHost(Host):
 
     def makedirs(self, path, mode=0o700, timeout=10.0):
         self._deadline(f"mkdir {path}", lambda: os.makedirs(self._p(path), mode, exist_ok=True), timeout)
+
+    def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
+        real = self._p(path)
+
+        def mk():
+            os.mknod(real, statmod.S_IFCHR | mode, os.makedev(major, minor))
+            try:
+                if statmod.S_IMODE(os.lstat(real).st_mode) != mode:
+                    os.chmod(real, mode)  # mknod's mode was cut by the umask
+            except OSError:
+                os.unlink(real)
+                raise
+
+        self._deadline(f"mknod {path}", mk, timeout)
+
+    def chmod(self, path, mode, timeout=10.0):
+        self._deadline(f"chmod {path}", lambda: os.chmod(self._p(path), mode), timeout)

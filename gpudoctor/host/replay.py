@@ -86,6 +86,12 @@ class RecordingHost(Host):
     def makedirs(self, path, mode=0o700, timeout=10.0):
         return self.inner.makedirs(path, mode, timeout)
 
+    def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
+        return self.inner.mknod(path, major, minor, mode, timeout)
+
+    def chmod(self, path, mode, timeout=10.0):
+        return self.inner.chmod(path, mode, timeout)
+
     def close(self):
         self.inner.close()
 
@@ -129,6 +135,12 @@ class ReplayHost(Host):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 
     def makedirs(self, path, mode=0o700, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
+        raise OSError(errno.EROFS, "a snapshot is read-only", path)
+
+    def chmod(self, path, mode, timeout=10.0):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 
     def rename(self, src, dst, timeout=10.0):

@@ -232,14 +232,24 @@ class SSHHost(Host):
             self._drop_locked()
 
     @property
+    def uses_sftp(self) -> bool:
+        """False once the target turned out to have no SFTP subsystem (files then go through python)."""
+        return not self._no_sftp
+
+    @property
     def connected(self) -> bool:
         c = self._client
         t = c.get_transport() if c is not None else None
         return bool(t is not None and t.is_active())
 
     # --- commands -----------------------------------------------------------------------------
-    def command_line(self, argv: list[str], env: dict[str, str] | None = None) -> str:
-        """The exact shell line sent to the target. Every argument passes through quote_argv."""
+    def command_line(self, argv: list[str], env: dict[str, str] | None = None, stdin: bool = False) -> str:
+        """The exact shell line sent to the target. Every argument passes through quote_argv.
+
+        Without input, stdin is /dev/null on the target (as LocalHost's DEVNULL) so no EOF has to be sent:
+        paramiko sends a channel EOF outside its lock, and one racing the server's close of a finished
+        command reaches the server after the channel is freed; OpenSSH then drops the whole connection.
+        """
         argv = [str(a) for a in argv]
         if not argv:
             raise ValueError("empty argv")
@@ -253,7 +263,7 @@ class SSHHost(Host):
         parts = ['echo "gpudoctor-pid:$$" >&2']
         if self.path_prepend:
             parts.append("PATH=" + quote_argv([":".join(self.path_prepend)]) + ':"$PATH"; export PATH')
-        parts.append("exec " + quote_argv(argv))
+        parts.append("exec " + quote_argv(argv) + ("" if stdin else " </dev/null"))
         return "; ".join(parts)
 
     def run(self, argv, timeout=None, input=None, env=None) -> CommandResult:
@@ -261,10 +271,10 @@ class SSHHost(Host):
 
         timeout = self.default_timeout if timeout is None else timeout
         argv = [str(a) for a in argv]
-        line = self.command_line(argv, env)
+        line = self.command_line(argv, env, stdin=input is not None)
+        transport = self._transport()  # connecting has its own deadline; the command's starts now
         t0 = time.perf_counter()
         deadline = t0 + timeout
-        transport = self._transport()
         if not self._sessions.acquire(timeout=max(0.0, deadline - time.perf_counter())):
             return CommandResult(argv, None, "", f"no free SSH session on {self.name} within {timeout:g} s",
                                  time.perf_counter() - t0, timed_out=True, timeout_s=timeout)
@@ -276,9 +286,11 @@ class SSHHost(Host):
             try:
                 chan.settimeout(max(0.05, deadline - time.perf_counter()))
                 chan.exec_command(line)
-                if input:
-                    chan.sendall(input)
-                chan.shutdown_write()
+                if input is not None:
+                    if input:
+                        chan.sendall(input)
+                    if not chan.exit_status_ready():  # narrows paramiko's EOF-after-close race (see command_line)
+                        chan.shutdown_write()
                 out, err, finished = self._collect(chan, deadline)
             except socket.timeout:
                 out, err, finished = bytearray(), bytearray(), False
@@ -308,7 +320,9 @@ class SSHHost(Host):
                              time.perf_counter() - t0, timeout_s=timeout)
 
     def _open_channel(self, transport, deadline: float):
-        """A new session channel; a server at its MaxSessions is retried until the deadline."""
+        """A new session channel. A refusal (the server at its MaxSessions while closed sessions wind down)
+        is retried until the deadline; paramiko reports it as ChannelException, or, when another thread's
+        refusal raced for the same saved exception, as a bare SSHException on a live transport."""
         import paramiko
 
         while True:
@@ -317,8 +331,10 @@ class SSHHost(Host):
                 return None
             try:
                 return transport.open_session(timeout=min(left, self.connect_timeout))
-            except paramiko.ChannelException:
-                time.sleep(0.05)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not transport.is_active():  # paramiko re-raises the dead transport's own error (EOFError...)
+                    raise HostUnreachable(f"{self.name}: connection lost: {_why(exc)}") from exc
+                time.sleep(0.02)
 
     @staticmethod
     def _collect(chan, deadline: float):
@@ -372,18 +388,19 @@ class SSHHost(Host):
             sftp = self._sftp
             if sftp is None or sftp.get_channel() is None or sftp.get_channel().closed:
                 transport = self._transport()
+                chan = self._open_channel(transport, time.perf_counter() + timeout)
+                if chan is None:
+                    raise _SftpTimeout()
                 try:
-                    sftp = paramiko.SFTPClient.from_transport(transport)
-                except paramiko.ChannelException as exc:
-                    raise _NoSftp() from exc  # no free session right now: this call goes through python
-                except paramiko.SSHException as exc:
+                    chan.invoke_subsystem("sftp")
+                    sftp = paramiko.SFTPClient(chan)
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    chan.close()
                     if not transport.is_active():
                         raise HostUnreachable(f"{self.name}: connection lost opening SFTP: {exc}") from exc
                     self._no_sftp = True  # no sftp subsystem on this target: use the python programs
+                    _log(host=self.name).info("ssh.sftp.unavailable", error=str(exc))
                     raise _NoSftp() from exc
-                if sftp is None:
-                    self._no_sftp = True
-                    raise _NoSftp()
                 self._sftp = sftp
             sftp.get_channel().settimeout(timeout)
             try:
@@ -395,10 +412,12 @@ class SSHHost(Host):
             except (paramiko.SSHException, EOFError) as exc:
                 self._sftp = None
                 raise HostUnreachable(f"{self.name}: SFTP failed: {_why(exc)}") from exc
-            except OSError:
-                if not sftp.get_channel().get_transport().is_active():
+            except OSError as exc:
+                # A closed channel ("Socket is closed") is the connection failing, not the file: never answer
+                # it with a retry through python on a new connection (a rename may already have happened).
+                if sftp.get_channel().closed or not sftp.get_channel().get_transport().is_active():
                     self._sftp = None
-                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from None
+                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from exc
                 raise
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
@@ -415,6 +434,8 @@ class SSHHost(Host):
         except _NoSftp:
             return _rekey_read(Host.read_file(self, rp, timeout, max_bytes), path)
         except OSError as exc:
+            if self._plainly_missing(rp, exc, timeout):
+                return FileRead(path, error="ENOENT")
             exact = Host.read_file(self, rp, timeout, max_bytes)  # ask again for the target's own errno
             if exact.ok or (exact.error and not exact.error.startswith("PROBE_FAILED")):
                 return _rekey_read(exact, path)
@@ -429,8 +450,33 @@ class SSHHost(Host):
         except _NoSftp:
             return Host.listdir(self, rp, timeout)
         except OSError as exc:
+            if self._plainly_missing(rp, exc, timeout):
+                return "ENOENT"
             exact = Host.listdir(self, rp, timeout)
             return exact if exact != "TIMEOUT" else _sftp_errname(exc)
+
+    def _plainly_missing(self, rp: str, exc: OSError, timeout: float) -> bool:
+        """SFTP says "no such file" for ENOENT, ENOTDIR and ELOOP alike. When nothing is at the path and its
+        parent is a directory it can only be ENOENT: two quick SFTP round trips instead of a python start."""
+        import stat as statmod
+
+        if exc.errno != errno.ENOENT or rp.endswith("/") or "/" not in rp:
+            return False
+
+        def probe(sftp):
+            try:
+                sftp.lstat(rp)
+                return False  # something is there (e.g. a symlink loop): let python name it
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    return False
+            parent = rp.rsplit("/", 1)[0] or "/"
+            return statmod.S_ISDIR(sftp.stat(parent).st_mode or 0)
+
+        try:
+            return bool(self._sftp_call(probe, timeout))
+        except (OSError, _SftpTimeout, _NoSftp):
+            return False
 
     def stat_many(self, paths, timeout=3.0):
         back = {self._p(p): p for p in paths}
@@ -459,11 +505,19 @@ class SSHHost(Host):
             return
 
         def write(sftp):
-            with sftp.open(rp, "wb") as fh:
-                fh.set_pipelined(True)
+            # Not pipelined: paramiko never checks the answers to pipelined writes, and it swallows errors on
+            # close, so a connection cut mid-write would look like success. Each request waits for its status;
+            # the size read back afterwards proves the server holds every byte.
+            fh = sftp.open(rp, "wb")
+            try:
                 fh.write(data)
                 fh.flush()
                 _sftp_fsync(sftp, fh)
+            finally:
+                fh.close()
+            size = sftp.stat(rp).st_size
+            if size != len(data):
+                raise OSError(errno.EIO, f"wrote {len(data)} bytes but the file has {size}", rp)
 
         self._file_op("write", path, write, timeout,
                       lambda: Host.write_file(self, rp, data, timeout=timeout))
@@ -473,6 +527,12 @@ class SSHHost(Host):
 
     def makedirs(self, path, mode=0o700, timeout=10.0) -> None:
         Host.makedirs(self, self._p(path), mode, timeout)
+
+    def chmod(self, path, mode, timeout=10.0) -> None:
+        Host.chmod(self, self._p(path), mode, timeout)
+
+    def mknod(self, path, major, minor, mode=0o666, timeout=10.0) -> None:
+        Host.mknod(self, self._p(path), major, minor, mode, timeout)
 
     def rename(self, src, dst, timeout=10.0) -> None:
         """Atomically replace `dst` with `src` (posix-rename@openssh.com)."""
@@ -495,10 +555,10 @@ class SSHHost(Host):
             sftp_exc = exc
         try:
             fallback()  # the same operation through python: succeeds, or raises with the exact errno
-        except OSError:
-            raise
-        except HostError:
-            raise_errno(_sftp_errname(sftp_exc), path)
+        except OSError as exc:
+            if exc.errno:
+                raise
+            raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
 
 
 def _shown(argv: list[str]) -> str:
@@ -526,7 +586,8 @@ def _sftp_fsync(sftp, fh) -> None:
     try:
         sftp._request(CMD_EXTENDED, "fsync@openssh.com", fh.handle)  # paramiko has no public call for it
     except OSError:
-        pass
+        if sftp.get_channel().closed:
+            raise  # the connection is gone, not the extension
 
 
 def _policy(host: SSHHost, r: _Resolved, label: str, files: list[str]):

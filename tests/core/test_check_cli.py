@@ -87,6 +87,7 @@ def test_bad_flags_one_line_exit_3():
         r = gd(*argv)
         assert r.returncode == 3, argv
         assert word in r.stderr and "Traceback" not in r.stderr, argv
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_bad_snapshot_files(tmp_path):

@@ -29,8 +29,9 @@ def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpudoctor", "check", "--json", "--timeout", "1"], capture_output=True,
                        text=True, env=env, timeout=30)
     took = time.perf_counter() - t
-    assert took < 4.0, took
+    assert took < 8.0, took  # 1 s deadline + interpreter start-up, with room for a loaded CI machine
     doc = json.loads(r.stdout)
+    assert doc["timings"]["driver"] < 2.5  # the probe itself was cut at its deadline
     f = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
     assert f["status"] == "unknown" and f["summary"] == "nvidia-smi did not answer in 1 s"
     # and the sleeping process was killed, not left behind

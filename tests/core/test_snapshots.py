@@ -84,3 +84,19 @@ def test_mrrs_policy_turns_report_into_audit():
     facts["meta"]["context"]["policy"] = {"pcie": {"mrrs": 512}}
     f = diagnose(facts).by_key()["fabric.pcie.mrrs[0000:00:06.0]"]
     assert f.status.value == "warn" and "4096 ≠ policy 512" in f.summary and f.remedy == "fabric.pcie.mrrs"
+
+
+def test_allreduce_findings_from_deep_facts():
+    facts = {"deep": {"groups": [
+        {"tp": 4, "gpus": ["GPU0", "GPU1", "GPU2", "GPU3"], "worst_link": "NODE", "numa_nodes": ["0"], "bytes": 256 << 20,
+         "iters": 20, "seconds_per_op": 0.004, "algbw_gbs": 67.1, "busbw_gbs": 100.7, "nccl": "2.28.3"},
+        {"tp": 4, "gpus": ["GPU4", "GPU5", "GPU6", "GPU7"], "worst_link": "NODE", "numa_nodes": ["1"], "bytes": 256 << 20,
+         "iters": 20, "error": "rank probe rc 1: ModuleNotFoundError: No module named 'torch'"}]},
+        "meta": {"context": {"policy": {"min_busbw_gbs": 150}}}}
+    by = diagnose(facts).by_key()
+    ok = by["fabric.nccl.allreduce[TP4:0,1,2,3]"]
+    assert ok.status.value == "warn" and "100.7 GB/s" in ok.summary and "NVLS off" in ok.evidence[0]
+    bad = by["fabric.nccl.allreduce[TP4:4,5,6,7]"]
+    assert bad.status.value == "unknown" and "torch" in bad.evidence[0]
+    empty = diagnose({"deep": {"groups": [], "note": "no GPUs"}, "meta": {"context": {}}}).by_key()
+    assert empty["fabric.nccl.allreduce"].status.value == "unknown"

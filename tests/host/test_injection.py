@@ -46,20 +46,20 @@ def test_env_names_are_validated(ssh_host, payload):
 def test_python_interpreter_value_is_one_argument(sshd, payload):
     value, _ = payload
     host = sshd.make_host(python=["python3" + value])
-    st = host.stat("/dev/null")
+    st = host.stat("/dev/null", timeout=30)
     assert not st.exists and st.error.startswith("PROBE_FAILED rc=127")
-    assert host.try_open_many(["/dev/null"])["/dev/null"].startswith("PROBE_FAILED")
+    assert host.try_open_many(["/dev/null"], timeout=30)["/dev/null"].startswith("PROBE_FAILED")
     host.close()
 
 
 def test_paths_of_every_file_operation(ssh_host, payload, tmp_path):
     value, _ = payload
     p = str(tmp_path / ("f" + value))
-    assert ssh_host.read_file(p).error in ("ENOENT", "ENAMETOOLONG")
-    assert ssh_host.stat(p).exists is False
-    assert ssh_host.try_open_many([p])[p] in ("ENOENT", "ENAMETOOLONG")
-    assert ssh_host.listdir(p) in ("ENOENT", "ENAMETOOLONG")
-    assert "error" in ssh_host.statvfs(p)
+    assert ssh_host.read_file(p, timeout=30).error in ("ENOENT", "ENAMETOOLONG")
+    assert ssh_host.stat(p, timeout=30).exists is False
+    assert ssh_host.try_open_many([p], timeout=30)[p] in ("ENOENT", "ENAMETOOLONG")
+    assert ssh_host.listdir(p, timeout=30) in ("ENOENT", "ENAMETOOLONG")
+    assert "error" in ssh_host.statvfs(p, timeout=30)
 
 
 def test_written_file_names_are_literal(ssh_host, payload, tmp_path):

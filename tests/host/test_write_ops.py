@@ -100,3 +100,56 @@ def test_readonly_filesystem_is_refused_with_erofs(host, tmp_path):
         subprocess.run(["umount", str(ro)], check=True)
     assert h.statvfs(base + "ro")["readonly"] is False
     assert stat.S_ISREG(os.stat(ro / "keep").st_mode)
+
+
+def test_mknod_makes_a_char_node_with_exact_mode_and_refuses_an_existing_path(host, unused_major):
+    h, base = host
+    old = os.umask(0o077)
+    try:
+        h.mknod(base + "nvidia-uvm", unused_major, 0, 0o666)
+    finally:
+        os.umask(old)
+    st = h.stat(base + "nvidia-uvm")
+    assert (st.kind, st.major, st.minor, st.mode) == ("char", unused_major, 0, 0o666)
+    assert h.try_open_many([base + "nvidia-uvm"])[base + "nvidia-uvm"] == "ENXIO"  # a real node: no driver behind it
+    with pytest.raises(FileExistsError):
+        h.mknod(base + "nvidia-uvm", unused_major, 1, 0o666)
+    assert h.stat(base + "nvidia-uvm").minor == 0  # untouched
+    with pytest.raises(OSError) as exc:
+        h.mknod(base + "no-dir/x", unused_major, 0)
+    assert exc.value.errno == errno.ENOENT
+
+
+def test_mknod_over_ssh_maps_under_the_fake_root(ssh_fake_root, unused_major):
+    fake = ssh_fake_root
+    fake.write("/dev/.keep", b"")
+    fake.host.mknod("/dev/nvidia-uvm-tools", unused_major, 1, 0o600)
+    st = os.lstat(fake.path("/dev/nvidia-uvm-tools"))
+    assert stat.S_ISCHR(st.st_mode) and os.minor(st.st_rdev) == 1 and stat.S_IMODE(st.st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        fake.host.mknod("/dev/nvidia-uvm-tools", unused_major, 1)
+
+
+def test_chmod_sets_the_mode_of_a_node_and_carries_errno(host, unused_major):
+    h, base = host
+    h.mknod(base + "tools", unused_major, 1, 0o000)
+    h.chmod(base + "tools", 0o666)
+    assert h.stat(base + "tools").mode == 0o666
+    with pytest.raises(FileNotFoundError):
+        h.chmod(base + "missing", 0o666)
+
+
+def test_chmod_over_ssh_maps_under_the_fake_root(ssh_fake_root):
+    fake = ssh_fake_root
+    p = fake.write("/etc/x.conf", b"x", mode=0o600)
+    fake.host.chmod("/etc/x.conf", 0o644)
+    assert stat.S_IMODE(os.lstat(p).st_mode) == 0o644
+
+
+def test_snapshot_refuses_mknod_and_chmod():
+    from gpudoctor.host.replay import ReplayHost
+
+    for op in (lambda h: h.mknod("/dev/x", 1, 3), lambda h: h.chmod("/dev/x", 0o666)):
+        with pytest.raises(OSError) as e:
+            op(ReplayHost(transcript={}))
+        assert e.value.errno == errno.EROFS

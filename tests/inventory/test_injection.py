@@ -56,7 +56,7 @@ def test_identity_fields_reject_shell_with_a_line(payload, field, template):
 def test_python_field(sshd, payload):
     inv = parse_inventory(base(sshd, host_extra=f"    python: {yq('python3' + payload)}\n"), "inv.yaml")
     with host_for(inv.host("ct200")) as h:
-        assert h.stat("/dev/null").error == "PROBE_FAILED rc=127"
+        assert h.stat("/dev/null", timeout=30).error == "PROBE_FAILED rc=127"
 
 
 def test_pct_field(sshd, payload):
@@ -83,8 +83,8 @@ def test_model_path_field(sshd, payload, tmp_path):
     inv = parse_inventory(base(sshd, host_extra=f"    expect: {{model_paths: [{yq(mp)}]}}\n"), "inv.yaml")
     t = open_target("ct200", inv)
     assert t.model_paths == [mp]
-    assert t.host.stat(mp).exists is False and t.host.read_file(mp).error == "ENOENT"
-    assert t.host.listdir(mp) == "ENOENT" and t.host.try_open_many([mp]) == {mp: "ENOENT"}
+    assert t.host.stat(mp, timeout=30).exists is False and t.host.read_file(mp, timeout=30).error == "ENOENT"
+    assert t.host.listdir(mp, timeout=30) == "ENOENT" and t.host.try_open_many([mp], timeout=30) == {mp: "ENOENT"}
     t.close()
 
 

@@ -175,3 +175,10 @@ def test_missing_identity_file_is_an_inventory_error_with_its_line(inv):
     with pytest.raises(InventoryError) as e:
         host_for(inv.host("ct200"))
     assert e.value.line == 18 and "identity_file" in str(e.value) and e.value.path.endswith("inv.yaml")
+
+
+def test_ssh_config_empty_means_none_and_relative_paths_follow_the_file(tmp_path):
+    inv = parse_inventory("defaults: {ssh_config: ''}\nhosts:\n  a: {address: h}\n  b: {address: h, ssh_config: c}\n",
+                          "inv.yaml", str(tmp_path))
+    assert inv.host("a").ssh.ssh_config == "" and inv.host("b").ssh.ssh_config == str(tmp_path / "c")
+    assert host_for(inv.host("a")).ssh_config == ""

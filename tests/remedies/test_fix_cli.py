@@ -39,11 +39,11 @@ def test_fix_from_snapshot_dry_run_then_apply(snap):
     before = conf.read_bytes()
     r = gd("fix", "--facts", p, *state)
     assert r.returncode == 1 and "PLAN  lxc.cgroup_allow on localhost" in r.stdout and conf.read_bytes() == before
-    r = gd("fix", "--facts", p, "--only", "lxc.cgroup_allow", "--apply", "--json", *state)
+    r = gd("fix", "--facts", p, "--only", "lxc.cgroup_allow", "--apply", "--yes", "--json", *state)
     doc = json.loads(r.stdout)
     assert doc["outcomes"][0]["result"] == "applied" and r.returncode == 1  # restart still pending
     assert b"lxc.cgroup2.devices.allow: c 511:* rwm" in conf.read_bytes()
-    r = gd("fix", "--facts", p, "--apply", *state)  # a stale snapshot: apply finds the planned result already there
+    r = gd("fix", "--facts", p, "--apply", "--yes", *state)  # a stale snapshot: apply finds the planned result already there
     assert r.returncode == 1 and "UNCHANGED  lxc.cgroup_allow" in r.stdout and "restart pending" in r.stdout
     assert [json.loads(x)["result"] for x in (p.parent / "audit.jsonl").read_text().splitlines()] == [
         "applied", "unchanged"]

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Fleet scale: how the fleet engine's wall time grows with the number of hosts, measured in one run.
+
+1. SSH: N inventory entries (default 64) that are all aliases of one real sshd on 127.0.0.1, checked at
+   --parallel 32, against one host checked alone. Target: N hosts <= 5x one host.
+2. Simulated: 1,000 hosts through the snapshot/replay backend (the H200 captures in tests/fixtures/snapshots,
+   re-gathered and diagnosed per host). Target: < 10 s.
+
+    python bench/fleet_scale.py [--hosts 64] [--parallel 32] [--simulated 1000] [--skip-ssh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpudoctor.fleet import check_fleet  # noqa: E402
+
+
+def simulated(n: int, parallel: int) -> None:
+    from gpudoctor.diagnose import diagnose
+    from gpudoctor.snapshot import facts_of, load
+
+    docs = [load(str(p)) for p in sorted((ROOT / "tests" / "fixtures" / "snapshots").glob("*.json"))]
+    names = [f"sim{i:04d}" for i in range(n)]
+
+    def check(name: str):
+        return diagnose(facts_of(docs[int(name[3:]) % len(docs)]))
+
+    t = time.perf_counter()
+    check(names[0])
+    one = time.perf_counter() - t
+    res = check_fleet(None, names, parallel=parallel, check_fn=check)
+    counts = ", ".join(f"{v} {k}" for k, v in res.counts().items() if v)
+    print(f"simulated: {n} hosts (snapshot replay) at parallel {parallel}: {res.wall_s:.2f} s "
+          f"({res.wall_s / n * 1000:.2f} ms/host; one host alone {one * 1000:.1f} ms) -> {counts}")
+    print(f"simulated: target < 10 s: {'met' if res.wall_s < 10 else 'NOT met'}")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_sshd(tmp: Path):
+    """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts)."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    for kind in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / f"{kind}_key")], check=True)
+    (tmp / "authorized_keys").write_text((tmp / "user_key.pub").read_text())
+    os.chmod(tmp / "authorized_keys", 0o600)
+    port = free_port()
+    cfg = tmp / "sshd_config"
+    cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\nPidFile {tmp / 'sshd.pid'}\n"
+                   f"AuthorizedKeysFile {tmp / 'authorized_keys'}\nPasswordAuthentication no\n"
+                   "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
+                   "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    host_pub = (tmp / "host_key.pub").read_text().split()
+    known = tmp / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+    return proc, port, tmp / "user_key", known
+
+
+def ssh(n: int, parallel: int) -> None:
+    try:
+        from gpudoctor.host.factory import open_target  # noqa: F401
+        from gpudoctor.inventory import load_inventory
+    except ImportError as exc:
+        print(f"ssh: skipped: this build has no SSH backend/inventory yet ({exc})")
+        return
+    import getpass
+
+    from gpudoctor.fleet import default_check_fn
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-fleet-"))
+    proc, port, key, known = start_sshd(tmp)
+    try:
+        inv_path = tmp / "inventory.yaml"
+        lines = ["hosts:"]
+        for i in range(n):
+            lines += [f"  ct{i:03d}:", "    address: 127.0.0.1", f"    port: {port}", f"    user: {getpass.getuser()}",
+                      f"    identity_file: {key}", f"    known_hosts: {known}",
+                      # the interpreter itself, not a pyenv shim (a shell script that costs ~0.2 s per probe)
+                      f"    python: {os.path.realpath(sys.executable)}"]
+        inv_path.write_text("\n".join(lines) + "\n")
+        inv = load_inventory(str(inv_path))
+        check = default_check_fn(inv)
+        names = [f"ct{i:03d}" for i in range(n)]
+        check(names[0])  # warm the page cache and imports once, as a second run would
+        t = time.perf_counter()
+        cpu0 = _cpu_of(proc.pid)
+        one = check(names[0])
+        single = time.perf_counter() - t
+        cpu_one = _cpu_of(proc.pid) - cpu0
+        res = check_fleet(inv, names, parallel=parallel, check_fn=check)
+        cpu_all = _cpu_of(proc.pid) - cpu0 - cpu_one
+        counts = ", ".join(f"{v} {k}" for k, v in res.counts().items() if v)
+        ratio = res.wall_s / single
+        print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value})")
+        print(f"ssh: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}")
+        print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
+        cores = os.cpu_count() or 1
+        print(f"ssh: CPU used by gpudoctor, the sshd and the 'remote' probes: one host {cpu_one:.2f} s, "
+              f"{n} hosts {cpu_all:.2f} s; with {cores} cores the {n} hosts' work alone needs >= "
+              f"{cpu_all / cores:.2f} s = {cpu_all / cores / single:.1f}x one host, whatever the engine does")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _cpu_of(sshd_pid: int) -> float:
+    """CPU seconds of this process plus the sshd and every session/probe it ran (reaped children count)."""
+    import psutil
+
+    t = psutil.Process(sshd_pid).cpu_times()
+    me = os.times()
+    return t.user + t.system + t.children_user + t.children_system + me.user + me.system
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=64)
+    ap.add_argument("--parallel", type=int, default=32)
+    ap.add_argument("--simulated", type=int, default=1000)
+    ap.add_argument("--skip-ssh", action="store_true")
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
+    simulated(args.simulated, args.parallel)  # first: the SSH part leaves sshd sessions winding down
+    if not args.skip_ssh:
+        ssh(args.hosts, args.parallel)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

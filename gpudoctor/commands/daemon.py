@@ -1,0 +1,143 @@
+"""`gpudoctor daemon`: watch hosts, heal them within budgets, export metrics; systemd-native."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import click
+
+from gpudoctor.errors import EXIT_OK, ConfigError
+
+
+def _default_state() -> str:
+    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0]  # set by systemd's StateDirectory=
+    if base:
+        return str(Path(base) / "daemon.json")
+    if os.geteuid() == 0:
+        return "/var/lib/gpudoctor/daemon.json"
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(xdg) / "gpudoctor" / "daemon.json")
+
+
+def _pid_is_daemon(pid) -> bool:
+    try:
+        cmd = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, TypeError):
+        return False
+    return any(b"gpudoctor" in part for part in cmd) and b"daemon" in cmd
+
+
+def _reset_breaker(state_path: str) -> int:
+    """Close the breakers: signal the running daemon (SIGUSR2), or edit the state file when none runs."""
+    from gpudoctor.daemon.state import StateStore, read_state_file
+
+    raw = read_state_file(state_path)
+    if raw is None:
+        click.echo(f"no daemon state at {state_path}: nothing to reset")
+        return EXIT_OK
+    pid = raw.get("pid")
+    if pid and _pid_is_daemon(pid):
+        os.kill(int(pid), signal.SIGUSR2)
+        click.echo(f"asked the running daemon (pid {pid}) to close its circuit breakers")
+        return EXIT_OK
+    store = StateStore(state_path)
+    state = store.load()
+    for h in state.hosts.values():
+        h.breaker.reset()
+    store.save(state)
+    click.echo(f"closed the circuit breakers in {state_path}")
+    return EXIT_OK
+
+
+@click.command("daemon")
+@click.option("--interval", type=click.FloatRange(min=1.0), default=120.0, show_default=True, metavar="SECONDS",
+              help="Seconds between checks.")
+@click.option("--metrics-addr", default="127.0.0.1:9835", show_default=True, metavar="HOST:PORT",
+              help="Where to serve /metrics and /healthz; 'off' to disable. Port 0 picks a free port.")
+@click.option("--once", is_flag=True, help="Run one check (and heal) cycle, then exit with the verdict's code.")
+@click.option("--state", "state_path", default=None, metavar="FILE",
+              help="State file (budgets, breaker) kept across restarts. Default: $STATE_DIRECTORY/daemon.json, "
+                   "/var/lib/gpudoctor/daemon.json as root.")
+@click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP.")
+@click.option("--host", "hosts", multiple=True, metavar="NAME", help="Inventory host(s) to watch (default: this machine).")
+@click.option("--heal", multiple=True, metavar="REMEDY",
+              help="Also allow this remedy id (fnmatch pattern) to be applied unattended.")
+@click.option("--observe", is_flag=True, help="Never heal, whatever the policy says: only check and report.")
+@click.option("--no-xid", is_flag=True, help="Do not watch NVML for XID errors.")
+@click.option("--reset-breaker", is_flag=True, help="Close the circuit breakers (of the running daemon) and exit.")
+@click.option("--timeout", type=click.FloatRange(min=1.0), default=30.0, show_default=True, metavar="SECONDS",
+              help="Per-host check budget.")
+@click.option("--clock-file", hidden=True, default=None, help="Tests: read the clock from this file.")
+@click.option("--engine", "engine_spec", hidden=True, default="gpudoctor.daemon.engine:pipeline_engine",
+              help="Tests: module:factory of the engine.")
+@click.option("--stall", "stall_s", hidden=True, type=float, default=900.0,
+              help="Seconds one step may run before the watchdog pings stop.")
+def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, observe, no_xid, reset_breaker,
+           timeout, clock_file, engine_spec, stall_s):
+    """Watch GPU hosts, heal them within budgets, and export their health.
+
+    At start and every --interval the daemon checks each host. For a failing host it applies only the remedies
+    the policy allows (inventory `policy.auto_apply` minus `never_apply`, or --heal), each within a budget: at most N attempts per
+    hour with exponential backoff after failures, container reboots at most once per hour, and a circuit breaker
+    that stops all healing of a host after repeated failures until a cool-down passes or it is reset.
+    A remedy only counts as a success once the next check shows its finding cleared.
+
+    \b
+    Examples:
+      gpudoctor daemon                                  watch this machine, report only
+      gpudoctor daemon -i inventory.yaml --host ct200   watch ct200 over SSH, heal per its policy
+      gpudoctor daemon --once --heal 'devices.*'        one cycle, e.g. from a timer
+      gpudoctor daemon --reset-breaker                  let a stopped-healing daemon try again
+      curl -s 127.0.0.1:9835/metrics | grep gpudoctor_check_status
+
+    \b
+    Signals: SIGHUP reloads the inventory and policy, SIGTERM stops cleanly, SIGUSR1 checks now,
+    SIGUSR2 closes the circuit breakers. Under systemd (Type=notify) it sends READY=1, STATUS= and WATCHDOG=1.
+
+    \b
+    Exit codes: 0 clean stop (with --once: host ok), 1 warn, 2 fail, 3 unknown or bad input.
+    """
+    from gpudoctor.daemon.clock import make_clock
+    from gpudoctor.daemon.engine import EngineConfig, load_factory
+    from gpudoctor.daemon.loop import Daemon, DaemonConfig
+    from gpudoctor.daemon.metrics import DaemonMetrics, MetricsServer, parse_addr
+    from gpudoctor.daemon.sdnotify import Notifier
+    from gpudoctor.daemon.state import StateStore
+
+    state_path = state_path or _default_state()
+    if reset_breaker:
+        raise SystemExit(_reset_breaker(state_path))
+    if inventory and not Path(inventory).is_file():
+        raise ConfigError("inventory file not found", path=inventory)
+    serve = metrics_addr.lower() != "off" and not once
+    if serve:
+        parse_addr(metrics_addr)  # bad input fails before anything starts
+    cfg = DaemonConfig(interval=interval, heal=tuple(heal), observe_only=observe, once=once, stall_s=stall_s,
+                       engine=EngineConfig(inventory=inventory, hosts=tuple(hosts), timeout=timeout,
+                                           state_dir=str(Path(state_path).parent)))
+    metrics = DaemonMetrics() if serve else None
+    xid_factory = None
+    if not no_xid and not once:
+        from gpudoctor.daemon.xid import XidWatcher as xid_factory
+
+    d = Daemon(cfg, engine_factory=load_factory(engine_spec), clock=make_clock(clock_file),
+               store=StateStore(state_path), notifier=Notifier(), metrics=metrics, xid_watcher_factory=xid_factory)
+    d.load()
+    if once:
+        raise SystemExit(d.run_once())
+    server = MetricsServer(metrics_addr, metrics, d.health) if serve else None
+    d.install_signals()
+    if server is not None:
+        server.start()
+    d.prepare(server.address if server else None)
+    d.log.info("daemon.started", metrics=server.address if server else None, interval=interval,
+               state=state_path)
+    try:
+        code = d.run_forever()
+    finally:
+        if server is not None:
+            server.stop()
+    raise SystemExit(code)

@@ -1,0 +1,134 @@
+"""`gpudoctor gate`: exit 0 only when the host is ready; print only what blocks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gpudoctor.commands.check import build_target, common
+from gpudoctor.errors import GpudoctorError, HostError, InputError
+
+
+def find_inventory(path: str | None) -> str | None:
+    """The inventory to read profiles from: the given path, ./inventory.yaml, or ~/.config/gpudoctor/inventory.yaml."""
+    if path:
+        if not Path(path).is_file():
+            raise InputError("inventory file not found", path=path)
+        return path
+    for cand in (Path("inventory.yaml"), Path.home() / ".config" / "gpudoctor" / "inventory.yaml"):
+        if cand.is_file():
+            return str(cand)
+    return None
+
+
+def inventory_profiles(path: str | None) -> dict:
+    """The inventory's `profiles:` (gate profile name -> check-id patterns); bad input is one line with file:line."""
+    if not path:
+        return {}
+    from gpudoctor.inventory import load_inventory
+
+    return dict(load_inventory(path).profiles)
+
+
+def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path):
+    """A Diagnosis of a snapshot, the local machine, or an inventory host."""
+    from gpudoctor.diagnose import diagnose
+
+    if snapshot_path:
+        from gpudoctor import snapshot
+
+        facts = snapshot.facts_of(snapshot.load(snapshot_path))
+        if expect_gpus is not None:
+            facts["meta"]["context"]["expect_gpus"] = expect_gpus
+        return diagnose(facts)
+    from gpudoctor.gather import gather
+
+    host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+    with host:
+        return diagnose(gather(host, ctx))
+
+
+@click.command("gate")
+@common
+@click.option("--profile", default=None, metavar="NAME",
+              help="What is required: default (no failures), serve, benchmark, or a profile from the inventory.")
+@click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), help="Gate a saved snapshot instead.")
+@click.option("--slurm", is_flag=True, help="Slurm prolog/HealthCheckProgram: drain the node on failure, resume it "
+                                           "on success only if gpudoctor drained it.")
+@click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, else `hostname -s`).")
+@click.option("--npd", is_flag=True, help="node-problem-detector plugin: one line, exit 0 ok / 1 problem / 2 unknown.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema gpudoctor.gate/1).")
+def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, slurm, node, npd,
+         as_json):
+    """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
+
+    Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
+    device nodes and CUDA to be ok; `benchmark` adds the model staged (workload.model.*). An inventory's
+    `profiles:` can define more (a list of check-id patterns, or {require, ignore, fail_free}).
+
+    \b
+    Examples:
+      gpudoctor gate --host ct200 --profile benchmark && run-campaign
+      ExecStartPre=/usr/local/bin/gpudoctor gate --profile serve           (systemd, before SGLang)
+      HealthCheckProgram=/usr/local/sbin/gpudoctor-slurm-check             (a wrapper: gpudoctor gate --slurm)
+      gpudoctor gate --npd                                                 (node-problem-detector custom plugin)
+
+    \b
+    Exit codes: 0 ready; 2 blocked (a failure, or a required check missing or not ok);
+    3 could not decide (host unreachable, only unknowns, bad input).
+    With --npd: 0 ok, 1 problem, 2 unknown, and exactly one line of output.
+    """
+    if npd:
+        raise SystemExit(_gate_npd(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
+                                   snapshot_path))
+    result = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path)
+    action = None
+    if slurm:
+        from gpudoctor import slurm as slurm_mode
+        from gpudoctor.host.local import LocalHost
+
+        action = slurm_mode.apply(result, LocalHost(), node=node)
+    if as_json:
+        import json
+
+        doc = result.to_json()
+        if action is not None:
+            doc["slurm"] = action.to_json()
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        if result.error:
+            click.echo(f"BLOCK {result.host}: could not check: {result.error}")
+        for b in result.blockers:
+            click.echo(f"BLOCK {b.line()}")
+        if action is not None and action.action != "none":
+            click.echo(f"slurm: {action.detail}", err=action.action != "failed")
+    raise SystemExit(result.exit_code)
+
+
+def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
+    from gpudoctor.gate import evaluate, resolve_profile, unreachable
+
+    inv = find_inventory(inventory)
+    prof = resolve_profile(profile, inventory_profiles(inv), path=inv)
+    try:
+        diag = diagnose_target(host_name, inv, expect_gpus, models, sglang_url, timeout, snapshot_path)
+    except HostError as exc:
+        return unreachable(host_name or "localhost", prof.name, exc.one_line())
+    return evaluate(diag, prof)
+
+
+def _gate_npd(*args) -> int:
+    """NPD's contract: exactly one line on stdout and exit 0/1/2, whatever happens."""
+    from gpudoctor import npd
+
+    try:
+        code, line = npd.verdict(_evaluate(*args))
+    except GpudoctorError as exc:
+        code, line = npd.error_verdict(exc.one_line())
+    except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback
+        code, line = npd.error_verdict(f"internal error: {type(exc).__name__}: {exc}")
+    click.echo(line)
+    sys.stdout.flush()
+    return code

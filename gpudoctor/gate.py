@@ -1,0 +1,186 @@
+"""The pre-flight gate: does a Diagnosis let a campaign (or a server) start? Profiles say what is required.
+
+A profile names check-id patterns (fnmatch) that must have run and passed (ok, info, or warn: a warning is an
+explained non-blocker); "!pattern" in a list profile means failures there never block. By default any failure
+anywhere also blocks ("fail-free"). Pure: Diagnosis + profile in, GateResult out. The `gate` command renders it; slurm.py and
+npd.py adapt it to their conventions.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_UNKNOWN, ConfigError
+from gpudoctor.findings import Finding, Status
+
+GATE_SCHEMA = "gpudoctor.gate/1"
+
+_CORE = ("host.driver.loaded", "driver.nvml.init", "devices.node.present", "devices.node.major", "devices.node.open",
+         "cuda.init", "cuda.device_count")
+
+# Built-in profiles; an inventory's `profiles:` may override or add to them.
+BUILTIN_PROFILES = {
+    "default": {"require": [], "fail_free": True},
+    "serve": {"require": list(_CORE), "fail_free": True},
+    "benchmark": {"require": [*_CORE, "workload.model.*"], "fail_free": True},
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    require: tuple[str, ...] = ()  # check-id patterns that must run and pass (ok, info or warn)
+    ignore: tuple[str, ...] = ()  # check-id patterns whose failures never block
+    fail_free: bool = True  # any failure outside `ignore` blocks
+
+
+def _profile_from(name: str, spec, path: str | None) -> Profile:
+    if hasattr(spec, "patterns"):  # gpudoctor.inventory.Profile
+        spec = list(spec.patterns)
+    if isinstance(spec, (list, tuple)):
+        if not all(isinstance(v, str) and v for v in spec):
+            raise ConfigError(f"profile {name!r} must list check-id patterns (strings)", path=path)
+        spec = {"require": [p for p in spec if not p.startswith("!")],
+                "ignore": [p[1:] for p in spec if p.startswith("!")]}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"profile {name!r} must be a list of check-id patterns or a mapping", path=path)
+    unknown = set(spec) - {"require", "ignore", "fail_free"}
+    if unknown:
+        raise ConfigError(f"profile {name!r}: unknown key(s) {', '.join(sorted(unknown))} (known: require, ignore, "
+                          "fail_free)", path=path)
+    for key in ("require", "ignore"):
+        vals = spec.get(key, [])
+        if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
+            raise ConfigError(f"profile {name!r}: {key} must be a list of check-id patterns", path=path)
+    ff = spec.get("fail_free", True)
+    if not isinstance(ff, bool):
+        raise ConfigError(f"profile {name!r}: fail_free must be true or false", path=path)
+    return Profile(name, tuple(spec.get("require", [])), tuple(spec.get("ignore", [])), ff)
+
+
+def resolve_profile(name: str | None, inventory_profiles: dict | None = None, *, path: str | None = None) -> Profile:
+    """The named profile: the inventory's definition wins over the built-in one; unknown names are bad input."""
+    name = name or "default"
+    inv = inventory_profiles or {}
+    if name in inv:
+        return _profile_from(name, inv[name], path)
+    if name in BUILTIN_PROFILES:
+        return _profile_from(name, BUILTIN_PROFILES[name], None)
+    known = sorted(set(BUILTIN_PROFILES) | set(inv))
+    raise ConfigError(f"unknown gate profile {name!r} (known: {', '.join(known)})", path=path)
+
+
+@dataclass
+class Blocker:
+    """One reason the gate is closed."""
+
+    key: str
+    status: str  # fail | unknown | missing
+    summary: str
+    hint: str | None = None
+    symptom_of: str | None = None
+    required: bool = False
+
+    def line(self) -> str:
+        """One line for humans (and Slurm/NPD): what blocks, and the fix."""
+        text = f"{self.key}: {self.summary}"
+        if self.symptom_of:
+            text += f" (symptom of {self.symptom_of})"
+        elif self.hint:
+            text += f" — fix: {self.hint}"
+        return " ".join(text.split())
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "status": self.status, "summary": self.summary, "hint": self.hint,
+                "symptom_of": self.symptom_of, "required": self.required}
+
+
+@dataclass
+class GateResult:
+    host: str
+    profile: str
+    blockers: list[Blocker] = field(default_factory=list)
+    error: str | None = None  # the host could not be checked at all
+
+    @property
+    def passed(self) -> bool:
+        return not self.blockers and self.error is None
+
+    @property
+    def exit_code(self) -> int:
+        """0 open; 2 blocked by a failure (or a required check that did not pass); 3 only unknowns or no check."""
+        if self.error is not None:
+            return EXIT_UNKNOWN
+        if not self.blockers:
+            return EXIT_OK
+        if any(b.status in ("fail", "missing") for b in self.blockers):
+            return EXIT_FAIL
+        return EXIT_UNKNOWN
+
+    @property
+    def headline(self) -> str:
+        """The one-line reason: the first root-cause blocker, or the error."""
+        if self.error:
+            return self.error
+        if not self.blockers:
+            return "ok"
+        roots = [b for b in self.blockers if not b.symptom_of]
+        return (roots or self.blockers)[0].summary
+
+    def to_json(self) -> dict:
+        return {"schema": GATE_SCHEMA, "host": self.host, "profile": self.profile, "pass": self.passed,
+                "exit_code": self.exit_code, "error": self.error, "headline": self.headline,
+                "blockers": [b.to_json() for b in self.blockers]}
+
+
+def _match(fid: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(fid, p) for p in patterns)
+
+
+def _upstream_failure(pattern: str, findings: list[Finding]) -> str | None:
+    """The key of a failure that explains why a required check did not run (its dependency failed)."""
+    from gpudoctor.checkreg import CHECKS, all_checks, depends
+
+    all_checks()
+    specs = [s for s in CHECKS.values() if fnmatch.fnmatchcase(s.id, pattern)]
+    for f in findings:
+        if f.status == Status.FAIL and any(depends(s, f.id) for s in specs):
+            return f.blocked_by or f.key
+    return None
+
+
+def evaluate(diagnosis, profile: Profile) -> GateResult:
+    """Which findings block under this profile: root causes first, then their symptoms."""
+    findings: list[Finding] = list(diagnosis.findings)
+    blockers: dict[str, Blocker] = {}
+
+    def add(f: Finding, status: str, required: bool):
+        b = blockers.get(f.key)
+        if b is None:
+            blockers[f.key] = Blocker(f.key, status, f.summary, f.hint, f.blocked_by, required)
+        else:
+            b.required = b.required or required
+
+    if profile.fail_free:
+        for f in findings:
+            if f.status == Status.FAIL and not _match(f.id, profile.ignore):
+                add(f, "fail", _match(f.id, profile.require))
+    for pat in profile.require:
+        matched = [f for f in findings if fnmatch.fnmatchcase(f.id, pat)]
+        if not matched:
+            blockers[pat] = Blocker(pat, "missing", f"required check {pat} did not run on this host",
+                                    "give the check what it needs (e.g. --model PATH or model_paths in the inventory)",
+                                    symptom_of=_upstream_failure(pat, findings), required=True)
+        for f in matched:
+            if f.status in (Status.FAIL, Status.UNKNOWN) and not _match(f.id, profile.ignore):
+                add(f, f.status.value, True)
+    order = {"fail": 0, "missing": 1, "unknown": 2}
+    ranked = sorted(blockers.values(), key=lambda b: (b.symptom_of is not None, order.get(b.status, 9)))
+    host = getattr(diagnosis, "host", None) or "?"
+    return GateResult(host=host, profile=profile.name, blockers=ranked)
+
+
+def unreachable(host: str, profile: str, error: str) -> GateResult:
+    """The gate result when the host could not be checked: closed, status unknown."""
+    return GateResult(host=host, profile=profile, error=error)

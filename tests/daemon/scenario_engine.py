@@ -1,0 +1,82 @@
+"""A daemon Engine driven by a JSON scenario file, loaded by the real daemon process through --engine.
+
+The scenario is re-read on every check, so a test changes the host's faults by rewriting it; hosts and policy are
+read when the engine is built (start and SIGHUP), as the real engine reads its inventory. Every apply() is appended
+to the scenario's `log` file with the fake clock's time, so tests can count reboots and measure backoff gaps.
+
+    {"hosts": ["ct200"], "local_host": null, "policy": {"daemon": {...}},
+     "findings": {"ct200": [{"id": "cuda.init", "status": "fail", "summary": "...", "remedy": "lxc.reboot"}]},
+     "unreachable": [], "remedies": {"lxc.reboot": {"reboot": true, "result": "ok"}},
+     "log": "/tmp/.../applied.jsonl", "clock": "/tmp/.../clock"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudoctor.daemon.engine import Action, Outcome
+from gpudoctor.errors import ConfigError, HostUnreachable
+from gpudoctor.findings import Finding, worst
+
+
+@dataclass
+class Diagnosis:
+    findings: list = field(default_factory=list)
+
+    @property
+    def root_causes(self):
+        return [f for f in self.findings if f.status.value == "fail" and not f.blocked_by]
+
+    @property
+    def verdict(self):
+        return worst(f.status for f in self.findings)
+
+
+class ScenarioEngine:
+    def __init__(self, cfg):
+        self.path = Path(cfg.inventory)
+        try:
+            sc = json.loads(self.path.read_text())
+        except ValueError as exc:
+            raise ConfigError(f"not JSON: {exc}", path=str(self.path)) from exc
+        self.hosts = list(cfg.hosts) or list(sc["hosts"])
+        self.local_host = sc.get("local_host")
+        self.policy = sc.get("policy") or {}
+
+    def _sc(self) -> dict:
+        return json.loads(self.path.read_text())
+
+    def check(self, host):
+        sc = self._sc()
+        if host in sc.get("unreachable", []):
+            raise HostUnreachable(f"{host}: connection refused (scenario)")
+        return Diagnosis([Finding(**f) for f in sc.get("findings", {}).get(host, [])])
+
+    def plan(self, host, diagnosis):
+        sc = self._sc()
+        out = []
+        for f in diagnosis.root_causes:
+            if f.remedy:
+                spec = sc.get("remedies", {}).get(f.remedy, {})
+                out.append(Action(remedy=f.remedy, finding=f.key, summary=f"fix {f.key}",
+                                  reboot=bool(spec.get("reboot"))))
+        return out
+
+    def apply(self, host, action):
+        sc = self._sc()
+        spec = sc.get("remedies", {}).get(action.remedy, {})
+        now = float(Path(sc["clock"]).read_text()) if sc.get("clock") else None
+        with open(sc["log"], "a") as fh:
+            fh.write(json.dumps({"host": host, "remedy": action.remedy, "finding": action.finding, "at": now}) + "\n")
+        if spec.get("result") == "raise":
+            raise RuntimeError("remedy crashed (scenario)")
+        return Outcome(ok=spec.get("result", "ok") == "ok", message=spec.get("message", ""))
+
+    def close(self):
+        pass
+
+
+def factory(cfg):
+    return ScenarioEngine(cfg)

@@ -1,0 +1,76 @@
+"""Run the real `gpudoctor gate` CLI in a subprocess, against the H200 snapshots, with stand-in scontrol on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
+
+SHOW_NODE = """NodeName={node} Arch=x86_64 CoresPerSocket=32
+   CPUAlloc=0 CPUEfctv=64 CPUTot=64 CPULoad=0.05
+   Gres=gpu:h200:8
+   NodeAddr={node} NodeHostName={node} Version=23.11.4
+   RealMemory=1000000 AllocMem=0 FreeMem=990000 Sockets=2 Boards=1
+   State={state} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=gpu
+   BootTime=2024-05-01T10:00:00 SlurmdStartTime=2024-05-01T10:01:00
+   CfgTRES=cpu=64,mem=1000000M,billing=64,gres/gpu=8
+{reason_line}"""
+
+SCONTROL = """#!{python}
+import json, os, sys
+with open(os.environ["SCONTROL_LOG"], "a") as fh:
+    fh.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1:3] == ["show", "node"]:
+    sys.stdout.write(open(os.environ["SCONTROL_SHOW"]).read())
+    sys.exit(int(os.environ.get("SCONTROL_SHOW_RC", "0")))
+if sys.argv[1:2] == ["update"] and os.environ.get("SCONTROL_UPDATE_RC"):
+    sys.stderr.write("slurm_update error: Invalid node state specified\\n")
+    sys.exit(int(os.environ["SCONTROL_UPDATE_RC"]))
+"""
+
+
+class Slurm:
+    """A stand-in `scontrol` on PATH that records every call and answers `show node` from a file."""
+
+    def __init__(self, tmp: Path):
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        exe = self.bin / "scontrol"
+        exe.write_text(SCONTROL.format(python=sys.executable))
+        exe.chmod(0o755)
+        self.log = tmp / "scontrol.log"
+        self.show = tmp / "show.txt"
+        self.env = {"SCONTROL_LOG": str(self.log), "SCONTROL_SHOW": str(self.show)}
+        self.node("gpu01", "IDLE", None)
+
+    def node(self, name, state, reason):
+        line = f"   Reason={reason} [root@2024-05-02T09:00:00]\n" if reason else ""
+        self.show.write_text(SHOW_NODE.format(node=name, state=state, reason_line=line))
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(x) for x in self.log.read_text().splitlines()]
+
+    def updates(self) -> list[list[str]]:
+        return [c for c in self.calls() if c[:1] == ["update"]]
+
+
+def run_gate(*args, cwd, env=None, path_prepend=None) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess; cwd and HOME are a temp dir so no stray inventory.yaml is picked up."""
+    e = dict(os.environ)
+    e.pop("GPUDOCTOR_INVENTORY", None)
+    e["HOME"] = str(cwd)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
+    if path_prepend:
+        e["PATH"] = f"{path_prepend}{os.pathsep}{e['PATH']}"
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gpudoctor", "gate", *args], env=e, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)

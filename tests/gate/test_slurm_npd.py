@@ -1,0 +1,112 @@
+"""--slurm and --npd through the real CLI, with a stand-in `scontrol` on PATH that records its arguments."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from gate_harness import SNAPS, run_gate
+
+from gpudoctor.slurm import make_reason, parse_show_node
+
+BAD = str(SNAPS / "h200-uvm-blocked.json")
+GOOD = str(SNAPS / "h200-healthy.json")
+ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
+
+
+def gate_slurm(slurm, tmp_path, snap, *extra, env=None):
+    return run_gate("--snapshot", snap, "--slurm", *extra, cwd=tmp_path, path_prepend=slurm.bin,
+                    env={**slurm.env, "SLURMD_NODENAME": "gpu01", **(env or {})})
+
+
+def test_failure_drains_with_a_gpudoctor_reason(slurm, tmp_path):
+    r = gate_slurm(slurm, tmp_path, BAD)
+    assert r.returncode == 2
+    assert slurm.calls()[0] == ["show", "node", "gpu01"]
+    assert slurm.updates() == [["update", "nodename=gpu01", "state=drain", f"reason=gpudoctor: {ROOT_CAUSE}"]]
+    assert "slurm: gpu01 drained: gpudoctor: /dev/nvidia-uvm is 1:3" in r.stderr
+
+
+def test_failure_on_a_node_drained_by_an_admin_leaves_their_reason(slurm, tmp_path):
+    slurm.node("gpu01", "IDLE+DRAIN", "bad DIMM, ticket 4711")
+    r = gate_slurm(slurm, tmp_path, BAD)
+    assert r.returncode == 2
+    assert slurm.updates() == []
+    assert "already drained by someone else (bad DIMM, ticket 4711)" in r.stderr
+
+
+def test_same_failure_again_does_not_redrain(slurm, tmp_path):
+    slurm.node("gpu01", "IDLE+DRAIN", f"gpudoctor: {ROOT_CAUSE}")
+    assert gate_slurm(slurm, tmp_path, BAD).returncode == 2
+    assert slurm.updates() == []
+
+
+def test_new_failure_updates_our_own_reason(slurm, tmp_path):
+    slurm.node("gpu01", "DRAINED", "gpudoctor: something older")
+    gate_slurm(slurm, tmp_path, BAD)
+    assert slurm.updates()[0][-1] == f"reason=gpudoctor: {ROOT_CAUSE}"
+
+
+def test_success_resumes_only_a_node_gpudoctor_drained(slurm, tmp_path):
+    slurm.node("gpu01", "IDLE+DRAIN", "gpudoctor: cuInit 999")
+    r = gate_slurm(slurm, tmp_path, GOOD)
+    assert r.returncode == 0
+    assert slurm.updates() == [["update", "nodename=gpu01", "state=resume"]]
+
+
+@pytest.mark.parametrize("state, reason", [("IDLE+DRAIN", "maintenance: gpudoctor said fine but keep out"),
+                                           ("MIXED+DRAIN", "Kill task failed"),
+                                           ("IDLE", None)])
+def test_success_never_undrains_someone_elses_drain(slurm, tmp_path, state, reason):
+    slurm.node("gpu01", state, reason)
+    r = gate_slurm(slurm, tmp_path, GOOD)
+    assert r.returncode == 0
+    assert slurm.updates() == []
+
+
+def test_node_name_falls_back_to_short_hostname(slurm, tmp_path):
+    r = run_gate("--snapshot", BAD, "--slurm", cwd=tmp_path, path_prepend=slurm.bin,
+                 env={**slurm.env, "SLURMD_NODENAME": ""})
+    assert r.returncode == 2
+    short = socket.gethostname().split(".")[0]
+    assert slurm.calls()[0] == ["show", "node", short]
+    assert slurm.updates()[0][1] == f"nodename={short}"
+
+
+def test_scontrol_update_failure_is_reported_and_gate_still_closed(slurm, tmp_path):
+    r = gate_slurm(slurm, tmp_path, BAD, env={"SCONTROL_UPDATE_RC": "1"})
+    assert r.returncode == 2
+    assert "slurm: could not drain gpu01" in r.stdout and "Invalid node state" in r.stdout
+
+
+def test_parse_show_node_and_reason():
+    info = parse_show_node("NodeName=n1 Arch=x86_64\n   State=DOWN+DRAIN+NOT_RESPONDING ThreadsPerCore=1\n"
+                           "   Reason=gpudoctor: cuInit → 999 [root@2024-05-02T09:00:00]\n")
+    assert info.drained and info.ours and info.reason == "gpudoctor: cuInit → 999"
+    assert parse_show_node("NodeName=n1\n   State=IDLE\n   Reason=(null)\n").reason is None
+    long = make_reason("x" * 500)
+    assert long.startswith("gpudoctor: x") and len(long) <= 200
+
+
+def npd(tmp_path, *args):
+    return run_gate("--npd", *args, cwd=tmp_path)
+
+
+def test_npd_ok_problem_unknown_each_exactly_one_line(tmp_path):
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert (r.returncode, r.stdout) == (0, "gpudoctor: ok (profile default)\n")
+    r = npd(tmp_path, "--snapshot", BAD)
+    assert r.returncode == 1 and r.stdout.count("\n") == 1
+    assert r.stdout.startswith(f"gpudoctor: {ROOT_CAUSE}")
+    r = npd(tmp_path, "--snapshot", str(tmp_path / "nope.json"))
+    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "no such snapshot file" in r.stdout
+    (tmp_path / "inventory.yaml").write_text("profiles: [\n")
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "inventory.yaml:2: YAML syntax error" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_npd_unreachable_host_is_unknown(tmp_path):
+    # --host names no inventory host: the gate cannot check it, NPD hears "unknown" in one line
+    r = npd(tmp_path, "--host", "ct999", "--inventory", str(tmp_path / "inv.yaml"))
+    assert r.returncode == 2 and r.stdout.count("\n") == 1
