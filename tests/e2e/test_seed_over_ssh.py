@@ -105,9 +105,12 @@ def test_fix_over_ssh_then_the_container_is_healthy_and_a_second_fix_changes_not
     assert "PLAN  lxc.cgroup_allow on kpro6:" in r.stdout
     assert lab.px.config_file().read_bytes() == SEED_CONFIG and lab.px.backups() == []
     # apply with the guarded reboot: pct exec finds no GPU process in ct200, pct reboot rebuilds its device cgroup
-    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--reboot", *state)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", "--reboot", *state)
     assert "APPLIED  lxc.cgroup_allow on kpro6:" in r.stdout and "restarted: ct200 rebooted and is running" in r.stdout
+    # fix re-checks ct200 after the change: only the leftover 509 rule (a warning) is left
+    assert "NEW VERDICT ct200: WARN (exit 1; was FAIL)" in r.stdout
+    assert "root cause: boundary.lxc.stale_allow[c 509]" in r.stdout
+    assert r.returncode == 1, r.stdout + r.stderr
     assert lab.px.config_file().read_bytes() == SEED_FIXED
     assert [b.read_bytes() for b in lab.px.backups()] == [SEED_CONFIG]
     assert oct(lab.px.config_file().stat().st_mode & 0o777) == "0o640"
@@ -124,8 +127,9 @@ def test_fix_over_ssh_then_the_container_is_healthy_and_a_second_fix_changes_not
     assert code == 1
     # a second fix has nothing to do and touches nothing
     before = lab.px.config_file().stat()
-    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", *state)
-    assert r.returncode == 0 and "nothing to fix" in r.stdout, r.stdout + r.stderr
+    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state)
+    assert "nothing to fix" in r.stdout and "APPLIED" not in r.stdout, r.stdout + r.stderr
+    assert "VERDICT ct200: WARN (exit 1; nothing was changed)" in r.stdout and r.returncode == 1
     after = lab.px.config_file().stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert len(lab.px.backups()) == 1
