@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -154,9 +155,10 @@ def make_proxmox(d: Path, guests: dict) -> Proxmox:
         os.chmod(p, mode)
     lab_json = d / "lab.json"
     lab_json.write_text(json.dumps({"root": str(root), "config_dir": "/etc/pve/lxc", "state_dir": str(state),
-                                    "guests": guests}, indent=1))
+                                    "nsenter": shutil.which("nsenter") or "/usr/bin/nsenter", "guests": guests},
+                                   indent=1))
     pct = root / "usr/sbin/pct"
-    pct.write_text(f"#!/bin/sh\nexec /usr/bin/python3 -I -S {STANDINS / 'pct.py'} {lab_json} \"$@\"\n")
+    pct.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S {STANDINS / 'pct.py'} {lab_json} \"$@\"\n")
     os.chmod(pct, 0o755)
     px = Proxmox(root, lab_json, pct, state)
     px.write_config(SEED_CONFIG)

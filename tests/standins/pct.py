@@ -182,6 +182,8 @@ def build_dev(lab: Lab, vmid: str) -> None:
                 continue
             die(f"lxc-start: mount source {src} does not exist; the container did not start", 1)
         target = os.path.join(dev, dst)
+        if os.path.lexists(target):
+            continue  # passed twice (a mount entry and a devN:): one node
         os.makedirs(os.path.dirname(target), exist_ok=True)
         copy_node(lab.real(src), target)
 
@@ -237,7 +239,8 @@ def main(argv: list[str]) -> int:
             fh.write(str(os.getpid()))
         with open(g["init_pid_file"]) as fh:
             pid = fh.read().strip()
-        os.execve("/usr/bin/nsenter", ["nsenter", "-t", pid, "-m", "-p", "-u", "--", *rest], g["env"])
+        nsenter = lab.d.get("nsenter", "/usr/bin/nsenter")
+        os.execve(nsenter, ["nsenter", "-t", pid, "-m", "-p", "-u", "--", *rest], g["env"])
     else:
         die(f"400 unknown command 'pct {cmd}'")
     return 0
