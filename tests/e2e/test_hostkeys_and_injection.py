@@ -81,14 +81,16 @@ def yq(s: str) -> str:
 @pytest.mark.parametrize("payload", PAYLOADS, ids=["semicolon", "dollar-paren", "backtick", "squote", "dquote",
                                                    "newline"])
 def test_shell_in_inventory_values_runs_nothing(seed_lab, tmp_path, payload):
-    """check --host with a hostile `pct:` (and no vmid, so `pct list` runs), lxc audit --host with a hostile
-    `config_dir:`; a hostile description rides along. They arrive as one literal argument / path each."""
+    """check --host with a hostile `pct:` (and no vmid, so `pct list` runs) and `expect.model_paths:`, lxc audit
+    --host with a hostile `config_dir:`; a hostile description rides along. Each arrives as one literal argument
+    or path."""
     lab = seed_lab
     marker = tmp_path / "marker"
     p = payload.format(m=marker)
-    pct, config_dir = str(lab.px.pct) + p, "/etc/pve/lxc" + p
+    pct, config_dir, model = str(lab.px.pct) + p, "/etc/pve/lxc" + p, "/srv/models/Qwen3" + p
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(lab.inventory_text(vmid=None, host_extra=f"    description: {yq('ct' + p)}\n", pct=[pct]))
+    inv.write_text(lab.inventory_text(vmid=None, host_extra=f"    description: {yq('ct' + p)}\n", pct=[pct])
+                   .replace("    expect: {gpus: 1}\n", f"    expect: {{gpus: 1, model_paths: [{yq(model)}]}}\n"))
     calls = lab.px.calls()
     r = gd("check", "--host", "ct200", "--inventory", str(inv), "--json")
     assert "Traceback" not in r.stderr
@@ -98,6 +100,8 @@ def test_shell_in_inventory_values_runs_nothing(seed_lab, tmp_path, payload):
     assert cfg["status"] == "unknown"
     assert cfg["summary"].startswith(f"cannot find the container's VMID on kpro6: $ {shlex.quote(pct)} list → rc 127")
     assert lab.px.calls() == calls  # the real pct stand-in never ran
+    complete = next(f for f in d["findings"] if f["id"] == "workload.model.complete")
+    assert complete["subject"] == model and complete["summary"] == f"model directory {model} does not exist"
     inv.write_text(lab.inventory_text(config_dir=config_dir))
     r = gd("lxc", "audit", "--host", "ct200", "--inventory", str(inv))
     assert r.returncode == 3 and r.stdout == ""
