@@ -34,7 +34,7 @@ def driver_loaded(facts):
 def uvm_loaded(facts):
     """nvidia-smi works without nvidia_uvm, CUDA does not: cuInit then fails with 999."""
     h = facts.get("host")
-    if not h or h["modules"].get("error"):
+    if not h:
         return None
     if "nvidia_uvm" in h["modules"].get("nvidia", []):
         return Finding("host.uvm.loaded", Status.OK, "nvidia_uvm is loaded",
@@ -42,6 +42,8 @@ def uvm_loaded(facts):
     if "nvidia-uvm" in h["proc_devices"].get("char", {}):
         return Finding("host.uvm.loaded", Status.OK, "nvidia-uvm is registered (built in or loaded)",
                        evidence=[f"/proc/devices: {h['proc_devices']['char']['nvidia-uvm']} nvidia-uvm"])
+    if h["modules"].get("error"):
+        return None  # neither /proc/modules (a kernel without module support has none) nor /proc/devices tells
     return Finding("host.uvm.loaded", Status.FAIL, "nvidia_uvm is not loaded: CUDA cannot initialise",
                    evidence=["/proc/modules has no nvidia_uvm", "/proc/devices has no nvidia-uvm"],
                    hint="Run `nvidia-modprobe -u -c 0` (loads nvidia_uvm and creates /dev/nvidia-uvm*) on the host.",

@@ -99,16 +99,28 @@ def mark_blocked(findings: list[Finding]) -> None:
             f.blocked_by = None
 
 
+def chain_step(summary: str) -> str:
+    """A summary as one step of the chain: its first clause, without inner arrows (the chain has its own).
+
+    "cuInit → 999 CUDA_ERROR_UNKNOWN: unknown error — …" → "cuInit 999 CUDA_ERROR_UNKNOWN";
+    "/dev/nvidia-uvm: major 511 (nvidia-uvm) is not allowed by ct200's config; opening it …" keeps its subject."""
+    head = summary.split("; ", 1)[0]
+    first, sep, _rest = head.partition(": ")
+    if sep and " → " in first:  # an outcome ("open(X) → EPERM") before the colon; what follows explains it
+        head = first
+    return head.replace(" → ", " ")
+
+
 def explain_chain(root: Finding, findings: list[Finding]) -> list[str]:
-    """From what works down to the root cause: "NVML ok → cuInit 999 → … → root cause: …"."""
+    """From what works down to the root cause: "NVML ok → cuInit 999 → open(/dev/nvidia-uvm) EPERM → root cause: …"."""
     chain: list[str] = []
     nvml = next((f for f in findings if f.id == "driver.nvml.init"), None)
     symptoms = [f for f in findings if f.blocked_by == root.key]
     if nvml and nvml.status == Status.OK and root.layer != "driver":
         chain.append(nvml.summary.split(":")[0])  # "NVML ok"
     for f in sorted(symptoms, key=lambda f: -LAYERS.index(f.layer) if f.layer in LAYERS else 0):
-        chain.append(f.summary)
-    chain.append(f"root cause: {root.summary}")
+        chain.append(chain_step(f.summary))
+    chain.append(f"root cause: {chain_step(root.summary)}")
     return chain
 
 

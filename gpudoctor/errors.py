@@ -25,8 +25,14 @@ class InputError(GpudoctorError):
     def one_line(self) -> str:
         where = ""
         if self.path:
-            where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
+            path = _printable(str(self.path))
+            where = f"{path}:{self.line}: " if self.line else f"{path}: "
         return where + " ".join(self.message.split())
+
+
+def _printable(s: str) -> str:
+    """A path as one line: control characters (a newline in a hostile name) escaped as Python would."""
+    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
 
 
 class InventoryError(InputError):

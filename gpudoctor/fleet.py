@@ -226,8 +226,7 @@ def open_check_target(name: str, inventory, timeout: float = 10.0):
 
         inventory = load_inventory(inventory)
     t = open_target(name, inventory)
-    ctx = GatherContext(name=t.name, expect_gpus=t.expect_gpus, model_paths=list(t.model_paths or []),
-                        proxmox=t.proxmox, vmid=t.vmid, timeout=timeout)
+    ctx = t.gather_context(timeout=timeout)  # with the Proxmox node's config_dir and pct
     policy = getattr(inventory, "policy", None)
     if policy is not None and hasattr(policy, "as_dict"):
         from gpudoctor.gather.context import policy_from_inventory

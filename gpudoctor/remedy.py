@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from gpudoctor.errors import GpudoctorError, LockHeld, RemedyError
+from gpudoctor.errors import GpudoctorError, HostUnreachable, LockHeld, RemedyError
 from gpudoctor.findings import Finding, Status
 from gpudoctor.log import get_logger
 
@@ -320,10 +320,11 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - reported, logged, never half-silent
                 detail = exc.one_line() if isinstance(exc, GpudoctorError) else f"{type(exc).__name__}: {exc}"
                 return self._record(Outcome(change, "failed", detail))
-            try:
-                finding = remedy.verify(host, change, self.ctx)
-            except Exception as exc:  # noqa: BLE001
-                finding = Finding(f"{change.remedy}.verify", Status.UNKNOWN, f"verification crashed: {exc}")
+            finding = self._verify(remedy, host, change)
+            if finding is None:  # the host went away twice: a change that may well be in place is not undone blindly
+                return self._record(Outcome(change, "failed", f"applied, but {change.host} could not be reached to "
+                                            f"verify it; nothing was rolled back: run again to verify or finish it",
+                                            None, applied))
             if finding.status in (Status.OK, Status.INFO):
                 out = Outcome(change, "applied" if applied.get("changed", True) else "unchanged",
                               finding.summary, finding, applied)
@@ -343,6 +344,19 @@ class Engine:
                 return self._record(Outcome(change, "rollback_failed",
                                             f"verification failed ({finding.summary}) and the rollback failed: "
                                             f"{detail}", finding, applied))
+
+    def _verify(self, remedy: Remedy, host, change: Change) -> Finding | None:
+        """verify(), asked again once when the connection dropped (the Host reconnects); None if it drops again.
+        A lost connection says nothing about the change, so it must not trigger a rollback by itself."""
+        for attempt in (1, 2):
+            try:
+                return remedy.verify(host, change, self.ctx)
+            except HostUnreachable as exc:
+                self.log.warning("remedy.verify.unreachable", remedy=change.remedy, host=change.host,
+                                 attempt=attempt, detail=exc.one_line())
+            except Exception as exc:  # noqa: BLE001
+                return Finding(f"{change.remedy}.verify", Status.UNKNOWN, f"verification crashed: {exc}")
+        return None
 
     def _record(self, out: Outcome) -> Outcome:
         c = out.change

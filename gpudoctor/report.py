@@ -16,8 +16,9 @@ def to_json(d: Diagnosis) -> str:
     return json.dumps(d.to_json(), indent=2, sort_keys=False)
 
 
-def render(d: Diagnosis, console, verbose: bool = False) -> None:
-    """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence."""
+def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None) -> None:
+    """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence.
+    `host`: the inventory name the check ran on over SSH, so the remedy line names it (`fix --host NAME`)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -35,7 +36,9 @@ def render(d: Diagnosis, console, verbose: bool = False) -> None:
         if rc.hint:
             console.print(f"    fix: {escape(rc.hint)}")
         if rc.remedy:
-            console.print(f"    remedy: gpudoctor fix --only {escape(rc.remedy)}")
+            where = f"--host {host} " if host else ""
+            console.print(f"    remedy: gpudoctor fix {escape(where)}--only {escape(rc.remedy)}   (dry run: shows the "
+                          f"diff; add --apply to make the change)")
         if len(d.chain) > 1:
             console.print("    chain: " + escape(" → ".join(d.chain)))
         if len(d.root_causes) > 1:

@@ -61,6 +61,10 @@ def facts_of(doc: dict, regather: bool = True) -> dict:
     ctx = GatherContext(name=doc.get("host", "snapshot"), expect_gpus=c.get("expect_gpus"),
                         model_paths=c.get("model_paths") or [], vmid=c.get("vmid"), policy=c.get("policy") or {},
                         sglang_url=c.get("sglang_url"), timeout=c.get("timeout") or 10.0)
+    if c.get("lxc_config_dir"):
+        ctx.lxc_config_dir = c["lxc_config_dir"]
+    if c.get("pct"):
+        ctx.pct = list(c["pct"])
     if isinstance(doc.get("proxmox_transcript"), dict):
         ctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
     facts = gather(ReplayHost(name=ctx.name, transcript=doc["transcript"]), ctx)

@@ -132,7 +132,7 @@ class LxcCgroupAllow(Remedy):
     def _data(b: dict, inp: AuditInput, before: bytes, after: bytes, majors, removed, inserted) -> dict:
         return {"path": inp.cfg.path, "vmid": inp.vmid, "label": inp.label,
                 "devices_path": (b.get("proc_devices") or {}).get("path", "/proc/devices"),
-                "running_path": (b.get("running") or {}).get("path"),
+                "running_path": (b.get("running") or {}).get("path"), "pct": list(b.get("pct") or pct.PCT),
                 "before_b64": _b64(before), "after_b64": _b64(after),
                 "majors": majors, "removed_lines": removed, "inserted": inserted}
 
@@ -205,7 +205,8 @@ class LxcCgroupAllow(Remedy):
         vmid = d.get("vmid")
         if vmid is None:
             return RebootOutcome(False, "no VMID known for this config: restart the container by hand")
-        res = pct.safe_reboot(host, int(vmid), wait_s=ctx.reboot_wait_s, timeout=ctx.timeout, label=d.get("label"))
+        res = pct.safe_reboot(host, int(vmid), wait_s=ctx.reboot_wait_s, timeout=ctx.timeout, label=d.get("label"),
+                              cmd=tuple(d.get("pct") or pct.PCT))
         if not res.done:
             return RebootOutcome(False, res.message, {"evidence": res.evidence})
         # re-check: the running config LXC generated at start must now allow what we added

@@ -138,15 +138,18 @@ MaxSessions 10
 LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
-SetEnv SHLVL=1
+SetEnv SHLVL=1{setenv}
 {extra}
 """
 
 
 def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", start_timeout: float = 10.0,
-               sftp: bool = True) -> SSHD:
+               sftp: bool = True, setenv: dict[str, str] | None = None, wrap: list[str] | None = None) -> SSHD:
     """Start sshd -D -e on a free loopback port, serving the current user with throwaway keys in `d`.
-    sftp=False serves no SFTP subsystem (like a minimal container), so file operations take the python path."""
+
+    sftp=False serves no SFTP subsystem (like a minimal container), so file operations take the python path.
+    setenv: more variables for every session (sshd_config SetEnv; values without spaces). wrap: a command line that
+    ends by exec'ing its arguments (the sshd command), e.g. to start the server in a cgroup or namespaces."""
     sshd = find_sshd()
     if sshd is None:
         raise RuntimeError("OpenSSH server (sshd) is not installed: apt-get install openssh-server (see .ci/run)")
@@ -163,11 +166,12 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
     for _attempt in range(5):
         port = free_port()
         cfg = d / "sshd_config"
-        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config,
-                                    sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
+        env = "".join(f" {k}={v}" for k, v in (setenv or {}).items())
+        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config, setenv=env,
+                                     sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
-            proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([*(wrap or []), sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
                                     stdout=logf, stderr=logf, start_new_session=True)
         if _wait_banner(port, proc, start_timeout):
             kh = d / "known_hosts"
@@ -199,12 +203,14 @@ class CutProxy:
     """A loopback TCP proxy in front of a server that cuts the connection after `cut_after` bytes (both ways).
 
     For fault injection: sweep cut_after over a range and every phase of a remote operation gets interrupted.
-    cut_after=None forwards forever. `cuts` counts connections it cut.
+    cut_after=None forwards forever. `cuts` counts connections it cut. With stay_down, every connection after the
+    first cut is cut at once (the host stays unreachable: nothing can be cleaned up or retried over SSH).
     """
 
-    def __init__(self, target_port: int, cut_after: int | None = None):
+    def __init__(self, target_port: int, cut_after: int | None = None, stay_down: bool = False):
         self.target_port = target_port
         self.cut_after = cut_after
+        self.stay_down = stay_down
         self.cuts = 0
         self.forwarded = 0  # bytes passed on, both directions, all connections
         self._srv = socket.socket()
@@ -230,7 +236,7 @@ class CutProxy:
                 continue
             with self._lock:
                 self._socks += [c, s]
-            budget = [self.cut_after]
+            budget = [0 if self.stay_down and self.cuts else self.cut_after]
             for a, b in ((c, s), (s, c)):
                 threading.Thread(target=self._pump, args=(a, b, c, s, budget), daemon=True).start()
 

@@ -17,13 +17,23 @@ def _console():
 
 
 def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout):
-    """(Host, GatherContext) for the local machine or an inventory host."""
+    """(Host, GatherContext) for the local machine or an inventory host; for an LXC guest the context carries its
+    Proxmox node (ctx.proxmox, ctx.vmid, config_dir, pct), so the boundary layer is read from there over SSH.
+
+    Both connections are opened here, before anything runs: an unknown or changed host key on either refuses the
+    whole run (HostKeyError, exit 3)."""
     from gpudoctor.gather.context import GatherContext
 
     if host_name and host_name not in ("local", "localhost"):
         from gpudoctor.fleet import open_check_target
+        from gpudoctor.host.factory import connect_all
 
         host, ctx = open_check_target(host_name, inventory, timeout)
+        try:
+            connect_all(host, ctx.proxmox)
+        except BaseException:
+            _close(host, ctx)
+            raise
     else:
         from gpudoctor.host.local import LocalHost
 
@@ -36,6 +46,12 @@ def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         ctx.sglang_url = sglang_url
     ctx.timeout = timeout
     return host, ctx
+
+
+def _close(host, ctx) -> None:
+    host.close()
+    if ctx.proxmox is not None:
+        ctx.proxmox.close()
 
 
 def _hostname() -> str:
@@ -118,8 +134,10 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
         if deep:
             ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
-        with host:
+        try:
             facts = gather(host, ctx)
+        finally:
+            _close(host, ctx)
     d = diagnose(facts, set(only) or None)
     if prom_path:
         import time
@@ -136,7 +154,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     else:
         from gpudoctor.report import render
 
-        render(d, _console(), verbose=show_all)
+        remote = host_name if host_name and host_name not in ("local", "localhost") and not snapshot_path else None
+        render(d, _console(), verbose=show_all, host=remote)
     raise SystemExit(d.exit_code)
 
 
@@ -210,8 +229,10 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor.atomic import atomic_write
 
     host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-    with host:
+    try:
         doc = snap.take(host, ctx)
+    finally:
+        _close(host, ctx)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)

@@ -168,9 +168,7 @@ def _open_target(host_name, inventory, models, timeout, mrrs):
 
         inv = load_inventory(inventory)
         t = open_target(host_name, inv)
-        ctx = GatherContext(name=t.name, expect_gpus=t.expect_gpus, model_paths=list(t.model_paths or []),
-                            proxmox=t.proxmox, vmid=t.vmid, policy=policy_from_inventory(inv.policy, mrrs=mrrs),
-                            timeout=timeout)
+        ctx = t.gather_context(policy=policy_from_inventory(inv.policy, mrrs=mrrs), timeout=timeout)
         hosts = {t.name: t.host}
         if t.proxmox is not None:
             hosts[t.proxmox.name] = t.proxmox
@@ -310,6 +308,11 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     else:
         host, hosts, ctx = _open_target(host_name, inventory, models, timeout, int(mrrs) if mrrs else None)
     try:
+        if host_name and host_name not in ("local", "localhost"):
+            from gpudoctor.host.factory import connect_all
+
+            # both connections first: an unknown or changed host key refuses the run before anything runs anywhere
+            connect_all(host, next((h for h in hosts.values() if h is not host), None))
         if ctx is not None:
             from gpudoctor.gather import gather
 

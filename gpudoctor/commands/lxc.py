@@ -22,13 +22,19 @@ def lxc():
     """Audit and fix a Proxmox LXC container's GPU device boundary.
 
     Run on the Proxmox host with a VMID (reads /etc/pve/lxc/VMID.conf, /proc/devices, the running config and
-    `pct status`), or anywhere with --config/--devices files (offline, e.g. copies from the host).
+    `pct status`), from anywhere over SSH with --host (an inventory guest, or a Proxmox host and a VMID), or
+    anywhere with --config/--devices files (offline, e.g. copies from the host).
     """
 
 
-def _target(vmid, config_path):
+def _target(vmid, config_path, host_name=None, devices_path=None, running_path=None):
+    if host_name is not None:
+        if config_path or devices_path or running_path:
+            raise click.UsageError("--host reads the Proxmox host's own files: --config, --devices and --running "
+                                   "cannot be combined with it")
+        return
     if (vmid is None) == (config_path is None):
-        raise click.UsageError("give exactly one of VMID or --config PATH")
+        raise click.UsageError("give exactly one of VMID or --config PATH (or --host NAME)")
 
 
 def _facts(vmid, config_path, devices_path, running_path) -> dict:
@@ -36,29 +42,97 @@ def _facts(vmid, config_path, devices_path, running_path) -> dict:
     from gpudoctor.gather.boundary import gather_lxc
     from gpudoctor.host.local import LocalHost
     from gpudoctor.proxmox.audit import vmid_from_path
-    from gpudoctor.proxmox.config import read as read_config
-    from gpudoctor.proxmox.devices import ProcDevices
 
     on_host = vmid is not None
     vm = vmid if on_host else vmid_from_path(config_path)
     b = gather_lxc(LocalHost(), vm, config=config_path, devices=devices_path or "/proc/devices",
                    running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host)
+    return {"boundary": _validated(b, running_given=running_path is not None)}
+
+
+def _validated(b: dict, *, running_given: bool, where: str = "") -> dict:
+    """An unusable config or /proc/devices is one line naming the file (on `where`, a remote host) and exit 3."""
+    from gpudoctor.proxmox.config import read as read_config
+    from gpudoctor.proxmox.devices import ProcDevices
+
     conf = b["config"]
     if conf["text"] is None:
-        raise ConfigError(f"cannot read it ({conf['error']})", path=conf["path"])
-    read_config(conf["path"], conf["text"].encode("utf-8", "surrogateescape"))  # raises ConfigError if unusable
+        raise ConfigError(f"cannot read it ({conf['error']})", path=where + conf["path"])
+    try:
+        read_config(conf["path"], conf["text"].encode("utf-8", "surrogateescape"))  # raises ConfigError if unusable
+    except ConfigError as exc:
+        if where:
+            exc.path = where + (exc.path or conf["path"])
+        raise
     pd = b["proc_devices"]
     if pd["text"] is None:
-        raise InputError(f"cannot read it ({pd['error']})", path=pd["path"])
+        raise InputError(f"cannot read it ({pd['error']})", path=where + pd["path"])
     if not ProcDevices.parse(pd["text"]).text_ok:
-        raise InputError("not a /proc/devices file: no 'Character devices:' section with entries", path=pd["path"],
-                         line=1)
+        raise InputError("not a /proc/devices file: no 'Character devices:' section with entries",
+                         path=where + pd["path"], line=1)
     run = b.get("running")
     if run is not None and run["text"] is None:
-        if running_path is not None:
-            raise InputError(f"cannot read it ({run['error']})", path=run["path"])
+        if running_given:
+            raise InputError(f"cannot read it ({run['error']})", path=where + run["path"])
         b["running"] = None  # never started since boot: there is no running config to compare
-    return {"boundary": b}
+    return b
+
+
+def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
+    """(facts, Proxmox Host) for --host: an inventory LXC guest (its Proxmox node; its VMID from the inventory, the
+    VMID argument, or `pct list` by its name) or an inventory Proxmox host with a VMID. Connects before reading."""
+    from gpudoctor.errors import InventoryError
+    from gpudoctor.gather.boundary import gather_lxc
+    from gpudoctor.host.factory import host_for
+    from gpudoctor.inventory import load_inventory
+    from gpudoctor.proxmox import pct
+
+    inv = load_inventory(inventory)
+    if host_name in inv.hosts:
+        entry = inv.hosts[host_name]
+        if entry.lxc is None:
+            raise InventoryError(f"host {host_name} is not an LXC guest (it has no lxc: {{proxmox: NAME}}); give its "
+                                 f"Proxmox host and the VMID instead: --host PROXMOX VMID", path=inv.path,
+                                 line=entry.line or None)
+        pxe, guest = entry.lxc.proxmox, entry.name
+        vmid = vmid if vmid is not None else entry.lxc.vmid
+    elif host_name in inv.proxmox:
+        pxe, guest = inv.proxmox[host_name], None
+        if vmid is None:
+            raise click.UsageError(f"{host_name} is a Proxmox host: give the container's VMID too")
+    else:
+        known = ", ".join(sorted([*inv.hosts, *inv.proxmox])) or "none"
+        raise InventoryError(f"no host or proxmox host named {host_name!r} (known: {known})", path=inv.path)
+    px = host_for(pxe)
+    try:
+        connect = getattr(px, "connect", None)
+        if connect is not None:
+            connect()  # an unknown host key refuses here, before anything runs
+        if vmid is None:
+            vmid, ev = pct.find_vmid(px, guest, timeout, cmd=pxe.pct)
+            if vmid is None:
+                raise InputError(f"cannot find the VMID of {guest} on {pxe.name}: {ev}; put lxc: {{vmid: N}} in the "
+                                 f"inventory or pass the VMID", path=inv.path)
+        b = gather_lxc(px, int(vmid), name=guest, timeout=timeout, config_dir=pxe.config_dir, pct_cmd=pxe.pct)
+        return {"boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, px
+    except BaseException:
+        px.close()
+        raise
+
+
+_host_options = [
+    click.option("--host", "host_name", metavar="NAME",
+                 help="Over SSH: an inventory LXC guest (its Proxmox host and VMID come from the inventory, or "
+                      "`pct list`), or an inventory Proxmox host together with VMID."),
+    click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
+                 help="Inventory file for --host (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml)."),
+]
+
+
+def host_options(f):
+    for o in reversed(_host_options):
+        f = o(f)
+    return f
 
 
 @lxc.command("audit", epilog=AUDIT_EXIT_DOC)
@@ -68,7 +142,8 @@ def _facts(vmid, config_path, devices_path, running_path) -> dict:
 @click.option("--running", "running_path", metavar="PATH",
               help="The running config LXC generated at start (default with VMID: /var/lib/lxc/VMID/config).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
-def audit(vmid, config_path, devices_path, running_path, as_json):
+@host_options
+def audit(vmid, config_path, devices_path, running_path, as_json, host_name, inventory):
     """Check that every /dev/nvidia* node the container is given is allowed by its LIVE config section.
 
     For each node from lxc.mount.entry and devN: lines it looks up the node's live major in the host's
@@ -79,6 +154,8 @@ def audit(vmid, config_path, devices_path, running_path, as_json):
     \b
     Examples:
       gpudoctor lxc audit 200                     on the Proxmox host
+      gpudoctor lxc audit --host ct200            from anywhere, over SSH (inventory)
+      gpudoctor lxc audit --host kpro6 200        the same, naming the Proxmox host
       gpudoctor lxc audit --config 200.conf --devices proc-devices.txt
       gpudoctor lxc audit 200 --json
     """
@@ -86,8 +163,12 @@ def audit(vmid, config_path, devices_path, running_path, as_json):
     from gpudoctor.proxmox.audit import audit as run_audit
     from gpudoctor.proxmox.audit import input_from_facts
 
-    _target(vmid, config_path)
-    facts = _facts(vmid, config_path, devices_path, running_path)
+    _target(vmid, config_path, host_name, devices_path, running_path)
+    if host_name:
+        facts, px = _remote(host_name, inventory, vmid)
+        px.close()
+    else:
+        facts = _facts(vmid, config_path, devices_path, running_path)
     inp = input_from_facts(facts["boundary"])
     findings = run_audit(inp)
     verdict = worst(f.status for f in findings)
@@ -116,7 +197,9 @@ def audit(vmid, config_path, devices_path, running_path, as_json):
 @click.option("--running", "running_path", metavar="PATH",
               help="The running config (default with VMID: /var/lib/lxc/VMID/config).")
 @engine_options
-def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir, audit_log, lock_dir, as_json):
+@host_options
+def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir, audit_log, lock_dir, as_json,
+        host_name, inventory):
     """Add the missing allow rules to the container's live config section; dry run unless --apply.
 
     Inserts `lxc.cgroup2.devices.allow: c MAJOR:* rwm` for each GPU node whose live major is not allowed, before
@@ -133,16 +216,27 @@ def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir
     Examples:
       gpudoctor lxc fix 200                       show the plan and diff
       gpudoctor lxc fix 200 --apply --reboot      fix, then restart if no GPU job runs
+      gpudoctor lxc fix --host ct200 --apply      from anywhere, over SSH to ct200's Proxmox host
       gpudoctor lxc fix --config 200.conf --devices proc-devices.txt --apply
+
+    Over SSH (--host) the backup is written on the Proxmox host (--backup-dir is a path there); the audit log
+    and the lock stay on this machine.
     """
-    from gpudoctor.host.local import LocalHost
     from gpudoctor.remedies.lxc_cgroup import LxcCgroupAllow
 
-    _target(vmid, config_path)
+    _target(vmid, config_path, host_name, devices_path, running_path)
     if reboot and not apply:
         raise click.UsageError("--reboot needs --apply")
-    facts = _facts(vmid, config_path, devices_path, running_path)
-    local = LocalHost()
-    engine = make_engine([LxcCgroupAllow()], {local.name: local}, backup_dir=backup_dir, audit_log=audit_log,
-                         lock_dir=lock_dir, reboot=reboot)
-    raise SystemExit(run_engine(engine, facts, apply=apply, as_json=as_json))
+    if host_name:
+        facts, host = _remote(host_name, inventory, vmid)
+    else:
+        from gpudoctor.host.local import LocalHost
+
+        facts, host = _facts(vmid, config_path, devices_path, running_path), LocalHost()
+    try:
+        engine = make_engine([LxcCgroupAllow()], {host.name: host}, backup_dir=backup_dir, audit_log=audit_log,
+                             lock_dir=lock_dir, reboot=reboot)
+        code = run_engine(engine, facts, apply=apply, as_json=as_json)
+    finally:
+        host.close()
+    raise SystemExit(code)

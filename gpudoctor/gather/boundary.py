@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from gpudoctor.errors import HostUnreachable
 from gpudoctor.proxmox import pct
 from gpudoctor.proxmox.config import parse as parse_config
 
@@ -16,8 +17,8 @@ CONFIG_DIR = "/etc/pve/lxc"
 PROC_DEVICES = "/proc/devices"
 
 
-def config_path(vmid: int) -> str:
-    return f"{CONFIG_DIR}/{vmid}.conf"
+def config_path(vmid: int, config_dir: str = CONFIG_DIR) -> str:
+    return f"{config_dir.rstrip('/') or ''}/{int(vmid)}.conf"
 
 
 def running_path(vmid: int) -> str:
@@ -32,17 +33,19 @@ def _read(host, path: str, timeout: float, max_bytes: int = (1 << 20) + 1) -> di
 
 def gather_lxc(px, vmid: int | None, *, config: str | None = None, devices: str = PROC_DEVICES,
                running: str | None = None, name: str | None = None, timeout: float = 10.0,
-               ask_status: bool = True, stat_nodes: bool = True, read_running: bool = True) -> dict:
+               ask_status: bool = True, stat_nodes: bool = True, read_running: bool = True,
+               config_dir: str = CONFIG_DIR, pct_cmd=pct.PCT) -> dict:
     """Everything the boundary checks and the LXC remedy need, from the Proxmox host `px`."""
-    cpath = config or config_path(vmid)
+    cpath = config or config_path(vmid, config_dir)
     out: dict = {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": vmid, "name": name,
+                 "pct": list(pct_cmd),
                  "config": _read(px, cpath, timeout), "proc_devices": _read(px, devices, timeout, 1 << 20)}
     rpath = running or (running_path(vmid) if vmid is not None and read_running else None)
     out["running"] = _read(px, rpath, timeout) if rpath else None
     sv = px.statvfs(os.path.dirname(cpath) or ".", timeout)
     out["config"]["readonly"] = sv.get("readonly")
     if ask_status and vmid is not None:
-        st, res = pct.status(px, vmid, timeout)
+        st, res = pct.status(px, vmid, timeout, cmd=pct_cmd)
         out["status"] = {"status": st, "evidence": res.describe()}
     else:
         out["status"] = {"status": None, "evidence": "not asked"}
@@ -63,13 +66,23 @@ def gather(host, ctx) -> dict:
     if px is None:
         return {"kind": None, "applicable": False,
                 "reason": "no Proxmox host is configured for this target (inventory: lxc: {vmid, proxmox})"}
+    try:
+        return _gather_from(px, ctx)
+    except HostUnreachable as exc:  # the guest's own layers are still checked; this one could not be probed
+        return {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": getattr(ctx, "vmid", None),
+                "name": ctx.name, "error": f"cannot reach the Proxmox host: {exc.one_line()}"}
+
+
+def _gather_from(px, ctx) -> dict:
     vmid, source = getattr(ctx, "vmid", None), "inventory"
+    pct_cmd = tuple(getattr(ctx, "pct", None) or pct.PCT)
+    config_dir = getattr(ctx, "lxc_config_dir", None) or CONFIG_DIR
     if vmid is None:
-        vmid, ev = pct.find_vmid(px, ctx.name, ctx.timeout)
+        vmid, ev = pct.find_vmid(px, ctx.name, ctx.timeout, cmd=pct_cmd)
         source = ev
         if vmid is None:
             return {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": None, "name": ctx.name,
                     "error": f"cannot find the container's VMID on {px.name}: {ev}"}
-    out = gather_lxc(px, int(vmid), name=ctx.name, timeout=ctx.timeout)
+    out = gather_lxc(px, int(vmid), name=ctx.name, timeout=ctx.timeout, config_dir=config_dir, pct_cmd=pct_cmd)
     out["vmid_source"] = source
     return out

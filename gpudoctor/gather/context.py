@@ -13,6 +13,8 @@ class GatherContext:
     model_paths: list[str] = field(default_factory=list)
     proxmox: Any = None  # Host of the Proxmox node, for LXC guests
     vmid: int | None = None
+    lxc_config_dir: str = "/etc/pve/lxc"  # where the Proxmox host keeps container configs (inventory: config_dir)
+    pct: list[str] = field(default_factory=lambda: ["pct"])  # how to run pct there (inventory: pct)
     policy: dict = field(default_factory=dict)
     sglang_url: str | None = None
     timeout: float = 10.0  # deadline of one command or read

@@ -4,6 +4,8 @@
     proxmox_for(entry)           -> Host | None   (the Proxmox node of an LXC host)
     open_host("ct200" | "local") -> Host
     open_target(spec)            -> Target        (host + proxmox + vmid + expectations: what `check` needs)
+    connect_all(host, proxmox) / Target.connect()  (both connections, host keys first: refuse before running anything)
+    Target.gather_context()      -> GatherContext (name, expectations, Proxmox host, vmid, config_dir, pct)
 
 Nothing connects here: connections open on first use, so building a Target for 100 hosts is instant.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from gpudoctor.errors import InventoryError
+from gpudoctor.errors import HostUnreachable, InventoryError
 from gpudoctor.host.base import Host
 
 LOCAL_NAMES = ("local", "localhost")
@@ -60,10 +62,48 @@ class Target:
     expect_gpus: int | None = None
     model_paths: list[str] = field(default_factory=list)
 
+    def connect(self) -> None:
+        """Open the target's connection and its Proxmox node's before anything runs on either (connect_all)."""
+        connect_all(self.host, self.proxmox)
+
+    def gather_context(self, **kw):
+        """The GatherContext a check of this target needs (kw sets further fields, e.g. timeout)."""
+        from gpudoctor.gather.context import GatherContext
+
+        ctx = GatherContext(name=self.name, expect_gpus=self.expect_gpus, model_paths=list(self.model_paths),
+                            proxmox=self.proxmox, vmid=self.vmid, **kw)
+        if self.proxmox_entry is not None:
+            ctx.lxc_config_dir = self.proxmox_entry.config_dir
+            ctx.pct = list(self.proxmox_entry.pct)
+        return ctx
+
     def close(self) -> None:
         self.host.close()
         if self.proxmox is not None:
             self.proxmox.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def connect_all(host: Host, proxmox: Host | None = None) -> None:
+    """Open a target's connection and its Proxmox node's before anything runs on either.
+
+    An unknown or changed host key on either raises HostKeyError, so nothing runs anywhere. An unreachable target
+    raises HostUnreachable; an unreachable Proxmox node does not: the boundary gather then reports it as "could not
+    probe" and every other layer is still checked. Hosts without connections (local) are skipped."""
+    for h in (host, proxmox):
+        fn = getattr(h, "connect", None)
+        if fn is None:
+            continue
+        try:
+            fn()
+        except HostUnreachable:
+            if h is host:
+                raise
 
 
 def open_host(spec: str, inventory=None, *, host_key_policy: str | None = None) -> Host:

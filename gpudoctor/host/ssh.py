@@ -220,6 +220,12 @@ class SSHHost(Host):
                 except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
                     pass
 
+    def connect(self) -> None:
+        """Connect now (host key checked, user authenticated) without running anything; HostKeyError or
+        HostUnreachable when that fails. Callers that talk to several hosts connect to all of them first, so an
+        unknown host key stops the whole run before any command runs anywhere."""
+        self._transport()
+
     def close(self) -> None:
         """Close the connection; a later operation reconnects."""
         with self._lock:
@@ -301,10 +307,9 @@ class SSHHost(Host):
                 timed_out = False
                 rc = chan.recv_exit_status() if chan.exit_status_ready() else None
                 if rc is None or (rc == -1 and not transport.is_active()):
-                    raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}")
+                    raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}")
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise HostUnreachable(f"{self.name}: connection lost while running {quote_argv(argv)[:200]}: "
-                                  f"{exc or type(exc).__name__}") from exc
+            raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}: {_why(exc)}") from exc
         finally:
             self._sessions.release()
         if timed_out:
@@ -328,7 +333,7 @@ class SSHHost(Host):
                 return transport.open_session(timeout=min(left, self.connect_timeout))
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if not transport.is_active():  # paramiko re-raises the dead transport's own error (EOFError...)
-                    raise HostUnreachable(f"{self.name}: connection lost: {exc or type(exc).__name__}") from exc
+                    raise HostUnreachable(f"{self.name}: connection lost: {_why(exc)}") from exc
                 time.sleep(0.02)
 
     @staticmethod
@@ -406,7 +411,7 @@ class SSHHost(Host):
                 raise _SftpTimeout() from exc
             except (paramiko.SSHException, EOFError) as exc:
                 self._sftp = None
-                raise HostUnreachable(f"{self.name}: SFTP failed: {exc or type(exc).__name__}") from exc
+                raise HostUnreachable(f"{self.name}: SFTP failed: {_why(exc)}") from exc
             except OSError as exc:
                 # A closed channel ("Socket is closed") is the connection failing, not the file: never answer
                 # it with a retry through python on a new connection (a rename may already have happened).
@@ -554,6 +559,16 @@ class SSHHost(Host):
             if exc.errno:
                 raise
             raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
+
+
+def _shown(argv: list[str]) -> str:
+    """A command for a message: quoted, an inline program (python -c PROGRAM) shown as <program>, at most 200 chars."""
+    return quote_argv(["<program>" if "\n" in a else a for a in argv])[:200]
+
+
+def _why(exc: BaseException) -> str:
+    """paramiko's messages may be empty or end in ': ' ("Server connection dropped: ")."""
+    return str(exc).strip().rstrip(":").strip() or type(exc).__name__
 
 
 def _rekey_read(r: FileRead, path: str) -> FileRead:

@@ -1,0 +1,151 @@
+"""The seed's worst hour, end to end over real SSH: `gpudoctor check --host ct200` reads the container (a real sshd
+in a real device cgroup) and its Proxmox host, names the missing allow rule for 511 as the root cause with the
+chain, offers the exact fix; `gpudoctor fix --host ct200 --apply --reboot` fixes it on the Proxmox host; the
+container's next check is clean of it; a second fix changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.e2e.lab import SEED_CONFIG, SEED_FIXED
+
+ROOT = "boundary.lxc.cgroup_allow[/dev/nvidia-uvm]"
+
+
+def gd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real CLI in its own process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "gpudoctor", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def check_json(lab, inventory=None) -> tuple[int, dict]:
+    r = gd("check", "--host", "ct200", "--inventory", str(inventory or lab.inventory), "--json")
+    assert r.stderr == "" or "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_check_names_the_missing_511_rule_with_the_chain_and_the_fix(seed_lab):
+    lab = seed_lab
+    r = gd("check", "--host", "ct200", "--inventory", str(lab.inventory))
+    out = r.stdout
+    assert r.returncode == 2, out + r.stderr
+    assert "Traceback" not in r.stderr
+    assert f"Root cause {ROOT}:" in " ".join(out.split())
+    flat = " ".join(out.split())
+    # the chain, from what works to the cause
+    assert ("chain: NVML ok → cuInit 999 CUDA_ERROR_UNKNOWN → open(/dev/nvidia-uvm) EPERM although its mode is 0666 → "
+            "root cause: /dev/nvidia-uvm: major 511 (nvidia-uvm) is not allowed by ct200's config") in flat
+    # the evidence a human can verify, and the exact fix three ways
+    assert "major 511 (nvidia-uvm) is not in ct200's allow-list (has 195, 509, 226, 234)" in flat
+    assert "line 20 `c 511:* rwm` has no key: Proxmox ignores it" in flat
+    assert "add `lxc.cgroup2.devices.allow: c 511:* rwm` to the live section of /etc/pve/lxc/200.conf" in flat
+    assert "`gpudoctor lxc fix 200 --apply` does this safely" in flat
+    assert "devN: /dev/nvidia-uvm" in flat
+    assert "remedy: gpudoctor fix --host ct200 --only lxc.cgroup_allow" in flat
+
+
+def test_every_layer_was_read_for_real_over_ssh(seed_lab):
+    code, d = check_json(seed_lab)
+    assert code == 2 and d["root_cause"]["id"] == "boundary.lxc.cgroup_allow"
+    assert d["root_cause"]["subject"] == "/dev/nvidia-uvm"
+    by = {f["key"] if "key" in f else f"{f['id']}[{f['subject']}]" if f.get("subject") else f["id"]: f
+          for f in d["findings"]}
+    status = {k: f["status"] for k, f in by.items()}
+    # container side: the kernel's EPERM (mode 0666), NVML fine, cuInit 999 from the libcuda stand-in
+    assert status["driver.nvml.init"] == "ok"
+    assert status["devices.node.open[/dev/nvidiactl]"] == "ok" and status["devices.node.open[/dev/nvidia0]"] == "ok"
+    uvm = by["devices.node.open[/dev/nvidia-uvm]"]
+    assert uvm["status"] == "fail" and uvm["blocked_by"] == ROOT
+    assert "open(/dev/nvidia-uvm, O_RDWR) → EPERM although its mode is 0666" in uvm["evidence"]
+    cuda = by["cuda.init"]
+    assert cuda["status"] == "fail" and cuda["blocked_by"] == ROOT and "999" in cuda["summary"]
+    assert status["devices.node.major[/dev/nvidia-uvm]"] == "ok"  # the node itself is right: 511:0
+    assert by["host.platform"]["evidence"][0] == "/proc/1/environ has container=lxc"
+    # Proxmox side: the config and /proc/devices were read from kpro6, vmid from the inventory
+    cfg = by["boundary.lxc.config"]
+    assert cfg["status"] == "ok" and "read /etc/pve/lxc/200.conf on kpro6" in cfg["summary"]
+    assert cfg["data"]["vmid"] == 200 and cfg["data"]["vmid_source"] == "inventory"
+    assert by[ROOT]["data"]["fix_line"] == "lxc.cgroup2.devices.allow: c 511:* rwm"
+    assert d["chain"][0] == "NVML ok" and d["chain"][-1].startswith("root cause: /dev/nvidia-uvm: major 511")
+
+
+def test_vmid_found_by_hostname_with_pct_list(seed_lab, tmp_path):
+    inv = seed_lab.write_inventory(tmp_path / "inventory.yaml", vmid=None)
+    calls = len(seed_lab.px.calls())
+    code, d = check_json(seed_lab, inv)
+    assert code == 2 and d["root_cause"]["id"] == "boundary.lxc.cgroup_allow"
+    cfg = next(f for f in d["findings"] if f["id"] == "boundary.lxc.config")
+    assert cfg["data"]["vmid"] == 200
+    assert cfg["data"]["vmid_source"] == f"$ {seed_lab.px.pct} list → 200 running ct200"
+    assert seed_lab.px.calls()[calls:] == ["list", "status 200"]
+
+
+def test_config_dir_from_the_inventory_is_where_the_config_is_read(seed_lab, tmp_path):
+    other = seed_lab.px.path("/srv/pve-lab/lxc")
+    other.mkdir(parents=True, exist_ok=True)
+    (other / "200.conf").write_bytes(SEED_FIXED)  # a different file: its findings tell where it was read
+    inv = seed_lab.write_inventory(tmp_path / "inventory.yaml", config_dir="/srv/pve-lab/lxc")
+    code, d = check_json(seed_lab, inv)
+    cfg = next(f for f in d["findings"] if f["id"] == "boundary.lxc.config")
+    assert "read /srv/pve-lab/lxc/200.conf on kpro6" in cfg["summary"]
+    allow = next(f for f in d["findings"] if f["id"] == "boundary.lxc.cgroup_allow" and f["subject"] == "/dev/nvidia-uvm")
+    # this config allows 511, but the container still runs with the seed's rules: that is what the check says
+    assert "the running container does not (edited, not restarted)" in allow["summary"]
+    assert d["root_cause"]["key"] == ROOT
+
+
+def test_fix_over_ssh_then_the_container_is_healthy_and_a_second_fix_changes_nothing(seed_lab, tmp_path):
+    lab = seed_lab
+    state = ["--audit-log", str(tmp_path / "audit.jsonl"), "--lock-dir", str(tmp_path / "locks")]
+    # dry run: the plan and its diff; nothing changes
+    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), *state)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "+lxc.cgroup2.devices.allow: c 511:* rwm" in r.stdout and "-c 511:* rwm" in r.stdout
+    assert "PLAN  lxc.cgroup_allow on kpro6:" in r.stdout
+    assert lab.px.config_file().read_bytes() == SEED_CONFIG and lab.px.backups() == []
+    # apply with the guarded reboot: pct exec finds no GPU process in ct200, pct reboot rebuilds its device cgroup
+    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", "--reboot", *state)
+    assert "APPLIED  lxc.cgroup_allow on kpro6:" in r.stdout and "restarted: ct200 rebooted and is running" in r.stdout
+    # fix re-checks ct200 after the change: only the leftover 509 rule (a warning) is left
+    assert "NEW VERDICT ct200: WARN (exit 1; was FAIL)" in r.stdout
+    assert "root cause: boundary.lxc.stale_allow[c 509]" in r.stdout
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert lab.px.config_file().read_bytes() == SEED_FIXED
+    assert [b.read_bytes() for b in lab.px.backups()] == [SEED_CONFIG]
+    assert oct(lab.px.config_file().stat().st_mode & 0o777) == "0o640"
+    assert lab.px.temps() == []
+    calls = lab.px.calls()
+    assert "exec 200 -- nvidia-smi --query-compute-apps=pid --format=csv,noheader" in calls and "reboot 200" in calls
+    # the container now opens /dev/nvidia-uvm (the kernel's cgroup allows 511) and cuInit succeeds
+    code, d = check_json(lab)
+    status = {f"{f['id']}[{f['subject']}]" if f.get("subject") else f["id"]: f["status"] for f in d["findings"]}
+    assert status["devices.node.open[/dev/nvidia-uvm]"] == "ok" and status["cuda.init"] == "ok"
+    assert status[ROOT] == "ok"
+    assert not any(f["id"] == "boundary.lxc.restart_pending" for f in d["findings"])  # running config = config
+    assert d["root_cause"]["id"] == "boundary.lxc.stale_allow"  # what is left: the leftover 509 rule, a warning
+    assert code == 1
+    # a second fix has nothing to do and touches nothing
+    before = lab.px.config_file().stat()
+    r = gd("fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state)
+    assert "nothing to fix" in r.stdout and "APPLIED" not in r.stdout, r.stdout + r.stderr
+    assert "VERDICT ct200: WARN (exit 1; nothing was changed)" in r.stdout and r.returncode == 1
+    after = lab.px.config_file().stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert len(lab.px.backups()) == 1
+    audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(a["host"], a["result"]) for a in audit] == [("kpro6", "applied")]
+
+
+def test_snapshot_over_ssh_replays_both_hosts_to_the_same_diagnosis(seed_lab, tmp_path):
+    snap = tmp_path / "ct200.json"
+    r = gd("snapshot", "--host", "ct200", "--inventory", str(seed_lab.inventory), "-o", str(snap))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(snap.read_text())
+    assert doc["context"]["proxmox"] == "kpro6" and doc["context"]["pct"] == [str(seed_lab.px.pct)]
+    assert doc["proxmox_transcript"]  # kpro6's reads travel with the snapshot
+    seed_lab.px.write_config(SEED_FIXED)  # the live host changes; the snapshot does not
+    r = gd("check", "--snapshot", str(snap), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 2 and d["root_cause"]["key"] == ROOT
+    assert d["chain"][-1].startswith("root cause: /dev/nvidia-uvm: major 511")
