@@ -71,11 +71,13 @@ def _skip(level: Level, reason: str) -> dict:
 
 async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, stall_s: float = 120.0,
                      level_timeout_s: float | None = None, warmup: int = 2, log_path: str | None = None,
-                     ready_timeout_s: float = 0.0, record_skips: bool = True,
+                     log_sync: Callable[[], None] | None = None, ready_timeout_s: float = 0.0,
+                     record_skips: bool = True,
                      server_gone: Callable[[], str | None] | None = None,
                      on_event: Callable[..., None] | None = None) -> list[dict]:
     """Run every level not yet in `store`, append its record, and return the records written now.
 
+    `log_sync` brings a remote server's local log mirror up to date before it is read.
     Once the server is broken (crashed, or unhealthy after a failed level) the remaining levels are recorded as
     skipped with the reason, or, with record_skips=False, left unrecorded for a restarted server to run.
     """
@@ -83,7 +85,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     done = store.keys()
     todo = [lv for lv in levels if lv.key not in done]
     written: list[dict] = []
-    log = logscan.LogWatch(log_path) if log_path else None
+    log = logscan.LogWatch(log_path, sync=log_sync) if log_path else None
     broken: str | None = None
 
     def put(rec: dict) -> None:

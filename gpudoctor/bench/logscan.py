@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Callable
 
 # (name, pattern). Order is priority: the first one found names the reason.
 PATTERNS: list[tuple[str, re.Pattern]] = [(n, re.compile(p)) for n, p in [
@@ -60,13 +61,19 @@ def excerpt(text: str, *, tail: int = 15, max_lines: int = 40) -> str:
 
 
 class LogWatch:
-    """A log file read from a start offset, so a level only blames lines written while it ran."""
+    """A log file read from a start offset, so a level only blames lines written while it ran.
 
-    def __init__(self, path: str | None):
-        self.path = path
+    `sync` (optional) brings the file up to date before every look: a remote server's log is a local mirror that
+    its launcher appends to (gpudoctor.bench.remote.HostLauncher.sync_log).
+    """
+
+    def __init__(self, path: str | None, sync: Callable[[], None] | None = None):
+        self.path, self.sync = path, sync
         self.offset = self._size()
 
     def _size(self) -> int:
+        if self.sync is not None:
+            self.sync()
         try:
             return os.path.getsize(self.path) if self.path else 0
         except OSError:
@@ -78,6 +85,8 @@ class LogWatch:
     def read_new(self, limit: int = 1 << 20) -> str:
         if not self.path:
             return ""
+        if self.sync is not None:
+            self.sync()
         try:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
