@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudoctor.bench import yamlpos
+from gpudoctor.bench.remote import DEFAULT_REMOTE_DIR
 
 DEFAULT_SERVER = "python -m sglang.launch_server"
 DEFAULT_GATE = "gpudoctor gate --profile benchmark"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory's host names
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
@@ -65,7 +67,8 @@ class Config:
 class Campaign:
     path: str
     name: str
-    target: str
+    target: str  # "local", or an inventory host the servers are started on over SSH
+    target_line: int | None
     model: str
     tokenizer_dir: str
     server_command: list[str]
@@ -74,6 +77,8 @@ class Campaign:
     client_host: str
     server_args: list[str]
     server_env: dict[str, str]
+    remote_dir: str
+    client_host_given: bool
     nccl_env: dict[int, dict[str, str]]
     tp: list[int]
     methods: list[Method]
@@ -87,6 +92,10 @@ class Campaign:
     gpu_release_mib: int
     on_crash: str
     validate: bool
+
+    @property
+    def is_remote(self) -> bool:
+        return self.target != "local"
 
     @property
     def base_url(self) -> str:
@@ -202,13 +211,14 @@ def load(path: str) -> Campaign:
         if req not in d:
             v.fail(f"missing required key {req!r}")
     target = v.string(d.get("target", "local"), "target")
-    if target != "local":
-        v.fail(f"target {target!r}: launching servers on another host is not built yet; run the campaign on the "
-               "target itself (target: local)", "target")
+    if target == "localhost":
+        target = "local"
+    if not HOST_NAME.match(target):
+        v.fail(f"target {target!r} must be local or the name of an inventory host", "target")
     model = v.string(d["model"], "model")
     tp = v.int_list(d["tp"], "tp")
     server = v.mapping(d.get("server") or {}, "server",
-                       keys={"command", "host", "port", "client_host", "args", "env"})
+                       keys={"command", "host", "port", "client_host", "args", "env", "remote_dir"})
     command = v.argv(server.get("command", DEFAULT_SERVER), "server", "command")
     if not command:
         v.fail("server.command must not be empty", "server", "command")
@@ -236,10 +246,13 @@ def load(path: str) -> Campaign:
         validate = any("sglang" in part for part in command)
     limit = d.get("context_limit")
     return Campaign(
-        path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target, model=model,
+        path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target,
+        target_line=doc.line("target") if "target" in d else None, model=model,
         tokenizer_dir=v.string(d.get("tokenizer_dir", model), "tokenizer_dir"), server_command=command, host=host,
         port=port, client_host=v.string(server.get("client_host", host), "server", "client_host"),
         server_args=v.argv(server.get("args"), "server", "args"), server_env=v.env(server.get("env"), "server", "env"),
+        remote_dir=v.string(server.get("remote_dir", DEFAULT_REMOTE_DIR), "server", "remote_dir"),
+        client_host_given="client_host" in server,
         nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base),
         concurrency=sorted(v.int_list(d["concurrency"], "concurrency")),
         context_limit=None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1)),

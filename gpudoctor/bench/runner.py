@@ -10,22 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import json
+import os
+import re
 import shutil
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from gpudoctor.atomic import atomic_write
 from gpudoctor.bench import logscan
 from gpudoctor.bench.campaign import Campaign, Config
 from gpudoctor.bench.levels import Level, run_levels, server_context_limit, wait_ready, workload_name
 from gpudoctor.bench.load import LevelSpec
 from gpudoctor.bench.prompts import build, load_source, misfit
 from gpudoctor.bench.results import CRASHED, ERROR, ResultStore
-from gpudoctor.bench.server import LocalLauncher, port_in_use, reap_orphan, wait_gpu_release
+from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan
+from gpudoctor.bench.server import Launcher, LocalLauncher, port_in_use, reap_orphan, wait_gpu_release
 from gpudoctor.bench.tokens import Counter, load_counter
-from gpudoctor.errors import EXIT_FAIL, GpudoctorError, InputError
+from gpudoctor.errors import EXIT_FAIL, ConfigError, GpudoctorError, HostError, HostUnreachable, InputError
 from gpudoctor.host.base import Host
+from gpudoctor.host.local import LocalHost
 
 
 class CampaignStopped(GpudoctorError):
@@ -55,8 +63,9 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
     return out
 
 
-def static_context_limit(camp: Campaign, cfg: Config) -> int | None:
-    """The context limit known before launch: the campaign's, the server's --context-length, or config.json."""
+def static_context_limit(camp: Campaign, cfg: Config, model_dir: str | None = None) -> int | None:
+    """The context limit known before launch: the campaign's, the server's --context-length, or config.json
+    (read from `model_dir`, the model's files as seen here: camp.model, or their copy from a remote target)."""
     if camp.context_limit:
         return camp.context_limit
     argv = cfg.argv
@@ -66,7 +75,7 @@ def static_context_limit(camp: Campaign, cfg: Config) -> int | None:
         if a.startswith("--context-length=") and a.split("=", 1)[1].isdigit():
             return int(a.split("=", 1)[1])
     try:
-        conf = json.loads((Path(camp.model) / "config.json").read_text())
+        conf = json.loads((Path(model_dir or camp.model) / "config.json").read_text())
         value = conf.get("max_position_embeddings")
         return int(value) if isinstance(value, int) else None
     except (OSError, ValueError):
@@ -78,15 +87,33 @@ def _tail(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
-class Runner:
-    """One campaign run into one output directory."""
+def _is_gpudoctor(argv: list[str]) -> bool:
+    """`gpudoctor ...` or `PYTHON -m gpudoctor ...`: a command that understands --host and --inventory."""
+    return bool(argv) and (os.path.basename(argv[0]) == "gpudoctor" or argv[1:3] == ["-m", "gpudoctor"])
 
-    def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None):
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+class Runner:
+    """One campaign run into one output directory.
+
+    `host` is where the servers run: this machine (LocalHost) or the campaign's target over SSH. The gate, the heal
+    command and `sglang validate` always run here; for a remote target gpudoctor's own gate and heal commands are
+    pointed at it with `--host TARGET --inventory INVENTORY`.
+    """
+
+    def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
+                 inventory_path: str | None = None):
         self.camp, self.host = camp, host
+        self.local = LocalHost() if camp.is_remote else host
+        self.inventory_path = inventory_path
         self.dir = Path(out_dir)
         self.store = ResultStore(self.dir)
         self.emit = on_event or (lambda *a, **k: None)
-        self.counter = load_counter(camp.tokenizer_dir)
+        self.counter = Counter()
+        self.model_dir: str | None = camp.model  # the model's config files as seen from here
         self.cache: dict = {}
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
@@ -100,14 +127,26 @@ class Runner:
         if self.store.path.exists() and not resume:
             raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another --out",
                              path=str(self.dir))
-        note = reap_orphan(str(self.dir / "server.pid"), self.camp.timeouts["stop_s"])
-        if note:
-            self.emit("note", text=note)
+        try:
+            note = self.reap()
+            if note:
+                self.emit("note", text=note)
+            if self.camp.is_remote:
+                self.model_dir = self.mirror(
+                    self.camp.model, ["config.json", "model.safetensors.index.json"], "model",
+                    "the context limit comes from the server, and sglang validate has no model config")
+            self.counter = self.load_counter()
+        except HostError as exc:
+            raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
         shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
         (self.dir / "campaign.json").write_text(json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
-             "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source},
-            indent=1))
+             "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
+             "target": self.camp.target, "server_url": self.camp.base_url,
+             "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
+        if self.camp.is_remote:
+            self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
+                                   f"load goes to {self.camp.base_url}")
         self.emit("note", text=f"token counts: {self.counter.source}")
         for cfg in self.camp.configs():
             self.run_config(cfg)
@@ -131,7 +170,7 @@ class Runner:
                 self.emit("level_done", record=rec)
             return
         self.gate(cfg)
-        self.apply_limit(todo, static_context_limit(camp, cfg))
+        self.apply_limit(todo, static_context_limit(camp, cfg, self.model_dir))
         if all(lv.misfit for lv in todo):
             asyncio.run(run_levels(camp.base_url, self.store, todo, warmup=0, on_event=self.emit))
             return
@@ -150,22 +189,95 @@ class Runner:
         for lv in levels:
             lv.misfit = misfit(lv.prompts, lv.spec.max_tokens, limit)
 
+    # ---- where the servers run ------------------------------------------------------------------------------------
+    @property
+    def remote_dir(self) -> str:
+        """This run's directory on the target: one per output directory (and machine), stable across --resume."""
+        tag = hashlib.sha1(f"{socket.gethostname()}:{self.dir.resolve()}".encode()).hexdigest()[:8]
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.camp.name)[:40]
+        return f"{self.camp.remote_dir.rstrip('/') or '/'}/{name}-{tag}"
+
+    def launcher(self, cfg: Config) -> Launcher:
+        log_path, pid_file = str(self.dir / "logs" / f"{cfg.label}.log"), str(self.dir / "server.pid")
+        if self.camp.is_remote:
+            return HostLauncher(self.host, self.remote_dir, cfg.label, log_path, pid_file)
+        return LocalLauncher(log_path, pid_file)
+
+    def reap(self) -> str | None:
+        """Stop a server an interrupted run left behind (DIR/server.pid), here or on the target."""
+        pid_file = self.dir / "server.pid"
+        try:
+            info = json.loads(pid_file.read_text())
+        except (OSError, ValueError):
+            info = None
+        if not isinstance(info, dict) or not info.get("host"):
+            return reap_orphan(str(pid_file), self.camp.timeouts["stop_s"])
+        if self.camp.is_remote and info["host"] == self.host.name:
+            note = reap_remote_orphan(self.host, info, self.camp.timeouts["stop_s"])
+        else:
+            note = (f"{pid_file} names a server on {info['host']}, which this campaign does not target: not stopped "
+                    f"(pid {info.get('pid')}; stop it there if it still runs)")
+        pid_file.unlink()
+        return note
+
+    def mirror(self, remote_dir: str, names: list[str], local_name: str, without: str) -> str | None:
+        """Copy files of a model directory on the target to DIR/remote-files/LOCAL_NAME; that directory, or None
+        when the first file (the one that matters) could not be read: then a note says so and what that means
+        (`without`)."""
+        dest = self.dir / "remote-files" / local_name
+        for i, name in enumerate(names):
+            path = f"{remote_dir.rstrip('/')}/{name}"
+            got = self.host.read_file(path, timeout=60.0, max_bytes=64 << 20)
+            if not got.ok:
+                if i == 0:
+                    self.emit("note", text=f"{self.camp.target}:{path} not read ({got.error}): {without}")
+                    return None
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            atomic_write(dest / name, got.data)
+        return str(dest)
+
+    def load_counter(self) -> Counter:
+        """Exact token counts from the model's tokenizer.json (copied from a remote target), else the estimate."""
+        tok_dir = self.camp.tokenizer_dir
+        if not self.camp.is_remote:
+            return load_counter(tok_dir)
+        import importlib.util
+
+        if importlib.util.find_spec("tokenizers") is None:
+            return Counter(source="estimate: the `tokenizers` package is not installed here, so "
+                                  f"{self.camp.target}:{tok_dir}/tokenizer.json is not used")
+        local = self.mirror(tok_dir, ["tokenizer.json"], "tokenizer", "token counts are estimated")
+        counter = load_counter(local)
+        if counter.exact:
+            counter.source = f"exact: {self.camp.target}:{tok_dir.rstrip('/')}/tokenizer.json"
+        return counter
+
     # ---- one server -------------------------------------------------------------------------------------------------
     def serve(self, cfg: Config, record_skips: bool) -> bool:
         """Start the server, run the levels, stop it. True when a crash left levels for a restart to run."""
+        try:
+            return self._serve(cfg, record_skips)
+        except HostError as exc:
+            raise CampaignStopped(f"lost {self.camp.target} while running {cfg.label}: {exc.one_line()}; rerun with "
+                                  "--resume (it first stops a server left running there)") from None
+
+    def _serve(self, cfg: Config, record_skips: bool) -> bool:
         camp, t = self.camp, self.camp.timeouts
         if port_in_use(camp.client_host, camp.port):
             raise CampaignStopped(f"port {camp.port} on {camp.client_host} is already in use before starting "
                                   f"{cfg.label}: another server is running there; stop it and rerun with --resume")
-        log_path = str(self.dir / "logs" / f"{cfg.label}.log")
-        launcher = LocalLauncher(log_path, str(self.dir / "server.pid"))
+        launcher = self.launcher(cfg)
+        log_path = launcher.log_path
         watch = logscan.LogWatch(log_path)
-        self.emit("note", text=f"starting: {' '.join(cfg.argv)}")
+        where = f" on {camp.target}" if camp.is_remote else ""
+        self.emit("note", text=f"starting{where}: {' '.join(cfg.argv)}")
         t0 = time.monotonic()
         try:
             launcher.start(cfg.argv, cfg.env)
         except OSError as exc:
             raise CampaignStopped(f"cannot start the server for {cfg.label}: {cfg.argv[0]}: {exc.strerror}") from None
+        watch.sync = launcher.sync_log
         broken = False
         try:
             not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone))
@@ -175,18 +287,18 @@ class Runner:
             self.emit("note", text=f"ready in {time.monotonic() - t0:.1f} s")
             todo = [lv for lv in levels_for(camp, cfg, self.counter, self.cache) if lv.key not in self.store.keys()]
             live = asyncio.run(server_context_limit(camp.base_url))
-            self.apply_limit(todo, live or static_context_limit(camp, cfg))
+            self.apply_limit(todo, live or static_context_limit(camp, cfg, self.model_dir))
             written = asyncio.run(run_levels(
                 camp.base_url, self.store, todo, stall_s=t["stall_s"], level_timeout_s=t["level_s"],
-                warmup=camp.warmup, log_path=log_path, server_gone=launcher.gone, record_skips=record_skips,
-                on_event=self.emit))
+                warmup=camp.warmup, log_path=log_path, log_sync=launcher.sync_log, server_gone=launcher.gone,
+                record_skips=record_skips, on_event=self.emit))
             broken = any(r["status"] == CRASHED for r in written) and len(written) < len(todo)
         finally:
             launcher.stop(t["stop_s"])
             self.emit("note", text=f"stopped {cfg.label}")
             busy = wait_gpu_release(self.host, camp.gpu_release_mib, t["gpu_release_s"])
             if busy:
-                raise CampaignStopped(f"after stopping {cfg.label}: {busy}")
+                raise CampaignStopped(f"after stopping {cfg.label}: {busy}" + (f" (on {camp.target})" if where else ""))
         return broken
 
     def record_not_ready(self, cfg: Config, died: bool, why: str, log_text: str) -> None:
@@ -203,15 +315,28 @@ class Runner:
 
     # ---- preflight ------------------------------------------------------------------------------------------------
     def validate(self, cfg: Config) -> tuple[str, str] | None:
-        """Check the SGLang flags with `gpudoctor sglang validate` before a long model load.
+        """Check the SGLang flags with `gpudoctor sglang validate` (run here) before a long model load.
 
+        For a remote target the model's and draft's config.json are the copies read from the target.
         Returns (error, details) when SGLang would refuse them (the levels are recorded as errors, nothing launched),
         None when they are valid, have warnings, or could not be checked (then a note says why).
         """
-        import sys
-
-        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json", "--", *cfg.sglang_args]
-        res = self.host.run(argv, timeout=120)
+        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json"]
+        if self.camp.is_remote:
+            if self.model_dir:
+                argv += ["--model-config", self.model_dir]
+            draft = cfg.method.draft_model
+            if draft:
+                tag = hashlib.sha1(draft.encode()).hexdigest()[:8]
+                try:
+                    local = self.mirror(draft, ["config.json"], f"draft-{tag}",
+                                        "sglang validate has no draft model config")
+                except HostError as exc:
+                    raise CampaignStopped(f"lost {self.camp.target} reading {draft}: {exc.one_line()}") from None
+                if local:
+                    argv += ["--draft-config", local]
+        argv += ["--", *cfg.sglang_args]
+        res = self.local.run(argv, timeout=120)
         try:
             out = json.loads(res.stdout)
         except ValueError:
@@ -231,20 +356,29 @@ class Runner:
                 + "; ".join(f["summary"] for f in bad), details)
 
     # ---- the gate -----------------------------------------------------------------------------------------------------
+    def for_target(self, argv: list[str]) -> list[str]:
+        """A gpudoctor command aimed at the remote target: `--host TARGET --inventory INVENTORY` added."""
+        argv = list(argv)
+        if self.camp.is_remote and _is_gpudoctor(argv) and not _has_flag(argv, "--host"):
+            argv += ["--host", self.camp.target]
+            if self.inventory_path and not _has_flag(argv, "--inventory"):
+                argv += ["--inventory", self.inventory_path]
+        return argv
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = list(camp.gate_command)
-        res = self.host.run(argv, timeout=camp.timeouts["gate_s"])
+        argv = self.for_target(camp.gate_command)
+        res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
         if res.ok:
             self.emit("note", text=f"gate passed: {' '.join(argv)}")
             return
         first = f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
         if camp.heal_command:
-            heal = self.host.run(list(camp.heal_command), timeout=camp.timeouts["gate_s"])
+            heal = self.local.run(self.for_target(camp.heal_command), timeout=camp.timeouts["gate_s"])
             self.emit("note", text=f"gate failed; heal: {heal.describe()}")
-            res = self.host.run(argv, timeout=camp.timeouts["gate_s"])
+            res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
             if res.ok:
                 self.emit("note", text="gate passed after healing")
                 return
@@ -252,11 +386,75 @@ class Runner:
                               + ("" if not camp.heal_command else f"; after healing: {res.describe()}"))
 
 
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    if address in ("local", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def aim_client(camp: Campaign, address: str) -> None:
+    """Where the load goes for a remote target: the server must listen where this machine can reach it.
+
+    `address` is the target's as gpudoctor reaches it over SSH. A server told to listen on a wildcard address is
+    reached there (unless server.client_host says otherwise); one told to listen on loopback cannot be reached from
+    another machine, so that campaign is refused before anything starts.
+    """
+    if camp.client_host_given:
+        return
+    if camp.host in ("0.0.0.0", "::", "[::]"):
+        camp.client_host = "127.0.0.1" if _loopback(address) else address
+    elif _loopback(camp.host) and not _loopback(address):
+        raise ConfigError(
+            f"target {camp.target} is reached at {address}, but its servers would listen on {camp.host} (server.host), "
+            f"which this machine cannot reach: set server.host: 0.0.0.0 (or {camp.target}'s address) so SGLang "
+            f"listens where gpudoctor can send load (server.client_host: the address to connect to, default "
+            f"{address}), or run gpudoctor on {camp.target} itself with target: local",
+            path=camp.path, line=camp.target_line)
+
+
+def open_campaign_target(camp: Campaign, inventory: str | None = None):
+    """The Host the campaign's servers run on, connected (host key checked), and the inventory file used."""
+    from gpudoctor.host.factory import host_for
+    from gpudoctor.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    if camp.target not in inv.hosts:
+        raise ConfigError(f"target {camp.target!r} is not a host of the inventory {inv.path} "
+                          f"(hosts: {', '.join(sorted(inv.hosts)) or 'none'})", path=camp.path, line=camp.target_line)
+    host = host_for(inv.host(camp.target))
+    address = "local" if inv.host(camp.target).ssh.is_local else host.resolve().hostname
+    aim_client(camp, address)
+    connect = getattr(host, "connect", None)
+    if connect is not None:
+        try:
+            connect()  # an unknown or changed host key stops here (HostKeyError, exit 3), before anything runs
+        except HostUnreachable as exc:
+            raise CampaignStopped(f"cannot reach the campaign's target: {exc.one_line()}") from None
+    return host, inv.path
+
+
 def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | None = None,
-                 on_event: Callable[..., None] | None = None) -> dict:
-    """Load, validate and run a campaign file; returns counts of records by status."""
+                 inventory: str | None = None, on_event: Callable[..., None] | None = None) -> dict:
+    """Load, validate and run a campaign file; returns counts of records by status.
+
+    A remote `target:` is looked up in the inventory (`inventory`, else gpudoctor's default locations) and
+    connected before anything else happens; `host` overrides where the servers run (tests).
+    """
     from gpudoctor.bench.campaign import load
-    from gpudoctor.host.local import LocalHost
 
     camp = load(path)
-    return Runner(camp, out_dir, host=host or LocalHost(), on_event=on_event).run(resume)
+    inventory_path = None
+    if host is None:
+        if camp.is_remote:
+            host, inventory_path = open_campaign_target(camp, inventory)
+        else:
+            host = LocalHost()
+    try:
+        return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path).run(resume)
+    finally:
+        host.close()

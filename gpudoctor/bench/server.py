@@ -153,7 +153,7 @@ def gpu_busy(host: Host, release_mib: int, timeout: float = 15.0) -> str | None:
     return f"memory still in use (> {release_mib} MiB): {', '.join(busy)}" if busy else None
 
 
-def wait_gpu_release(host: Host, release_mib: int, deadline_s: float, poll_s: float = 2.0) -> str | None:
+def wait_gpu_release(host: Host, release_mib: int, deadline_s: float, poll_s: float = 1.0) -> str | None:
     """Poll until the GPUs are free; None when they are, else the last reason after the deadline."""
     end = time.monotonic() + deadline_s
     while True:

@@ -155,22 +155,29 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
 @click.argument("campaign", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl, server logs and the campaign copy.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run: skip recorded levels, re-gate, rerun the rest.")
-def run(campaign, out_dir, resume):
+@click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
+              help="Inventory naming the campaign's target: (default: ./inventory.yaml, then "
+                   "~/.config/gpudoctor/inventory.yaml).")
+def run(campaign, out_dir, resume, inventory):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
     Example:
       gpudoctor bench run examples/campaign.yaml --out runs/llama70b
       gpudoctor bench run examples/campaign.yaml --out runs/llama70b --resume    # after a crash or reboot
+    With `target: ct200` the servers are started on inventory host ct200 over SSH (the gate runs here with
+    --host ct200) and the load goes from here to server.client_host:port, so SGLang must listen on an address
+    this machine can reach (server.host: 0.0.0.0); or run gpudoctor on ct200 itself with target: local.
     The campaign format is documented in docs/bench.md.
     Exit codes: 0 every level ok, 1 some levels crashed/errored/skipped (recorded with reasons),
-    2 the campaign stopped on an infrastructure failure (gate, port, GPU memory), 3 bad campaign file or flags.
+    2 the campaign stopped on an infrastructure failure (gate, port, GPU memory, the target lost),
+    3 bad campaign file, inventory or flags, or an unknown SSH host key.
     """
     from gpudoctor.bench.runner import run_campaign
     from gpudoctor.errors import EXIT_WARN
 
     with Display() as display:
-        counts = run_campaign(campaign, out_dir, resume=resume, on_event=display)
+        counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display)
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)
