@@ -1,0 +1,163 @@
+"""`gpudoctor bench run` with `target: ct200`: servers started over real SSH, load sent from here, measured truth.
+
+ct200 is the test sshd on 127.0.0.1 (tests/bench/remote_lab.py); the stand-in server is the "remote" SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.bench.conftest import REPO, env, run_cli
+from tests.bench.remote_lab import make_lab
+from tests.bench.test_campaign_run import assert_honest, by_key, records
+
+
+@pytest.fixture
+def lab(tmp_path, sshd):
+    lab = make_lab(tmp_path, sshd)
+    yield lab
+    assert lab.kill_leftovers() == [], "a server was left running on the target"
+
+
+def bench_run(lab, campaign, out, *extra, timeout=60):
+    return run_cli("bench", "run", str(campaign), "--out", str(out), "--inventory", str(lab.inventory), *extra,
+                   timeout=timeout)
+
+
+def expected_tok_s(prompts: int, conc: int, max_tokens: int, e2e_s: float) -> float:
+    return prompts * max_tokens / (math.ceil(prompts / conc) * e2e_s)
+
+
+def test_full_campaign_over_ssh_measures_the_known_truth(lab):
+    # 200 tok/s after a 20 ms first token, 40 tokens: baseline e2e = 20 + 39 x 5 = 215 ms, ITL 5 ms;
+    # eagle3 carries 4 tokens per step: e2e = 20 + 36 x 5 = 200 ms, per-token ITL 5 ms, accept length exactly 4.
+    body = """\
+    methods:
+      baseline: {baseline: true}
+      eagle3:
+        args: [--speculative-algorithm, EAGLE3, --accept-length, "4"]
+        draft_model: /models/draft
+    """
+    lab.smi_busy.write_text("2")  # the first stop finds GPU memory still held for two more queries
+    path, port = lab.campaign(body, max_tokens=40, decode="200", ttft="20")
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 0, p.stderr
+    recs = records(out)
+    assert_honest(recs)
+    assert sorted((r["label"], r["concurrency"]) for r in recs) == [
+        ("baseline-tp1", 1), ("baseline-tp1", 2), ("eagle3-tp1", 1), ("eagle3-tp1", 2)]
+    for r in recs:
+        e2e = 215.0 if r["method"] == "baseline" else 200.0
+        assert r["status"] == "ok" and r["completed"] == r["requests"] == 4 and r["output_tokens"] == 160
+        assert r["e2e_ms_p50"] == pytest.approx(e2e, rel=0.03), r
+        assert 20.0 <= r["ttft_ms_p50"] < 35.0, r
+        assert r["itl_ms_p50"] == pytest.approx(5.0, rel=0.06), r
+        assert r["output_tok_per_s"] == pytest.approx(expected_tok_s(4, r["concurrency"], 40, e2e / 1000), rel=0.04)
+        assert r["accept_length"] == (pytest.approx(4.0, abs=1e-9) if r["method"] == "eagle3" else None)
+
+    # The gate ran here, aimed at ct200 through the same inventory, once per configuration.
+    assert lab.gate_calls() == [["gate", "--profile", "benchmark", "--host", "ct200", "--inventory",
+                                 str(lab.inventory)]] * 2
+    # GPU release was asked on ct200 (its PATH) after each stop, and the campaign waited out the busy answers.
+    calls = lab.smi_calls()
+    assert calls.count("--query-compute-apps=pid,used_memory --format=csv,noheader,nounits") == 4
+    assert lab.smi_busy.read_text().strip() == "0"
+    # The servers ran on the target: their logs there, mirrored here byte for byte.
+    remote = lab.remote_logs()
+    assert set(remote) == {"baseline-tp1.log", "eagle3-tp1.log"}
+    for name, data in remote.items():
+        assert (out / "logs" / name).read_bytes() == data
+    log = remote["eagle3-tp1.log"].decode()
+    assert "--speculative-draft-model-path /models/draft" in log and "--host 127.0.0.1" in log
+    assert "The server is fired up and ready to roll!" in log
+    assert "=== gpudoctor: starting at" in log
+    meta = json.loads((out / "campaign.json").read_text())
+    assert meta["target"] == "ct200" and meta["server_url"] == f"http://127.0.0.1:{port}"
+    assert meta["remote_dir"].startswith(str(lab.remote_dir) + "/remote_test-")
+    assert "servers run on ct200" in p.stderr and "starting on ct200:" in p.stderr
+    assert not (out / "server.pid").exists()
+
+
+def test_remote_server_that_dies_is_recorded_with_its_remote_log(lab):
+    # warm-up 2 + c=1: 4 requests = 6; the 8th request kills the server mid-level (c=2); c=4 is skipped.
+    # `broken` dies before it binds its port (an AssertionError in its argument checks).
+    body = """\
+    methods:
+      flaky: {args: [--fail-mode, die-mid-level, --fail-after-requests, "8"]}
+      broken: {args: [--fail-mode, die-at-start]}
+    """
+    path, _ = lab.campaign(body, concurrency="[1, 2, 4]")
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 1, p.stderr
+    recs = records(out)
+    assert_honest(recs)
+    k = by_key(recs)
+    assert [(r["label"], r["concurrency"], r["status"]) for r in recs] == [
+        ("flaky-tp1", 1, "ok"), ("flaky-tp1", 2, "crashed"), ("flaky-tp1", 4, "skipped"),
+        ("broken-tp1", 1, "crashed"), ("broken-tp1", 2, "crashed"), ("broken-tp1", 4, "crashed")]
+    crashed = k[("flaky-tp1", "chat:short:out24", 2, 0)]
+    assert crashed["error"].startswith("server crashed (server process exited with rc 1); server log: ")
+    assert "illegal instruction" in crashed["error"]
+    # The excerpt is the remote log's own lines, copied back over SSH (numbered as in the mirror).
+    remote_log = lab.remote_logs()["flaky-tp1.log"].decode()
+    assert "CUDA error: an illegal instruction was encountered" in crashed["log_excerpt"]
+    for line in crashed["log_excerpt"].splitlines():
+        assert line.split(": ", 1)[1] in remote_log
+    assert "not run: the server crashed during workload chat:short:out24 at concurrency 2" in \
+        k[("flaky-tp1", "chat:short:out24", 4, 0)]["error"]
+    broken = k[("broken-tp1", "chat:short:out24", 1, 0)]
+    assert broken["error"].startswith("server never became ready: server process exited with rc 1; server log: ")
+    assert broken["error"].endswith("] AssertionError"), broken["error"]
+    assert "Traceback (most recent call last):" in broken["log_excerpt"]
+    for name, data in lab.remote_logs().items():
+        assert (out / "logs" / name).read_bytes() == data
+
+
+def test_sigkill_then_resume_over_ssh_has_no_duplicate_or_lost_records(lab):
+    body = """\
+    methods:
+      baseline: {baseline: true}
+      eagle3: {args: [--accept-length, "2", --decode-tok-s, "200"]}
+    """
+    path, port = lab.campaign(body, concurrency="[1, 2, 3]", decode="100")
+    out = lab.tmp / "out"
+    cmd = [sys.executable, "-m", "gpudoctor", "bench", "run", str(path), "--out", str(out), "--inventory",
+           str(lab.inventory)]
+    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(records(out)) < 2:
+        time.sleep(0.05)
+    time.sleep(0.3)  # now a level of the first server is in flight
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = records(out)
+    assert 2 <= len(before) < 6
+    assert_honest(before)
+    info = json.loads((out / "server.pid").read_text())
+    assert info["host"] == "ct200" and info["log"].startswith(str(lab.remote_dir))
+    cmdline = Path(f"/proc/{info['pid']}/cmdline").read_bytes().split(b"\0")[:-1]
+    assert [a.decode() for a in cmdline] == info["argv"]  # the killed runner left its server running on ct200
+
+    p = bench_run(lab, path, out, "--resume")
+    assert p.returncode == 0, p.stderr
+    assert f"stopped server left running on ct200 by an interrupted campaign (pid {info['pid']})" in p.stderr
+    after = records(out)
+    assert_honest(after)
+    assert sorted((r["label"], r["concurrency"]) for r in after) == sorted(
+        (label, c) for label in ("baseline-tp1", "eagle3-tp1") for c in (1, 2, 3))
+    assert after[: len(before)] == before  # nothing recorded before the kill was rewritten
+    assert all(r["status"] == "ok" for r in after)
+    state = Path(f"/proc/{info['pid']}/stat")
+    assert not state.exists() or state.read_text().rsplit(") ", 1)[1].startswith("Z")
+    assert len(lab.gate_calls()) >= 2  # the resumed run gated ct200 again
