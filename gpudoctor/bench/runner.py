@@ -417,7 +417,7 @@ def aim_client(camp: Campaign, address: str) -> None:
             path=camp.path, line=camp.target_line)
 
 
-def open_campaign_target(camp: Campaign, inventory: str | None = None):
+def open_campaign_target(camp: Campaign, inventory: str | None = None, host_key_policy: str | None = None):
     """The Host the campaign's servers run on, connected (host key checked), and the inventory file used."""
     from gpudoctor.host.factory import host_for
     from gpudoctor.inventory import load_inventory
@@ -426,7 +426,7 @@ def open_campaign_target(camp: Campaign, inventory: str | None = None):
     if camp.target not in inv.hosts:
         raise ConfigError(f"target {camp.target!r} is not a host of the inventory {inv.path} "
                           f"(hosts: {', '.join(sorted(inv.hosts)) or 'none'})", path=camp.path, line=camp.target_line)
-    host = host_for(inv.host(camp.target))
+    host = host_for(inv.host(camp.target), host_key_policy=host_key_policy)
     address = "local" if inv.host(camp.target).ssh.is_local else host.resolve().hostname
     aim_client(camp, address)
     connect = getattr(host, "connect", None)
@@ -439,7 +439,8 @@ def open_campaign_target(camp: Campaign, inventory: str | None = None):
 
 
 def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | None = None,
-                 inventory: str | None = None, on_event: Callable[..., None] | None = None) -> dict:
+                 inventory: str | None = None, on_event: Callable[..., None] | None = None,
+                 host_key_policy: str | None = None) -> dict:
     """Load, validate and run a campaign file; returns counts of records by status.
 
     A remote `target:` is looked up in the inventory (`inventory`, else gpudoctor's default locations) and
@@ -451,7 +452,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     inventory_path = None
     if host is None:
         if camp.is_remote:
-            host, inventory_path = open_campaign_target(camp, inventory)
+            host, inventory_path = open_campaign_target(camp, inventory, host_key_policy)
         else:
             host = LocalHost()
     try:

@@ -158,7 +158,9 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
 @click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
               help="Inventory naming the campaign's target: (default: ./inventory.yaml, then "
                    "~/.config/gpudoctor/inventory.yaml).")
-def run(campaign, out_dir, resume, inventory):
+@click.option("--accept-new-host-key", is_flag=True,
+              help="Trust the target's SSH host key on first use (a changed key is always refused).")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -177,7 +179,8 @@ def run(campaign, out_dir, resume, inventory):
     from gpudoctor.errors import EXIT_WARN
 
     with Display() as display:
-        counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display)
+        counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
+                              host_key_policy="accept-new" if accept_new_host_key else None)
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)

@@ -161,3 +161,106 @@ def test_sigkill_then_resume_over_ssh_has_no_duplicate_or_lost_records(lab):
     state = Path(f"/proc/{info['pid']}/stat")
     assert not state.exists() or state.read_text().rsplit(") ", 1)[1].startswith("Z")
     assert len(lab.gate_calls()) >= 2  # the resumed run gated ct200 again
+
+
+def test_model_files_are_read_on_the_target(lab):
+    # /models/llama exists only on ct200 (its file reads are mapped under lab.files): the prompts are cut to
+    # exact lengths with ct200's tokenizer.json, and sglang validate (run here) judges tp 4 with ct200's
+    # config.json: 6 attention heads cannot split over 4 GPUs, so that server is never launched.
+    from tests.bench.test_prompts_tokens import make_tokenizer_dir
+
+    model = lab.files / "models" / "llama"
+    model.parent.mkdir(parents=True)
+    make_tokenizer_dir(lab.files / "models").rename(model)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768, "num_attention_heads": 6,
+        "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+    body = """\
+    validate: true
+    methods:
+      baseline: {baseline: true, tp: [1]}
+      wide: {tp: [4]}
+    """
+    path, _ = lab.campaign(body, concurrency="[1]")
+    text = path.read_text().replace(f"model: {lab.tmp}/model", "model: /models/llama").replace("tp: [1]", "tp: [1, 4]")
+    path.write_text(text.replace("    num_prompts: 4", "    num_prompts: 4\n    context_lengths: [1000]"))
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 1, p.stderr
+    k = by_key(records(out))
+    ok = k[("baseline-tp1", "chat:ctx1000:out24", 1, 0)]
+    assert ok["status"] == "ok" and ok["prompt_tokens_mean"] == 1000  # input_ids of exactly 1000 tokens
+    wide = k[("wide-tp4", "chat:ctx1000:out24", 1, 0)]
+    assert wide["status"] == "error" and wide["error"].startswith("not launched: sglang validate says")
+    assert "6 attention heads do not split over tp 4" in wide["error"]
+    assert json.loads((out / "campaign.json").read_text())["token_counts"] == \
+        "exact: ct200:/models/llama/tokenizer.json"
+    assert set(lab.remote_logs()) == {"baseline-tp1.log"}  # wide-tp4 was never started
+
+
+def test_real_gate_over_ssh_stops_the_campaign(lab):
+    # gpudoctor's own gate, run here with --host ct200: ct200 (this machine, through sshd) has no NVIDIA driver.
+    path, _ = lab.campaign("methods: {baseline: {}}\n", gate=f"[{sys.executable}, -m, gpudoctor, gate, --profile, "
+                                                           "benchmark]")
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpudoctor: gate failed before baseline-tp1, campaign stopped (nothing recorded for it): ")
+    assert f"gate --profile benchmark --host ct200 --inventory {lab.inventory} → rc 2: BLOCK host.driver.loaded" in last
+    assert records(out) == [] and lab.remote_logs() == {}
+
+
+def test_gpus_not_released_on_the_target_stop_the_campaign(lab):
+    lab.smi_busy.write_text("1000000")
+    path, _ = lab.campaign("methods: {baseline: {}}\n", concurrency="[1]")
+    path.write_text(path.read_text().replace("gpu_release_s: 10", "gpu_release_s: 1.5"))
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        "gpudoctor: after stopping baseline-tp1: GPUs not released after 1.5 s: 1 compute process(es) still hold GPU "
+        "memory: 4242, 70000 (on ct200)")
+    assert [r["status"] for r in records(out)] == ["ok"]
+    assert not (out / "server.pid").exists()  # the server itself was stopped (the fixture checks nothing runs)
+
+
+def bad_inventory_cases(lab, sshd):
+    """(inventory text, campaign edit, line of the campaign or None, expected exit, message)."""
+    unknown_key = lab.tmp / "empty_known_hosts"
+    unknown_key.write_text("")
+    good = lab.inventory.read_text()
+    return [
+        (good, lambda t: t.replace("target: ct200", "target: ct999"), 2, 3,
+         "target 'ct999' is not a host of the inventory {inv} (hosts: ct200)"),
+        (good.replace("127.0.0.1", "192.0.2.10"), lambda t: t, 2, 3,
+         "target ct200 is reached at 192.0.2.10, but its servers would listen on 127.0.0.1 (server.host), which "
+         "this machine cannot reach: set server.host: 0.0.0.0"),
+        (good.replace(str(sshd.known_hosts), str(unknown_key)), lambda t: t, None, 3,
+         "ct200: unknown SSH host key for [127.0.0.1]"),
+        (good.replace(f"port: {sshd.port}", "port: 9"), lambda t: t, None, 2,
+         "cannot reach the campaign's target: ct200: connection to"),
+        ("hosts:\n  ct200: {adress: x}\n", lambda t: t, None, 3, "unknown key 'adress' in host ct200"),
+    ]
+
+
+def test_bad_target_is_one_line_and_nothing_runs(lab, sshd, capsys):
+    from gpudoctor.cli import main
+
+    for i, (inventory, edit, line, code, message) in enumerate(bad_inventory_cases(lab, sshd)):
+        inv = lab.tmp / f"inv{i}.yaml"
+        inv.write_text(inventory)
+        path, _ = lab.campaign("methods: {baseline: {}}\n", name=f"c{i}.yaml")
+        path.write_text(edit(path.read_text()))
+        out = lab.tmp / f"out{i}"
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "run", str(path), "--out", str(out), "--inventory", str(inv)])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == code, (message, err)
+        assert "\n" not in err and "Traceback" not in err, err
+        if line is not None:
+            assert err.startswith(f"gpudoctor: {path}:{line}: "), err
+        assert message.format(inv=inv) in err, err
+        assert not out.exists()  # nothing half-written
+    assert lab.gate_calls() == [] and not lab.remote_dir.exists()
