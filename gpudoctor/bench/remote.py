@@ -92,6 +92,14 @@ done
 echo $n
 """
 
+# $1 run dir. Prints "PIDFILE PID" for every pid file of the run directory.
+_LIST = r"""d=$1
+case $d in "~/"*) d=$HOME/${d#"~/"} ;; esac
+for f in "$d"/*.pid; do
+  if [ -f "$f" ]; then printf '%s %s\n' "$f" "$(cat "$f")"; fi
+done
+"""
+
 # argv: path offset cap. Prints {"size", "start", "skipped", "b"} or {"error"}.
 _PY_TAIL = r"""
 import base64, json, os, sys
@@ -269,3 +277,26 @@ def reap_remote_orphan(host: Host, info: dict, timeout: float) -> str | None:
     if launcher._signal_and_wait("TERM", timeout) or launcher._signal_and_wait("KILL", 10.0):
         return f"stopped server left running on {host.name} by an interrupted campaign (pid {pid})"
     return f"could not stop server left running on {host.name} by an interrupted campaign (pid {pid})"
+
+
+def reap_run_dir(host: Host, remote_dir: str, timeout: float) -> list[str]:
+    """Stop every server still running from a run directory on the target (what was done, one line each).
+
+    This finds a server whose start was cut short before gpudoctor recorded it locally (killed between the
+    remote start and writing DIR/server.pid): only processes whose command line is our wrapper with that very
+    pid file are touched.
+    """
+    res = host.run(["sh", "-c", _LIST, "gpudoctor-bench-list", remote_dir], timeout=15.0)
+    notes = []
+    for line in res.stdout.splitlines() if res.ok else []:
+        pid_file, _, pid = line.rpartition(" ")
+        if not pid.isdigit():
+            continue
+        got = host.run(["cat", f"/proc/{pid}/cmdline"], timeout=15.0)
+        argv = got.stdout.split("\0")[:-1] if got.ok else []
+        if argv[:5] != ["sh", "-c", _WRAPPER, WRAPPER_NAME, pid_file]:
+            continue
+        note = reap_remote_orphan(host, {"pid": pid, "argv": argv}, timeout)
+        if note:
+            notes.append(note)
+    return notes

@@ -28,7 +28,7 @@ from gpudoctor.bench.levels import Level, run_levels, server_context_limit, wait
 from gpudoctor.bench.load import LevelSpec
 from gpudoctor.bench.prompts import build, load_source, misfit
 from gpudoctor.bench.results import CRASHED, ERROR, ResultStore
-from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan
+from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan, reap_run_dir
 from gpudoctor.bench.server import Launcher, LocalLauncher, port_in_use, reap_orphan, wait_gpu_release
 from gpudoctor.bench.tokens import Counter, load_counter
 from gpudoctor.errors import EXIT_FAIL, ConfigError, GpudoctorError, HostError, HostUnreachable, InputError
@@ -210,14 +210,18 @@ class Runner:
             info = json.loads(pid_file.read_text())
         except (OSError, ValueError):
             info = None
+        stop_s = self.camp.timeouts["stop_s"]
         if not isinstance(info, dict) or not info.get("host"):
-            return reap_orphan(str(pid_file), self.camp.timeouts["stop_s"])
-        if self.camp.is_remote and info["host"] == self.host.name:
-            note = reap_remote_orphan(self.host, info, self.camp.timeouts["stop_s"])
+            note = reap_orphan(str(pid_file), stop_s)
+        elif self.camp.is_remote and info["host"] == self.host.name:
+            note = reap_remote_orphan(self.host, info, stop_s)
+            pid_file.unlink()
         else:
             note = (f"{pid_file} names a server on {info['host']}, which this campaign does not target: not stopped "
                     f"(pid {info.get('pid')}; stop it there if it still runs)")
-        pid_file.unlink()
+            pid_file.unlink()
+        if self.camp.is_remote:  # also a server whose start was cut short before server.pid was written
+            note = "; ".join(n for n in [note, *reap_run_dir(self.host, self.remote_dir, stop_s)] if n) or None
         return note
 
     def mirror(self, remote_dir: str, names: list[str], local_name: str, without: str) -> str | None:

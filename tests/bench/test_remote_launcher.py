@@ -163,3 +163,19 @@ def test_a_command_that_is_not_there_is_an_oserror(launch, tmp_path):
     assert exc.value.strerror == "not found on sshd-test"
     assert "cannot start /opt/venv-that-is-not-there/bin/python: not found" in \
         (tmp_path / "remote" / "srv.log").read_text()
+
+
+def test_run_dir_scan_finds_a_server_that_was_never_recorded_here(launch, ssh_host, tmp_path):
+    # gpudoctor killed between the remote start and writing server.pid: only the target knows the server.
+    from gpudoctor.bench.remote import reap_run_dir
+
+    lau = launch()
+    pid = lau.start(["sleep", "300"], {})
+    (tmp_path / "server.pid").unlink()
+    other = launch("done")
+    other.start(["true"], {})  # exited: its pid file stays, nothing to stop
+    assert wait_for(lambda: other.gone() is not None)
+    assert reap_run_dir(ssh_host, str(tmp_path / "remote"), timeout=2) == [
+        f"stopped server left running on sshd-test by an interrupted campaign (pid {pid})"]
+    assert live_group(pid) == []
+    assert reap_run_dir(ssh_host, str(tmp_path / "nowhere"), timeout=2) == []
