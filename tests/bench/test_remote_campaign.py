@@ -264,3 +264,51 @@ def test_bad_target_is_one_line_and_nothing_runs(lab, sshd, capsys):
         assert message.format(inv=inv) in err, err
         assert not out.exists()  # nothing half-written
     assert lab.gate_calls() == [] and not lab.remote_dir.exists()
+
+
+def test_ssh_lost_mid_campaign_stops_it_and_resume_finishes(lab, sshd, cut_proxy):
+    # ct200 is reached through a proxy that goes away after the first record (the open connection is cut too):
+    # the levels in flight still run
+    # (the load does not use SSH), but the server cannot be stopped, so the campaign stops (exit 2) with the
+    # reason. ct200 reachable again: --resume stops the server left there and finishes without duplicates.
+    proxy = cut_proxy()
+    known = lab.tmp / "known_hosts"
+    known.write_text(sshd.known_hosts_line(proxy.port) + sshd.known_hosts_line())
+    direct = lab.inventory.read_text().replace(str(sshd.known_hosts), str(known))
+    lab.inventory.write_text(direct.replace(f"port: {sshd.port}", f"port: {proxy.port}"))
+    body = """\
+    methods:
+      baseline: {baseline: true}
+      eagle3: {args: [--accept-length, "2"]}
+    """
+    path, _ = lab.campaign(body, concurrency="[1, 2]", decode="200")
+    out = lab.tmp / "out"
+    cmd = [sys.executable, "-m", "gpudoctor", "bench", "run", str(path), "--out", str(out), "--inventory",
+           str(lab.inventory)]
+    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not records(out):
+        time.sleep(0.02)
+    proxy.stay_down, proxy.cuts = True, 1  # every new connection is cut at once
+    assert sshd.cut_connections() >= 1  # and the open one drops (its sshd process killed)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpudoctor: lost ct200 while running baseline-tp1: ct200: ") and \
+        last.endswith("; rerun with --resume (it first stops a server left running there)"), last
+    before = records(out)
+    assert_honest(before)
+    assert [r["label"] for r in before] == ["baseline-tp1"] * len(before) and before
+    info = json.loads((out / "server.pid").read_text())
+    assert Path(f"/proc/{info['pid']}/cmdline").read_bytes().split(b"\0")[:-1] == \
+        [a.encode() for a in info["argv"]]  # still running on ct200
+
+    lab.inventory.write_text(direct)
+    p = bench_run(lab, path, out, "--resume")
+    assert p.returncode == 0, p.stderr
+    assert f"stopped server left running on ct200 by an interrupted campaign (pid {info['pid']})" in p.stderr
+    after = records(out)
+    assert after[: len(before)] == before
+    assert sorted((r["label"], r["concurrency"]) for r in after) == [
+        ("baseline-tp1", 1), ("baseline-tp1", 2), ("eagle3-tp1", 1), ("eagle3-tp1", 2)]
+    assert all(r["status"] == "ok" for r in after)
