@@ -63,9 +63,9 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
     return out
 
 
-def static_context_limit(camp: Campaign, cfg: Config, model_dir: str | None = None) -> int | None:
+def static_context_limit(camp: Campaign, cfg: Config, model_dir: str | None) -> int | None:
     """The context limit known before launch: the campaign's, the server's --context-length, or config.json
-    (read from `model_dir`, the model's files as seen here: camp.model, or their copy from a remote target)."""
+    (read from `model_dir`, the model's files as seen here: camp.model, their copy from a remote target, or None)."""
     if camp.context_limit:
         return camp.context_limit
     argv = cfg.argv
@@ -74,8 +74,10 @@ def static_context_limit(camp: Campaign, cfg: Config, model_dir: str | None = No
             return int(argv[i + 1])
         if a.startswith("--context-length=") and a.split("=", 1)[1].isdigit():
             return int(a.split("=", 1)[1])
+    if model_dir is None:
+        return None
     try:
-        conf = json.loads((Path(model_dir or camp.model) / "config.json").read_text())
+        conf = json.loads((Path(model_dir) / "config.json").read_text())
         value = conf.get("max_position_embeddings")
         return int(value) if isinstance(value, int) else None
     except (OSError, ValueError):
@@ -361,8 +363,12 @@ class Runner:
 
     # ---- the gate -----------------------------------------------------------------------------------------------------
     def for_target(self, argv: list[str]) -> list[str]:
-        """A gpudoctor command aimed at the remote target: `--host TARGET --inventory INVENTORY` added."""
+        """A gpudoctor command aimed at the remote target: `--host TARGET --inventory INVENTORY` added.
+
+        A bare `gpudoctor` that is not on PATH (gpudoctor run as `python -m gpudoctor`) is this gpudoctor."""
         argv = list(argv)
+        if argv and argv[0] == "gpudoctor" and shutil.which("gpudoctor") is None:
+            argv = [sys.executable, "-m", "gpudoctor", *argv[1:]]
         if self.camp.is_remote and _is_gpudoctor(argv) and not _has_flag(argv, "--host"):
             argv += ["--host", self.camp.target]
             if self.inventory_path and not _has_flag(argv, "--inventory"):

@@ -312,3 +312,23 @@ def test_ssh_lost_mid_campaign_stops_it_and_resume_finishes(lab, sshd, cut_proxy
     assert sorted((r["label"], r["concurrency"]) for r in after) == [
         ("baseline-tp1", 1), ("baseline-tp1", 2), ("eagle3-tp1", 1), ("eagle3-tp1", 2)]
     assert all(r["status"] == "ok" for r in after)
+
+
+def test_gate_and_heal_commands_aimed_at_the_target(tmp_path, monkeypatch):
+    from gpudoctor.bench.campaign import load
+    from gpudoctor.bench.runner import Runner
+    from gpudoctor.host.local import LocalHost
+
+    path = tmp_path / "c.yaml"
+    path.write_text("target: ct200\nmodel: /m\ntp: [1]\nmethods: {baseline: {}}\n"
+                    "workloads: [{name: w, max_tokens: 8}]\nconcurrency: [1]\n")
+    runner = Runner(load(str(path)), str(tmp_path / "out"), host=LocalHost(), inventory_path="/etc/inv.yaml")
+    aim = runner.for_target
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gpudoctor on PATH: the running one is used
+    assert aim(["gpudoctor", "gate", "--profile", "benchmark"]) == [
+        sys.executable, "-m", "gpudoctor", "gate", "--profile", "benchmark", "--host", "ct200", "--inventory",
+        "/etc/inv.yaml"]
+    assert aim(["/opt/gd/bin/gpudoctor", "fix", "--apply", "--yes"])[-4:] == [
+        "--host", "ct200", "--inventory", "/etc/inv.yaml"]
+    assert aim(["gpudoctor", "gate", "--host=kpro6"])[-1] == "--host=kpro6"  # the user's own --host wins
+    assert aim(["sh", "-c", "ssh ct200 nvidia-smi"]) == ["sh", "-c", "ssh ct200 nvidia-smi"]  # not gpudoctor's
