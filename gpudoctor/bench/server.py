@@ -1,9 +1,9 @@
 """Start, watch and stop an inference server for one campaign configuration, and wait for its GPUs to be free.
 
 `Launcher` is the seam for where the server runs. `LocalLauncher` is a subprocess in its own session (so the whole tree
-can be signalled), its stdout and stderr appended to a log file. A launcher for another host implements the same four
-methods with `Host.run` (nohup/setsid start, `kill -0` to watch, `kill -TERM -PGID` to stop) and copies the log back
-in `sync_log`.
+can be signalled), its stdout and stderr appended to a log file. `gpudoctor.bench.remote.HostLauncher` runs it on an
+inventory host through `Host.run` (setsid/nohup start, pid and exit status recorded there, process-group stop) and
+copies the log back in `sync_log`.
 """
 
 from __future__ import annotations
