@@ -202,3 +202,26 @@ def allreduce(facts):
                            f"(worst link {g.get('worst_link')})", subject=subj, evidence=ev,
                            data={"busbw_gbs": g["busbw_gbs"], "algbw_gbs": g["algbw_gbs"]}))
     return out
+
+
+_P2P_LEGEND = {"CNS": "chipset not supported", "GNS": "GPU not supported", "TNS": "topology not supported",
+               "NS": "not supported", "U": "unknown"}
+
+
+@check("fabric.topo.p2p", summary="Every GPU pair can read peer-to-peer (nvidia-smi topo -p2p r), as TP all-reduce expects.")
+def p2p(facts):
+    """Pairs without P2P fall back to staging through host memory: slower all-reduce, and NCCL_P2P_LEVEL matters."""
+    fab = _fab(facts)
+    m = (fab or {}).get("p2p_read")
+    if m is None:
+        return None
+    if "error" in m:
+        return Finding("fabric.topo.p2p", Status.UNKNOWN, "nvidia-smi topo -p2p r failed", evidence=[m["error"]])
+    pairs = sorted({tuple(sorted(k.split("-"))): v for k, v in m.items()}.items())
+    bad = [(a, b, v) for (a, b), v in pairs if v != "OK"]
+    ev = [f"{a}-{b}: {v}" for (a, b), v in pairs]
+    if bad:
+        what = "; ".join(f"{a}-{b} {v} ({_P2P_LEGEND.get(v, v)})" for a, b, v in bad)
+        return Finding("fabric.topo.p2p", Status.WARN, f"{len(bad)} GPU pair(s) without P2P read: {what}", evidence=ev,
+                       hint="Check ACS/IOMMU settings on the host; keep TP groups on pairs with P2P.")
+    return Finding("fabric.topo.p2p", Status.OK, f"P2P read OK on all {len(pairs)} GPU pair(s)", evidence=ev)

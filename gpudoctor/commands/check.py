@@ -217,7 +217,9 @@ def _explain(check_id: str) -> int:
 @click.command("snapshot")
 @common
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
-def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output):
+@click.option("--deep", is_flag=True, help="Also record the NCCL all-reduce probe per TP group (occupies the GPUs; needs torch).")
+@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python):
     """Gather a host's facts (and the raw reads behind them) into one JSON file.
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
@@ -229,6 +231,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor.atomic import atomic_write
 
     host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+    if deep:
+        ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
     try:
         doc = snap.take(host, ctx)
     finally:

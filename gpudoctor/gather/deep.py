@@ -59,10 +59,11 @@ def gather(host: Host, ctx: GatherContext) -> dict:
 def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, ctx: GatherContext) -> dict:
     """Run every rank of one group at once; rank 0's line is the measurement."""
     import threading
-    import uuid
 
     devs = [int(x[3:]) for x in group["gpus"]]
-    rdv = f"/tmp/gpudoctor-nccl-{uuid.uuid4().hex}"
+    # A stable name keeps the argv stable, so a snapshot of this probe replays; a stale file is removed first.
+    rdv = "/tmp/.gpudoctor-nccl-" + "_".join(map(str, devs))
+    host.run(["rm", "-f", rdv], timeout=5)
     results: dict = {}
 
     def rank(r):

@@ -150,4 +150,7 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         out["error"] = "sysfs probe " + res.describe()
     topo = host.run(["nvidia-smi", "topo", "-m"], timeout=ctx.timeout)
     out["topo"] = parse_topo(topo.stdout) if topo.ok else {"error": topo.describe()}
+    if len(out["topo"].get("gpus") or []) > 1:  # peer-to-peer read status of every GPU pair (same table shape)
+        p2p = host.run(["nvidia-smi", "topo", "-p2p", "r"], timeout=ctx.timeout)
+        out["p2p_read"] = parse_topo(p2p.stdout)["pairs"] if p2p.ok else {"error": p2p.describe()}
     return out

@@ -109,3 +109,16 @@ def test_tp_advice_finding():
     f = diagnose(facts).by_key()["fabric.topo.tp_groups"]
     assert f.summary.startswith("TP8+ groups must span NUMA nodes")
     assert "TP4: 0,1,2,3 — worst link NODE, NUMA 0" in f.evidence
+
+
+def test_p2p_matrix_findings():
+    from gpudoctor.diagnose import diagnose
+
+    text = ("\t\x1b[4mGPU0\tGPU1\tGPU2\t\x1b[0m\n GPU0\tX\tOK\tNS\t\n GPU1\tOK\tX\tOK\t\n GPU2\tNS\tOK\tX\t\n\nLegend:\n")
+    pairs = parse_topo(text)["pairs"]
+    assert pairs["GPU0-GPU2"] == "NS" and pairs["GPU1-GPU0"] == "OK"
+    f = diagnose({"fabric": {"gpus": [], "p2p_read": pairs}, "meta": {"context": {}}}).by_key()["fabric.topo.p2p"]
+    assert f.status.value == "warn" and "GPU0-GPU2 NS (not supported)" in f.summary
+    ok = {k: "OK" for k in pairs}
+    f = diagnose({"fabric": {"gpus": [], "p2p_read": ok}, "meta": {"context": {}}}).by_key()["fabric.topo.p2p"]
+    assert f.status.value == "ok" and "all 3 GPU pair(s)" in f.summary
