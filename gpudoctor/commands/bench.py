@@ -156,7 +156,7 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl, server logs and the campaign copy.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run: skip recorded levels, re-gate, rerun the rest.")
 @click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
-              help="Inventory naming the campaign's target: (default: ./inventory.yaml, then "
+              help="Inventory that names the campaign's target host (default: ./inventory.yaml, then "
                    "~/.config/gpudoctor/inventory.yaml).")
 @click.option("--accept-new-host-key", is_flag=True,
               help="Trust the target's SSH host key on first use (a changed key is always refused).")
