@@ -55,8 +55,14 @@ def free_port() -> int:
     return port
 
 
-def start_sshd(tmp: Path):
-    """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts)."""
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's default Subsystem: a real sshd serves SFTP
+
+
+def start_sshd(tmp: Path, skip_shell_rc: bool = False):
+    """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts).
+
+    Configured like a stock server (an SFTP subsystem). skip_shell_rc: SetEnv SHLVL=1, so bash does not source
+    ~/.bashrc for ssh commands (what tests/sshd.py does) -- measures gpudoctor without the target's shell startup."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     for kind in ("host", "user"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / f"{kind}_key")], check=True)
@@ -67,7 +73,9 @@ def start_sshd(tmp: Path):
     cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\nPidFile {tmp / 'sshd.pid'}\n"
                    f"AuthorizedKeysFile {tmp / 'authorized_keys'}\nPasswordAuthentication no\n"
                    "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
-                   "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n")
+                   "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n"
+                   f"Subsystem sftp {SFTP_SERVER if os.path.exists(SFTP_SERVER) else 'internal-sftp'}\n"
+                   + ("SetEnv SHLVL=1\n" if skip_shell_rc else ""))
     Path("/run/sshd").mkdir(exist_ok=True)
     proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
