@@ -21,12 +21,14 @@ import time
 from dataclasses import dataclass, field
 
 from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
-from gpudoctor.host.base import CommandResult, FileRead, Host, quote_argv, raise_errno, read_capped
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, quote_argv, raise_errno, read_capped
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CLASSIC = object()  # the agent cannot serve this operation: take the classic path
+AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its deadline (a client that went away)
 
 
 class _SftpTimeout(Exception):
@@ -74,6 +76,7 @@ class SSHHost(Host):
     allow_agent: bool = True
     look_for_keys: bool | None = None  # None: try ~/.ssh/id_* only when no identity file is known
     max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; SFTP holds one)
+    agent: bool = True  # probes through one agent process per connection (False: a login shell per command)
     python: list[str] = field(default_factory=lambda: ["python3"])
     root: str = ""  # tests/labs: prefix of every absolute path of a file operation (like LocalHost.root)
     path_prepend: list[str] = field(default_factory=list)  # tests/labs: directories put first on the remote PATH
@@ -91,6 +94,10 @@ class SSHHost(Host):
         self._attempts = 0
         self._last_error: HostError | None = None
         self._resolved: _Resolved | None = None
+        self._agent = None  # gpudoctor.host.agent.Agent of the current connection
+        self._agent_lock = threading.Lock()
+        self._agent_off = None  # the transport on which the agent could not start (then: classic paths)
+        self.agents_started = 0
         self.connections_made = 0
 
     # --- connection ---------------------------------------------------------------------------
@@ -211,6 +218,9 @@ class SSHHost(Host):
         return client
 
     def _drop_locked(self) -> None:
+        agent = self._agent
+        if agent is not None:
+            agent.close()
         sftp, self._sftp = self._sftp, None
         client, self._client = self._client, None
         for thing in (sftp, client):
@@ -250,15 +260,8 @@ class SSHHost(Host):
         paramiko sends a channel EOF outside its lock, and one racing the server's close of a finished
         command reaches the server after the channel is freed; OpenSSH then drops the whole connection.
         """
-        argv = [str(a) for a in argv]
-        if not argv:
-            raise ValueError("empty argv")
-        if any("\0" in a for a in argv):
-            raise ValueError("an argument contains a NUL byte")
+        argv = _checked(argv, env)
         if env:
-            bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
-            if bad:
-                raise ValueError(f"invalid environment variable name(s): {bad}")
             argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         parts = ['echo "gpudoctor-pid:$$" >&2']
         if self.path_prepend:
@@ -271,6 +274,10 @@ class SSHHost(Host):
 
         timeout = self.default_timeout if timeout is None else timeout
         argv = [str(a) for a in argv]
+        if input is None:
+            agent = self._agent_for()
+            if agent is not None:
+                return self._run_agent(agent, _checked(argv, env), timeout, env)
         line = self.command_line(argv, env, stdin=input is not None)
         transport = self._transport()  # connecting has its own deadline; the command's starts now
         t0 = time.perf_counter()
@@ -377,6 +384,78 @@ class SSHHost(Host):
         except HostError:
             pass  # the connection is gone: nothing more can be done from here
 
+    # --- the probe agent (host/agent.py): every probe op of a connection in one process on the target ------
+    def _agent_for(self):
+        """The running agent of the current connection, started on its first use; None where it cannot run
+        (no python there...): the caller then takes the classic path (a login shell per command, SFTP)."""
+        if not self.agent:
+            return None
+        transport = self._transport()
+        with self._agent_lock:
+            a = self._agent
+            if a is not None and a.transport is transport and a.alive:
+                return a
+            if self._agent_off is transport:
+                return None
+            from gpudoctor.host.agent import Agent, AgentUnavailable
+
+            if a is not None:
+                a.close()
+                self._agent = None
+            try:
+                a = Agent.start(self, transport)
+            except AgentUnavailable as exc:
+                self._agent_off = transport
+                _log(host=self.name).info("ssh.agent.unavailable", reason=str(exc))
+                return None
+            self._agent = a
+            self.agents_started += 1
+            return a
+
+    def _agent_call(self, req: dict, timeout: float, what: str):
+        """The agent's answer (None: the deadline passed), or _CLASSIC when the agent cannot serve it."""
+        from gpudoctor.host.agent import AgentGone
+
+        a = self._agent_for()
+        if a is None:
+            return _CLASSIC
+        try:
+            ans = a.call(req, timeout)
+        except AgentGone as exc:
+            if not exc.exited:
+                raise HostUnreachable(f"{self.name}: connection lost while {what}") from exc
+            _log(host=self.name).warning("ssh.agent.exited", op=req.get("op"))
+            return _CLASSIC  # reads are safe to ask again; the next call starts a new agent
+        if ans is not None and "bad" in ans:
+            _log(host=self.name).warning("ssh.agent.bad_answer", op=req.get("op"), error=ans["bad"])
+            return _CLASSIC
+        return ans
+
+    def _run_agent(self, agent, argv: list[str], timeout: float, env) -> CommandResult:
+        from gpudoctor.host.agent import AgentGone
+
+        req = {"op": "run", "argv": argv, "timeout": timeout + AGENT_KILL_GRACE, "env": env or None,
+               "path_prepend": list(self.path_prepend) or None}
+        py = [str(x) for x in self.python]
+        if py and argv[:len(py)] == py:
+            req["py"] = len(py)  # the agent runs it with the interpreter it already resolved
+        t0 = time.perf_counter()
+        try:
+            ans = agent.call(req, timeout)
+        except AgentGone as exc:
+            if not exc.exited:
+                raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}") from exc
+            return CommandResult(argv, None, "", f"the probe agent on {self.name} ended while the command ran",
+                                 time.perf_counter() - t0, timeout_s=timeout)  # never run twice: it may not be idempotent
+        dur = time.perf_counter() - t0
+        if ans is None or ans.get("t"):
+            _log(host=self.name).info("ssh.command.timeout", argv=argv[:4], timeout_s=timeout)
+            return CommandResult(argv, None, "", "", dur, timed_out=True, timeout_s=timeout)
+        if "bad" in ans:
+            return CommandResult(argv, None, "", f"probe agent: {ans['bad']}", dur, timeout_s=timeout)
+        return CommandResult(argv, ans["rc"], base64.b64decode(ans["o"]).decode("utf-8", "replace"),
+                             base64.b64decode(ans["e"]).decode("utf-8", "replace"), dur, timeout_s=timeout)
+
     # --- files ----------------------------------------------------------------------------------
     def _sftp_call(self, fn, timeout: float):
         """Run fn(sftp) on the shared SFTP session under a deadline; file errors propagate as OSError."""
@@ -422,6 +501,11 @@ class SSHHost(Host):
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         rp = self._p(path)
+        ans = self._agent_call({"op": "read", "path": rp, "max": int(max_bytes)}, timeout, f"reading {path}")
+        if ans is None:
+            return FileRead(path, error="TIMEOUT")
+        if ans is not _CLASSIC:
+            return FileRead(path, error=ans["e"]) if "e" in ans else FileRead(path, base64.b64decode(ans["b"]))
 
         def read(sftp):
             with sftp.open(rp, "rb") as fh:
@@ -443,6 +527,11 @@ class SSHHost(Host):
 
     def listdir(self, path, timeout=3.0):
         rp = self._p(path)
+        ans = self._agent_call({"op": "listdir", "path": rp}, timeout, f"listing {path}")
+        if ans is None:
+            return "TIMEOUT"
+        if ans is not _CLASSIC:
+            return ans["entries"] if "entries" in ans else ans["error"]
         try:
             return sorted(self._sftp_call(lambda s: s.listdir(rp), timeout))
         except _SftpTimeout:
@@ -479,7 +568,14 @@ class SSHHost(Host):
             return False
 
     def stat_many(self, paths, timeout=3.0):
+        if not paths:
+            return {}
         back = {self._p(p): p for p in paths}
+        ans = self._agent_call({"op": "stat", "paths": list(back)}, timeout, "stat of files")
+        if ans is None:
+            return {p: StatResult(p, False, error="TIMEOUT") for p in paths}
+        if ans is not _CLASSIC:
+            return {back[rp]: StatResult(back[rp], **d) for rp, d in ans["r"].items()}
         res = Host.stat_many(self, list(back), timeout)
         out = {}
         for rp, r in res.items():
@@ -488,10 +584,22 @@ class SSHHost(Host):
         return out
 
     def try_open_many(self, paths, timeout=5.0):
+        if not paths:
+            return {}
         back = {self._p(p): p for p in paths}
+        ans = self._agent_call({"op": "open", "paths": list(back)}, timeout, "opening device nodes")
+        if ans is None:
+            return {p: "TIMEOUT" for p in paths}
+        if ans is not _CLASSIC:
+            return {back[rp]: v for rp, v in ans["r"].items()}
         return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout).items()}
 
     def statvfs(self, path, timeout=3.0):
+        ans = self._agent_call({"op": "statvfs", "path": self._p(path)}, timeout, f"statvfs of {path}")
+        if ans is None:
+            return {"error": "TIMEOUT"}
+        if ans is not _CLASSIC:
+            return {k: v for k, v in ans.items() if k != "id"}
         return Host.statvfs(self, self._p(path), timeout)
 
     def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
@@ -559,6 +667,22 @@ class SSHHost(Host):
             if exc.errno:
                 raise
             raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
+
+
+def _checked(argv: list[str], env: dict[str, str] | None) -> list[str]:
+    """argv as strings; ValueError for what no command line can carry (empty, NUL bytes, bad variable names)."""
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise ValueError("empty argv")
+    if any("\0" in a for a in argv):
+        raise ValueError("an argument contains a NUL byte")
+    if env:
+        bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+        if bad:
+            raise ValueError(f"invalid environment variable name(s): {bad}")
+        if any("\0" in str(v) for v in env.values()):
+            raise ValueError("an environment value contains a NUL byte")
+    return argv
 
 
 def _shown(argv: list[str]) -> str:

@@ -1,5 +1,5 @@
-"""One contract, every backend: LocalHost, SSHHost (a real sshd, with and without SFTP) and ReplayHost (a recorded
-transcript).
+"""One contract, every backend: LocalHost, SSHHost (a real sshd: through the probe agent, and the classic paths with
+and without SFTP) and ReplayHost (a recorded transcript).
 
 The replay backend records each operation on a RecordingHost over LocalHost, round-trips the transcript through
 JSON, replays it on a fresh ReplayHost, asserts the replay equals the live answer and returns the replay.
@@ -54,23 +54,28 @@ class ReplayThrough(Host):
         return self._replay("statvfs", path, timeout)
 
 
-@pytest.fixture(params=["local", "ssh", "ssh-nosftp", "replay"])
+def _ssh_kinds(sshd, sshd_nosftp):
+    """ssh: through the probe agent; ssh-classic: a login shell per command and SFTP for files; ssh-nosftp: the
+    classic paths on a server without SFTP (files through python programs)."""
+    return {"ssh": sshd.make_host, "ssh-classic": lambda: sshd.make_host(agent=False),
+            "ssh-nosftp": lambda: sshd_nosftp.make_host(agent=False)}
+
+
+@pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp", "replay"])
 def host(request, sshd, sshd_nosftp):
     if request.param == "local":
         h = LocalHost()
-    elif request.param == "ssh":
-        h = sshd.make_host()
-    elif request.param == "ssh-nosftp":
-        h = sshd_nosftp.make_host()
-    else:
+    elif request.param == "replay":
         h = ReplayThrough(LocalHost())
+    else:
+        h = _ssh_kinds(sshd, sshd_nosftp)[request.param]()
     yield h
     h.close()
 
 
-@pytest.fixture(params=["local", "ssh", "ssh-nosftp"])
+@pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp"])
 def live_host(request, sshd, sshd_nosftp):
-    h = {"local": LocalHost, "ssh": sshd.make_host, "ssh-nosftp": sshd_nosftp.make_host}[request.param]()
+    h = LocalHost() if request.param == "local" else _ssh_kinds(sshd, sshd_nosftp)[request.param]()
     yield h
     h.close()
 
