@@ -15,6 +15,8 @@ Protocol (one JSON object per line; stdin: requests, stdout: answers, in any ord
     <- {"id": 12, "op": "run", "argv": [...], "timeout": S, "env": {...} | null, "path_prepend": [...], "py": N}
                                                          -> {"id": 12, "rc": N | null, "o": B64, "e": B64, "t": bool}
     <- {"id": 13, "op": "kill", "target": 12}            (no answer: kills request 12's process group)
+    <- {"id": 14, "op": "batch", "ops": [{"op": "read", ...}, ...], "timeout": S}
+                                                         -> {"id": 14, "r": [answer, ...]}  (unfinished: {"timeout": 1})
 
 Each request runs in its own thread, so a hung read or command never blocks the others; the client keeps every
 deadline and abandons what does not answer in time. A command runs in a new session (its own process group,
@@ -171,6 +173,31 @@ def _run(req):
             "o": base64.b64encode(out).decode(), "e": base64.b64encode(err).decode(), "t": timed_out}
 
 
+def _batch(req):
+    """Several read-only operations side by side (a hung one never holds up the rest); at the deadline the
+    unfinished ones answer {"timeout": 1}."""
+    ops = req.get("ops") or []
+    deadline = time.monotonic() + float(req.get("timeout") or 3.0)
+    results = [None] * len(ops)
+
+    def work(i, op):
+        fn = _BATCHABLE.get(op.get("op"))
+        try:
+            results[i] = fn(op) if fn is not None else {"bad": "not a batch operation: %r" % (op.get("op"),)}
+        except Exception as e:  # noqa: BLE001
+            results[i] = {"bad": "%s: %s" % (type(e).__name__, e)}
+
+    threads = []
+    for i, op in enumerate(ops):
+        t = threading.Thread(target=work, args=(i, op))
+        t.daemon = True
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return {"r": [r if r is not None else {"timeout": 1} for r in results]}
+
+
 def _kill(req):
     with _runs_lock:
         proc = _runs.get(req.get("target"))
@@ -179,15 +206,14 @@ def _kill(req):
     return None
 
 
-OPS = {
+_BATCHABLE = {
     "read": _read,
     "stat": lambda req: {"r": dict((p, _stat_one(p)) for p in req["paths"])},
     "open": lambda req: {"r": dict((p, _open_one(p)) for p in req["paths"])},
     "listdir": _listdir,
     "statvfs": _statvfs,
-    "run": _run,
-    "kill": _kill,
 }
+OPS = dict(_BATCHABLE, run=_run, kill=_kill, batch=_batch)
 
 
 def _serve(req):

@@ -29,6 +29,7 @@ _PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CLASSIC = object()  # the agent cannot serve this operation: take the classic path
 AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its deadline (a client that went away)
+AGENT_BATCH_GRACE = 1.0  # a batch answers at its deadline with what finished; the client waits this much longer
 
 
 class _SftpTimeout(Exception):
@@ -501,11 +502,10 @@ class SSHHost(Host):
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         rp = self._p(path)
-        ans = self._agent_call({"op": "read", "path": rp, "max": int(max_bytes)}, timeout, f"reading {path}")
-        if ans is None:
-            return FileRead(path, error="TIMEOUT")
+        op = ("read", path, max_bytes)
+        ans = self._agent_call(self._agent_req(op), timeout, f"reading {path}")
         if ans is not _CLASSIC:
-            return FileRead(path, error=ans["e"]) if "e" in ans else FileRead(path, base64.b64decode(ans["b"]))
+            return self._agent_answer(op, ans)
 
         def read(sftp):
             with sftp.open(rp, "rb") as fh:
@@ -527,11 +527,10 @@ class SSHHost(Host):
 
     def listdir(self, path, timeout=3.0):
         rp = self._p(path)
-        ans = self._agent_call({"op": "listdir", "path": rp}, timeout, f"listing {path}")
-        if ans is None:
-            return "TIMEOUT"
+        op = ("listdir", path)
+        ans = self._agent_call(self._agent_req(op), timeout, f"listing {path}")
         if ans is not _CLASSIC:
-            return ans["entries"] if "entries" in ans else ans["error"]
+            return self._agent_answer(op, ans)
         try:
             return sorted(self._sftp_call(lambda s: s.listdir(rp), timeout))
         except _SftpTimeout:
@@ -571,11 +570,10 @@ class SSHHost(Host):
         if not paths:
             return {}
         back = {self._p(p): p for p in paths}
-        ans = self._agent_call({"op": "stat", "paths": list(back)}, timeout, "stat of files")
-        if ans is None:
-            return {p: StatResult(p, False, error="TIMEOUT") for p in paths}
+        op = ("stat", list(paths))
+        ans = self._agent_call(self._agent_req(op), timeout, "stat of files")
         if ans is not _CLASSIC:
-            return {back[rp]: StatResult(back[rp], **d) for rp, d in ans["r"].items()}
+            return self._agent_answer(op, ans)
         res = Host.stat_many(self, list(back), timeout)
         out = {}
         for rp, r in res.items():
@@ -587,20 +585,67 @@ class SSHHost(Host):
         if not paths:
             return {}
         back = {self._p(p): p for p in paths}
-        ans = self._agent_call({"op": "open", "paths": list(back)}, timeout, "opening device nodes")
-        if ans is None:
-            return {p: "TIMEOUT" for p in paths}
+        op = ("open", list(paths))
+        ans = self._agent_call(self._agent_req(op), timeout, "opening device nodes")
         if ans is not _CLASSIC:
-            return {back[rp]: v for rp, v in ans["r"].items()}
+            return self._agent_answer(op, ans)
         return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout).items()}
 
     def statvfs(self, path, timeout=3.0):
-        ans = self._agent_call({"op": "statvfs", "path": self._p(path)}, timeout, f"statvfs of {path}")
-        if ans is None:
-            return {"error": "TIMEOUT"}
+        op = ("statvfs", path)
+        ans = self._agent_call(self._agent_req(op), timeout, f"statvfs of {path}")
         if ans is not _CLASSIC:
-            return {k: v for k, v in ans.items() if k != "id"}
+            return self._agent_answer(op, ans)
         return Host.statvfs(self, self._p(path), timeout)
+
+    def batch(self, ops, timeout=3.0):
+        """Every operation in one agent request, run there side by side, each under `timeout`."""
+        ops = [tuple(op) for op in ops]
+        if not ops:
+            return []
+        reqs = [self._agent_req(op) for op in ops]
+        ans = self._agent_call({"op": "batch", "ops": reqs, "timeout": timeout}, timeout + AGENT_BATCH_GRACE,
+                               "probing files")
+        if ans is _CLASSIC:
+            return Host.batch(self, ops, timeout)
+        answers = ans["r"] if ans is not None else [None] * len(ops)
+        out = []
+        for op, a in zip(ops, answers):
+            if isinstance(a, dict) and "bad" in a:  # that one operation failed in the agent: ask it alone
+                out.append(Host.batch(self, [op], timeout)[0])
+            else:
+                out.append(self._agent_answer(op, a))
+        return out
+
+    def _agent_req(self, op: tuple) -> dict:
+        """The agent request of a batch-style operation (paths mapped under `root`)."""
+        kind = op[0]
+        if kind == "read":
+            return {"op": "read", "path": self._p(op[1]), "max": int(op[2]) if len(op) > 2 else 4 << 20}
+        if kind in ("listdir", "statvfs"):
+            return {"op": kind, "path": self._p(op[1])}
+        if kind in ("stat", "open"):
+            return {"op": kind, "paths": [self._p(p) for p in op[1]]}
+        raise ValueError(f"unknown batch operation {kind!r}")
+
+    def _agent_answer(self, op: tuple, a: dict | None):
+        """The agent's answer to `op` as the single operation returns it; None or a timeout mark: TIMEOUT."""
+        kind = op[0]
+        late = a is None or "timeout" in a
+        if kind == "read":
+            if late:
+                return FileRead(op[1], error="TIMEOUT")
+            return FileRead(op[1], error=a["e"]) if "e" in a else FileRead(op[1], base64.b64decode(a["b"]))
+        if kind == "listdir":
+            return "TIMEOUT" if late else (a["entries"] if "entries" in a else a["error"])
+        if kind == "statvfs":
+            return {"error": "TIMEOUT"} if late else {k: v for k, v in a.items() if k != "id"}
+        paths = list(op[1])
+        if kind == "stat":
+            if late:
+                return {p: StatResult(p, False, error="TIMEOUT") for p in paths}
+            return {p: StatResult(p, **a["r"][self._p(p)]) for p in paths}
+        return {p: "TIMEOUT" for p in paths} if late else {p: a["r"][self._p(p)] for p in paths}
 
     def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
         """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows).
