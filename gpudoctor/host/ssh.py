@@ -274,11 +274,11 @@ class SSHHost(Host):
         import paramiko
 
         timeout = self.default_timeout if timeout is None else timeout
-        argv = [str(a) for a in argv]
+        argv = _checked(argv, env)  # bad input is refused before anything connects
         if input is None:
             agent = self._agent_for()
             if agent is not None:
-                return self._run_agent(agent, _checked(argv, env), timeout, env)
+                return self._run_agent(agent, argv, timeout, env)
         line = self.command_line(argv, env, stdin=input is not None)
         transport = self._transport()  # connecting has its own deadline; the command's starts now
         t0 = time.perf_counter()

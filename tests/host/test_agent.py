@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -168,3 +169,16 @@ def test_many_threads_share_one_agent(sshd, tmp_path):
     assert errors == [] and len(seen) == 80
     assert (host.agents_started, host.connections_made) == (1, 1)
     host.close()
+
+
+def test_bad_arguments_are_refused_before_anything_connects(sshd):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]  # nothing listens here: connecting would raise HostUnreachable
+    host = sshd.make_host(port=closed_port)
+    with pytest.raises(ValueError, match="variable name"):
+        host.run(["true"], env={"A B": "x"})
+    with pytest.raises(ValueError, match="NUL"):
+        host.run(["printf", "a\0b"])
+    with pytest.raises(HostUnreachable):
+        host.run(["true"])
