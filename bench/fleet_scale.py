@@ -146,8 +146,9 @@ def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
         print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
         cores = os.cpu_count() or 1
         cpu_all = me_all + srv_all
-        print(f"ssh: CPU per host: gpudoctor (paramiko, gather, diagnose) {me_one * 1000:.0f} ms, the target side "
-              f"(sshd, shell, agent, probes) {srv_one * 1000:.0f} ms; {n} hosts: {me_all:.2f} s + {srv_all:.2f} s")
+        print(f"ssh: CPU per host, average of the {n}: gpudoctor (paramiko, gather, diagnose) {me_all / n * 1000:.0f} ms, "
+              f"the target side (sshd, login shell, agent, probes) {srv_all / n * 1000:.0f} ms "
+              f"(one host alone: {me_one * 1000:.0f} + {srv_one * 1000:.0f} ms, 10 ms ticks)")
         print(f"ssh: all {n} hosts' work runs on this machine's {cores} cores: >= {cpu_all / cores:.2f} s "
               f"= {cpu_all / cores / single:.1f}x one host whatever the engine does (used {cpu_all / res.wall_s:.2f} "
               f"cores on average)")
