@@ -1,6 +1,8 @@
 """The SSH backend: one paramiko connection per host, shared by every thread; strict host keys by default.
 
-Commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
+Probe operations and commands go through one probe agent per connection (host/agent.py: a python process started
+once, so a check costs one login shell on the target, not one per command). Where it cannot run, and for writes:
+commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
 place). Files move over SFTP (no python needed on the target); an SFTP error is asked again through a small
 python program so the caller sees the target's exact errno (EISDIR, EPERM), not SFTP's coarse status.
 A transport failure raises HostUnreachable, an unknown or changed host key raises HostKeyError before any
