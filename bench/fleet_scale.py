@@ -3,10 +3,14 @@
 
 1. SSH: N inventory entries (default 64) that are all aliases of one real sshd on 127.0.0.1, checked at
    --parallel 32, against one host checked alone. Target: N hosts <= 5x one host.
+   Also printed: the remote commands one check starts (each costs a login shell on the target), the CPU of one
+   command through a login shell and through the probe agent, and the CPU per host on each side. All "hosts" are
+   this machine, so their probes share its cores: the CPU line gives the floor no engine can beat here.
+   --skip-shell-rc: the sshd sets SHLVL=1 so bash skips ~/.bashrc (gpudoctor's cost without the target's).
 2. Simulated: 1,000 hosts through the snapshot/replay backend (the H200 captures in tests/fixtures/snapshots,
    re-gathered and diagnosed per host). Target: < 10 s.
 
-    python bench/fleet_scale.py [--hosts 64] [--parallel 32] [--simulated 1000] [--skip-ssh]
+    python bench/fleet_scale.py [--hosts 64] [--parallel 32] [--simulated 1000] [--skip-ssh] [--skip-shell-rc]
 """
 
 from __future__ import annotations
@@ -55,8 +59,14 @@ def free_port() -> int:
     return port
 
 
-def start_sshd(tmp: Path):
-    """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts)."""
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's default Subsystem: a real sshd serves SFTP
+
+
+def start_sshd(tmp: Path, skip_shell_rc: bool = False):
+    """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts).
+
+    Configured like a stock server (an SFTP subsystem). skip_shell_rc: SetEnv SHLVL=1, so bash does not source
+    ~/.bashrc for ssh commands (what tests/sshd.py does) -- measures gpudoctor without the target's shell startup."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     for kind in ("host", "user"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / f"{kind}_key")], check=True)
@@ -67,9 +77,11 @@ def start_sshd(tmp: Path):
     cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp / 'host_key'}\nPidFile {tmp / 'sshd.pid'}\n"
                    f"AuthorizedKeysFile {tmp / 'authorized_keys'}\nPasswordAuthentication no\n"
                    "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
-                   "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n")
+                   "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel VERBOSE\n"
+                   f"Subsystem sftp {SFTP_SERVER if os.path.exists(SFTP_SERVER) else 'internal-sftp'}\n"
+                   + ("SetEnv SHLVL=1\n" if skip_shell_rc else ""))
     Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sshd, "-D", "-E", str(tmp / "sshd.log"), "-f", str(cfg)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -83,7 +95,7 @@ def start_sshd(tmp: Path):
     return proc, port, tmp / "user_key", known
 
 
-def ssh(n: int, parallel: int) -> None:
+def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
     try:
         from gpudoctor.host.factory import open_target  # noqa: F401
         from gpudoctor.inventory import load_inventory
@@ -95,48 +107,105 @@ def ssh(n: int, parallel: int) -> None:
     from gpudoctor.fleet import default_check_fn
 
     tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-fleet-"))
-    proc, port, key, known = start_sshd(tmp)
+    proc, port, key, known = start_sshd(tmp, skip_shell_rc)
+    log = tmp / "sshd.log"
     try:
         inv_path = tmp / "inventory.yaml"
         lines = ["hosts:"]
         for i in range(n):
             lines += [f"  ct{i:03d}:", "    address: 127.0.0.1", f"    port: {port}", f"    user: {getpass.getuser()}",
                       f"    identity_file: {key}", f"    known_hosts: {known}",
-                      # the interpreter itself, not a pyenv shim (a shell script that costs ~0.2 s per probe)
+                      # the interpreter itself, not a pyenv shim (a shell script that costs ~0.2 s per start)
                       f"    python: {os.path.realpath(sys.executable)}"]
         inv_path.write_text("\n".join(lines) + "\n")
         inv = load_inventory(str(inv_path))
         check = default_check_fn(inv)
         names = [f"ct{i:03d}" for i in range(n)]
+        rc_note = "skipped (SetEnv SHLVL=1)" if skip_shell_rc else "sourced as on a real login (bash reads ~/.bashrc)"
+        print(f"ssh: the target's shell startup files: {rc_note}")
+        shell_ms, agent_ms = _command_costs(port, key, known)
+        print(f"ssh: CPU of one command on the target: {shell_ms:.1f} ms through a login shell, {agent_ms:.1f} ms "
+              f"through the probe agent (which costs one login shell per connection)")
         check(names[0])  # warm the page cache and imports once, as a second run would
+        time.sleep(0.5)
+        cmds0, me0, srv0 = _sessions(log), _cpu_self(), _cpu_sshd(proc.pid)
         t = time.perf_counter()
-        cpu0 = _cpu_of(proc.pid)
         one = check(names[0])
         single = time.perf_counter() - t
-        cpu_one = _cpu_of(proc.pid) - cpu0
+        time.sleep(0.5)  # the connection's sshd exits and is reaped: its CPU counts
+        cmds_one, me_one, srv_one = _sessions(log) - cmds0, _cpu_self() - me0, _cpu_sshd(proc.pid) - srv0
+        me0, srv0 = _cpu_self(), _cpu_sshd(proc.pid)
         res = check_fleet(inv, names, parallel=parallel, check_fn=check)
-        cpu_all = _cpu_of(proc.pid) - cpu0 - cpu_one
+        time.sleep(1.0)
+        me_all, srv_all = _cpu_self() - me0, _cpu_sshd(proc.pid) - srv0
         counts = ", ".join(f"{v} {k}" for k, v in res.counts().items() if v)
         ratio = res.wall_s / single
-        print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value})")
+        print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value}); remote commands it started "
+              f"(each a login shell there): {cmds_one}")
         print(f"ssh: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}")
         print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
         cores = os.cpu_count() or 1
-        print(f"ssh: CPU used by gpudoctor, the sshd and the 'remote' probes: one host {cpu_one:.2f} s, "
-              f"{n} hosts {cpu_all:.2f} s; with {cores} cores the {n} hosts' work alone needs >= "
-              f"{cpu_all / cores:.2f} s = {cpu_all / cores / single:.1f}x one host, whatever the engine does")
+        cpu_all = me_all + srv_all
+        print(f"ssh: CPU per host, average of the {n}: gpudoctor (paramiko, gather, diagnose) {me_all / n * 1000:.0f} ms, "
+              f"the target side (sshd, login shell, agent, probes) {srv_all / n * 1000:.0f} ms "
+              f"(one host alone: {me_one * 1000:.0f} + {srv_one * 1000:.0f} ms, 10 ms ticks)")
+        print(f"ssh: all {n} hosts' work runs on this machine's {cores} cores: >= {cpu_all / cores:.2f} s "
+              f"= {cpu_all / cores / single:.1f}x one host whatever the engine does (used {cpu_all / res.wall_s:.2f} "
+              f"cores on average)")
     finally:
         proc.terminate()
         proc.wait(10)
 
 
-def _cpu_of(sshd_pid: int) -> float:
-    """CPU seconds of this process plus the sshd and every session/probe it ran (reaped children count)."""
+def _command_costs(port: int, key: Path, known: Path, n: int = 20) -> tuple[float, float]:
+    """Target-side CPU (ms) of one `true`: through a login shell (agent off), and through the probe agent.
+
+    A connection's own CPU (sshd, the agent's start) reaches the sshd's account when it closes: measure a
+    connection with no command and one with n, and divide the difference."""
+    import getpass
+
+    from gpudoctor.host.ssh import SSHHost
+
+    pid = int((key.parent / "sshd.pid").read_text())
+
+    def session(agent: bool, commands: int) -> float:
+        h = SSHHost(name="cost", address="127.0.0.1", port=port, user=getpass.getuser(), identity_files=[str(key)],
+                    known_hosts=str(known), ssh_config="", allow_agent=False, agent=agent,
+                    python=[os.path.realpath(sys.executable)])
+        t0 = _cpu_sshd(pid)
+        h.read_file("/proc/sys/kernel/ostype")  # connected (and the agent started, where it runs)
+        for _ in range(commands):
+            h.run(["true"])
+        h.close()
+        time.sleep(0.3)
+        return _cpu_sshd(pid) - t0
+
+    out = []
+    for agent in (False, True):
+        session(agent, 1)  # warm
+        out.append((session(agent, n) - session(agent, 0)) / n * 1000)
+    return out[0], out[1]
+
+
+def _sessions(log: Path) -> int:
+    """Commands the sshd started (LogLevel VERBOSE: one line per exec request)."""
+    try:
+        return log.read_text(errors="replace").count("Starting session: command")
+    except OSError:
+        return 0
+
+
+def _cpu_self() -> float:
+    me = os.times()
+    return me.user + me.system
+
+
+def _cpu_sshd(sshd_pid: int) -> float:
+    """CPU seconds of the sshd and every session/probe it ran (reaped children count)."""
     import psutil
 
     t = psutil.Process(sshd_pid).cpu_times()
-    me = os.times()
-    return t.user + t.system + t.children_user + t.children_system + me.user + me.system
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def main() -> int:
@@ -145,12 +214,14 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=32)
     ap.add_argument("--simulated", type=int, default=1000)
     ap.add_argument("--skip-ssh", action="store_true")
+    ap.add_argument("--skip-shell-rc", action="store_true",
+                    help="sshd SetEnv SHLVL=1: bash skips ~/.bashrc (gpudoctor's own cost, without the target's)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
     simulated(args.simulated, args.parallel)  # first: the SSH part leaves sshd sessions winding down
     if not args.skip_ssh:
-        ssh(args.hosts, args.parallel)
+        ssh(args.hosts, args.parallel, args.skip_shell_rc)
     return 0
 
 

@@ -66,21 +66,21 @@ _CONTAINER_FILES = ["/run/systemd/container", "/proc/1/environ", "/proc/1/cgroup
                     "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name"]
 
 
+_KERNEL_FILES = ["/proc/modules", "/proc/driver/nvidia/version", "/proc/devices", "/proc/sys/kernel/osrelease",
+                 "/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id"]
+
+
 def gather(host: Host, ctx: GatherContext) -> dict:
     t = min(ctx.timeout, 3.0)
-    modules = host.read_file("/proc/modules", t)
-    version = host.read_file("/proc/driver/nvidia/version", t)
-    devices = host.read_file("/proc/devices", t)
-    reads = {}
-    for p in _CONTAINER_FILES:
-        r = host.read_file(p, t, 64 << 10)
-        reads[p] = r.text if r.ok else None
-    cpu = host.read_file("/proc/cpuinfo", t, 64 << 10)  # the first CPU's flags are enough
-    reads["/proc/cpuinfo"] = cpu.text if cpu.ok else ""
+    # One round trip: every file at once (the first CPU's flags are enough of /proc/cpuinfo).
+    got = host.batch([*(("read", p) for p in _KERNEL_FILES),
+                      *(("read", p, 64 << 10) for p in [*_CONTAINER_FILES, "/proc/cpuinfo"])], t)
+    r = dict(zip([*_KERNEL_FILES, *_CONTAINER_FILES, "/proc/cpuinfo"], got))
+    modules, version, devices = r["/proc/modules"], r["/proc/driver/nvidia/version"], r["/proc/devices"]
+    reads = {p: (r[p].text if r[p].ok else None) for p in _CONTAINER_FILES}
+    reads["/proc/cpuinfo"] = r["/proc/cpuinfo"].text if r["/proc/cpuinfo"].ok else ""
     mods = sorted({ln.split()[0] for ln in (modules.text or "").splitlines() if ln.strip()})
-    osrel = host.read_file("/proc/sys/kernel/osrelease", t)
-    hostname = host.read_file("/proc/sys/kernel/hostname", t)
-    boot = host.read_file("/proc/sys/kernel/random/boot_id", t)
+    osrel, hostname, boot = (r[p] for p in _KERNEL_FILES[3:])
     return {
         "modules": {"error": modules.error, "nvidia": [m for m in mods if m.startswith("nv")]},
         "driver_version_file": {"error": version.error, **parse_driver_version(version.text or "")},

@@ -97,12 +97,22 @@ def sysctl_settings(texts: dict[str, str]) -> list[dict]:
 
 def gather(host: Host, ctx: GatherContext) -> dict:
     t = min(ctx.timeout, 3.0)
-    status = host.read_file("/proc/self/status", t, 64 << 10)
-    uid_map = host.read_file("/proc/self/uid_map", t, 64 << 10)
+    # Three round trips: everything independent at once, the tool probe, then the files found by the first.
+    unit_paths = {u: [f"{d_}/{u}" for d_ in UNIT_DIRS] for u in UNITS}
+    first = host.batch([("read", "/proc/self/status", 64 << 10), ("read", "/proc/self/uid_map", 64 << 10),
+                        ("read", "/proc/self/mountinfo", 4 << 20), ("stat", ["/run/systemd/system"]),
+                        *(("stat", unit_paths[u]) for u in UNITS), *(("read", p, 1 << 20) for p in MANAGED_FILES),
+                        *(("listdir", d_) for d_ in SYSCTL_DIRS), ("read", SYSCTL_CONF, 1 << 20),
+                        ("statvfs", "/proc/sys")], t)
+    status, uid_map, mi, run_stat = first[:4]
+    found = dict(zip(UNITS, first[4:4 + len(UNITS)]))
+    rest = first[4 + len(UNITS):]
+    managed = dict(zip(MANAGED_FILES, rest[:len(MANAGED_FILES)]))
+    listings = dict(zip(SYSCTL_DIRS, rest[len(MANAGED_FILES):len(MANAGED_FILES) + len(SYSCTL_DIRS)]))
+    conf, ps = rest[-2:]
     caps = parse_caps(status.text, uid_map.text if uid_map.ok else None) if status.ok else {
         "error": f"/proc/self/status → {status.error}"}
-    mi = host.read_file("/proc/self/mountinfo", t, 4 << 20)
-    run_dir = host.stat("/run/systemd/system", t)
+    run_dir = run_stat["/run/systemd/system"]
     systemd = bool(run_dir.exists and run_dir.kind == "dir")
     res = host.run(["sh", "-c", _PROBE, "sh", "1" if systemd else "0", str(len(COMMANDS)), *COMMANDS, *UNITS],
                    timeout=ctx.timeout)
@@ -114,28 +124,21 @@ def gather(host: Host, ctx: GatherContext) -> dict:
             commands[f[1]] = f[2] or None
         elif f[0] == "unit" and len(f) == 4 and f[1] in units:
             units[f[1]].update(enabled=f[2] or None, active=f[3] or None)
-    for u, d in units.items():
-        found = host.stat_many([f"{d_}/{u}" for d_ in UNIT_DIRS], t)
-        path = next((p for p, s in found.items() if s.exists and s.kind in ("file", "link")), None)
+    unit_file = {u: next((p for p in unit_paths[u] if found[u][p].exists and found[u][p].kind in ("file", "link")),
+                         None) for u in UNITS}
+    conf_files = [f"{d_}/{n}" for d_ in SYSCTL_DIRS for n in (listings[d_] if isinstance(listings[d_], list) else [])
+                  if n.endswith(".conf")]
+    wanted = [p for p in unit_file.values() if p] + conf_files
+    second = dict(zip(wanted, host.batch([("read", p, 1 << 20) for p in wanted], t))) if wanted else {}
+    for u, path in unit_file.items():
         if path:
-            r = host.read_file(path, t, 1 << 20)
-            d.update(path=path, text=r.text if r.ok else None)
-    files = {}
-    for p in MANAGED_FILES:
-        r = host.read_file(p, t, 1 << 20)
-        files[p] = {"text": None if r.data is None else r.data.decode("utf-8", "surrogateescape"), "error": r.error}
-    texts = {}
-    for d_ in SYSCTL_DIRS:
-        names = host.listdir(d_, t)
-        for n in names if isinstance(names, list) else []:
-            if n.endswith(".conf"):
-                r = host.read_file(f"{d_}/{n}", t, 1 << 20)
-                if r.ok:
-                    texts[f"{d_}/{n}"] = r.text
-    r = host.read_file(SYSCTL_CONF, t, 1 << 20)
-    if r.ok:
-        texts[SYSCTL_CONF] = r.text
-    ps = host.statvfs("/proc/sys", t)
+            r = second[path]
+            units[u].update(path=path, text=r.text if r.ok else None)
+    files = {p: {"text": None if r.data is None else r.data.decode("utf-8", "surrogateescape"), "error": r.error}
+             for p, r in managed.items()}
+    texts = {p: second[p].text for p in conf_files if second[p].ok}
+    if conf.ok:
+        texts[SYSCTL_CONF] = conf.text
     out = {"commands": commands, "caps": caps, "dev_mounts": parse_dev_mounts(mi.text) if mi.ok else None,
            "proc_sys_readonly": ps.get("readonly"), "systemd": systemd, "units": units, "files": files, "sysctl_numa": sysctl_settings(texts)}
     if not res.ok:

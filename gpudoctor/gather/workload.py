@@ -49,10 +49,10 @@ print(json.dumps(out))
 
 def gather(host: Host, ctx: GatherContext) -> dict:
     t = min(ctx.timeout, 3.0)
-    mounts = host.read_file("/proc/mounts", t)
+    mounts, shm_vfs = host.batch([("read", "/proc/mounts"), ("statvfs", "/dev/shm")], t)
     ml = parse_mounts(mounts.text or "")
     shm = mount_of(ml, "/dev/shm") if mounts.ok else None
-    out = {"mounts_error": mounts.error, "shm": {"mount": shm, "statvfs": host.statvfs("/dev/shm", t)}}
+    out = {"mounts_error": mounts.error, "shm": {"mount": shm, "statvfs": shm_vfs}}
     if ctx.sglang_url:
         res = host.run([*host.python, "-c", _READY, ctx.sglang_url, str(min(ctx.timeout, 5.0))], timeout=ctx.timeout)
         try:

@@ -286,6 +286,32 @@ class Host:
         data = self._json_or_none(self.run([*self.python, "-c", _PY_STATVFS, path], timeout=timeout))
         return data if data is not None else {"error": "TIMEOUT"}
 
+    def batch(self, ops: list[tuple], timeout: float = 3.0) -> list:
+        """Independent read-only operations in one go (one round trip over SSH), each under `timeout`; answers in
+        order, each what the single operation returns:
+
+            ("read", path[, max_bytes]) -> FileRead        ("listdir", path) -> list | errno name
+            ("stat", [paths]) -> {path: StatResult}       ("open", [paths]) -> {path: "OK" | errno name}
+            ("statvfs", path) -> dict
+
+        This default calls the single operations one after another, so recording and replay see exactly them."""
+        out: list = []
+        for op in ops:
+            kind = op[0]
+            if kind == "read":
+                out.append(self.read_file(op[1], timeout, *op[2:3]))
+            elif kind == "listdir":
+                out.append(self.listdir(op[1], timeout))
+            elif kind == "stat":
+                out.append(self.stat_many(list(op[1]), timeout))
+            elif kind == "open":
+                out.append(self.try_open_many(list(op[1]), timeout))
+            elif kind == "statvfs":
+                out.append(self.statvfs(op[1], timeout))
+            else:
+                raise ValueError(f"unknown batch operation {kind!r}")
+        return out
+
     # --- writes: used only by remedies, through gpudoctor.edit ------------------------------
     # Contract: success returns None; a refused operation raises OSError(errno, strerror, path)
     # (EROFS, EACCES, EEXIST, ENOENT...); a transport failure raises HostUnreachable; a deadline

@@ -74,6 +74,22 @@ class RecordingHost(Host):
         self._keep(_key("statvfs", path), res)
         return res
 
+    def batch(self, ops, timeout=3.0):
+        res = self.inner.batch(ops, timeout)  # one round trip where the inner host can; kept as single operations
+        for op, r in zip(ops, res):
+            kind = op[0]
+            if kind == "read":
+                self._keep(_key("read", op[1]), r.to_json())
+            elif kind in ("listdir", "statvfs"):
+                self._keep(_key(kind, op[1]), r)
+            elif kind == "stat":
+                for p, st in r.items():
+                    self._keep(_key("stat", p), st.to_json())
+            elif kind == "open":
+                for p, v in r.items():
+                    self._keep(_key("open", p), v)
+        return res
+
     def write_file(self, path, data, **kw):
         return self.inner.write_file(path, data, **kw)
 

@@ -1,6 +1,8 @@
 """The SSH backend: one paramiko connection per host, shared by every thread; strict host keys by default.
 
-Commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
+Probe operations and commands go through one probe agent per connection (host/agent.py: a python process started
+once, so a check costs one login shell on the target, not one per command). Where it cannot run, and for writes:
+commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
 place). Files move over SFTP (no python needed on the target); an SFTP error is asked again through a small
 python program so the caller sees the target's exact errno (EISDIR, EPERM), not SFTP's coarse status.
 A transport failure raises HostUnreachable, an unknown or changed host key raises HostKeyError before any
@@ -21,12 +23,15 @@ import time
 from dataclasses import dataclass, field
 
 from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
-from gpudoctor.host.base import CommandResult, FileRead, Host, quote_argv, raise_errno, read_capped
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, quote_argv, raise_errno, read_capped
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CLASSIC = object()  # the agent cannot serve this operation: take the classic path
+AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its deadline (a client that went away)
+AGENT_BATCH_GRACE = 1.0  # a batch answers at its deadline with what finished; the client waits this much longer
 
 
 class _SftpTimeout(Exception):
@@ -74,6 +79,7 @@ class SSHHost(Host):
     allow_agent: bool = True
     look_for_keys: bool | None = None  # None: try ~/.ssh/id_* only when no identity file is known
     max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; SFTP holds one)
+    agent: bool = True  # probes through one agent process per connection (False: a login shell per command)
     python: list[str] = field(default_factory=lambda: ["python3"])
     root: str = ""  # tests/labs: prefix of every absolute path of a file operation (like LocalHost.root)
     path_prepend: list[str] = field(default_factory=list)  # tests/labs: directories put first on the remote PATH
@@ -91,6 +97,10 @@ class SSHHost(Host):
         self._attempts = 0
         self._last_error: HostError | None = None
         self._resolved: _Resolved | None = None
+        self._agent = None  # gpudoctor.host.agent.Agent of the current connection
+        self._agent_lock = threading.Lock()
+        self._agent_off = None  # the transport on which the agent could not start (then: classic paths)
+        self.agents_started = 0
         self.connections_made = 0
 
     # --- connection ---------------------------------------------------------------------------
@@ -159,12 +169,13 @@ class SSHHost(Host):
                 raise HostKeyError(f"{self.name}: cannot read known_hosts file {f}: {exc}; nothing was run") from exc
         label = known_hosts_label(r.hostname, r.port)
         client.set_missing_host_key_policy(_policy(self, r, label, files))
-        sock = None
         if r.proxy_command:
             try:
                 sock = paramiko.ProxyCommand(r.proxy_command)
             except Exception as exc:  # noqa: BLE001
                 raise HostUnreachable(f"{self.name}: ProxyCommand {r.proxy_command!r} failed: {exc}") from exc
+        else:
+            sock = self._dial(r, where)
         look = self.look_for_keys if self.look_for_keys is not None else not r.identity_files
         t0 = time.perf_counter()
         log.debug("ssh.connect")
@@ -210,7 +221,35 @@ class SSHHost(Host):
         log.info("ssh.connected", seconds=round(time.perf_counter() - t0, 3))
         return client
 
+    def _dial(self, r: _Resolved, where: str) -> socket.socket:
+        """The TCP connection, with TCP_NODELAY from its first byte: the key exchange and authentication are small
+        packets answered one by one, and with Nagle each waited on a delayed ACK (~40 ms per connection)."""
+        try:
+            infos = socket.getaddrinfo(r.hostname, r.port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise HostUnreachable(f"{self.name}: cannot resolve host name {r.hostname!r}: {exc.strerror}") from exc
+        refused: OSError | None = None
+        for family, kind, proto, _, addr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self.connect_timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.connect(addr)
+                return sock
+            except (socket.timeout, TimeoutError) as exc:
+                sock.close()
+                raise HostUnreachable(f"{self.name}: no answer from {where} within {self.connect_timeout:g} s") from exc
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):  # as paramiko: try the next address
+                    raise HostUnreachable(f"{self.name}: SSH to {where} failed: {exc.strerror or exc}") from exc
+                refused = exc
+        raise HostUnreachable(f"{self.name}: connection to {where} refused") from refused
+
     def _drop_locked(self) -> None:
+        agent = self._agent
+        if agent is not None:
+            agent.close()
         sftp, self._sftp = self._sftp, None
         client, self._client = self._client, None
         for thing in (sftp, client):
@@ -250,15 +289,8 @@ class SSHHost(Host):
         paramiko sends a channel EOF outside its lock, and one racing the server's close of a finished
         command reaches the server after the channel is freed; OpenSSH then drops the whole connection.
         """
-        argv = [str(a) for a in argv]
-        if not argv:
-            raise ValueError("empty argv")
-        if any("\0" in a for a in argv):
-            raise ValueError("an argument contains a NUL byte")
+        argv = _checked(argv, env)
         if env:
-            bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
-            if bad:
-                raise ValueError(f"invalid environment variable name(s): {bad}")
             argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         parts = ['echo "gpudoctor-pid:$$" >&2']
         if self.path_prepend:
@@ -270,7 +302,11 @@ class SSHHost(Host):
         import paramiko
 
         timeout = self.default_timeout if timeout is None else timeout
-        argv = [str(a) for a in argv]
+        argv = _checked(argv, env)  # bad input is refused before anything connects
+        if input is None:
+            agent = self._agent_for()
+            if agent is not None:
+                return self._run_agent(agent, argv, timeout, env)
         line = self.command_line(argv, env, stdin=input is not None)
         transport = self._transport()  # connecting has its own deadline; the command's starts now
         t0 = time.perf_counter()
@@ -377,6 +413,78 @@ class SSHHost(Host):
         except HostError:
             pass  # the connection is gone: nothing more can be done from here
 
+    # --- the probe agent (host/agent.py): every probe op of a connection in one process on the target ------
+    def _agent_for(self):
+        """The running agent of the current connection, started on its first use; None where it cannot run
+        (no python there...): the caller then takes the classic path (a login shell per command, SFTP)."""
+        if not self.agent:
+            return None
+        transport = self._transport()
+        with self._agent_lock:
+            a = self._agent
+            if a is not None and a.transport is transport and a.alive:
+                return a
+            if self._agent_off is transport:
+                return None
+            from gpudoctor.host.agent import Agent, AgentUnavailable
+
+            if a is not None:
+                a.close()
+                self._agent = None
+            try:
+                a = Agent.start(self, transport)
+            except AgentUnavailable as exc:
+                self._agent_off = transport
+                _log(host=self.name).info("ssh.agent.unavailable", reason=str(exc))
+                return None
+            self._agent = a
+            self.agents_started += 1
+            return a
+
+    def _agent_call(self, req: dict, timeout: float, what: str):
+        """The agent's answer (None: the deadline passed), or _CLASSIC when the agent cannot serve it."""
+        from gpudoctor.host.agent import AgentGone
+
+        a = self._agent_for()
+        if a is None:
+            return _CLASSIC
+        try:
+            ans = a.call(req, timeout)
+        except AgentGone as exc:
+            if not exc.exited:
+                raise HostUnreachable(f"{self.name}: connection lost while {what}") from exc
+            _log(host=self.name).warning("ssh.agent.exited", op=req.get("op"))
+            return _CLASSIC  # reads are safe to ask again; the next call starts a new agent
+        if ans is not None and "bad" in ans:
+            _log(host=self.name).warning("ssh.agent.bad_answer", op=req.get("op"), error=ans["bad"])
+            return _CLASSIC
+        return ans
+
+    def _run_agent(self, agent, argv: list[str], timeout: float, env) -> CommandResult:
+        from gpudoctor.host.agent import AgentGone
+
+        req = {"op": "run", "argv": argv, "timeout": timeout + AGENT_KILL_GRACE, "env": env or None,
+               "path_prepend": list(self.path_prepend) or None}
+        py = [str(x) for x in self.python]
+        if py and argv[:len(py)] == py:
+            req["py"] = len(py)  # the agent runs it with the interpreter it already resolved
+        t0 = time.perf_counter()
+        try:
+            ans = agent.call(req, timeout)
+        except AgentGone as exc:
+            if not exc.exited:
+                raise HostUnreachable(f"{self.name}: connection lost while running {_shown(argv)}") from exc
+            return CommandResult(argv, None, "", f"the probe agent on {self.name} ended while the command ran",
+                                 time.perf_counter() - t0, timeout_s=timeout)  # never run twice: it may not be idempotent
+        dur = time.perf_counter() - t0
+        if ans is None or ans.get("t"):
+            _log(host=self.name).info("ssh.command.timeout", argv=argv[:4], timeout_s=timeout)
+            return CommandResult(argv, None, "", "", dur, timed_out=True, timeout_s=timeout)
+        if "bad" in ans:
+            return CommandResult(argv, None, "", f"probe agent: {ans['bad']}", dur, timeout_s=timeout)
+        return CommandResult(argv, ans["rc"], base64.b64decode(ans["o"]).decode("utf-8", "replace"),
+                             base64.b64decode(ans["e"]).decode("utf-8", "replace"), dur, timeout_s=timeout)
+
     # --- files ----------------------------------------------------------------------------------
     def _sftp_call(self, fn, timeout: float):
         """Run fn(sftp) on the shared SFTP session under a deadline; file errors propagate as OSError."""
@@ -422,6 +530,10 @@ class SSHHost(Host):
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         rp = self._p(path)
+        op = ("read", path, max_bytes)
+        ans = self._agent_call(self._agent_req(op), timeout, f"reading {path}")
+        if ans is not _CLASSIC:
+            return self._agent_answer(op, ans)
 
         def read(sftp):
             with sftp.open(rp, "rb") as fh:
@@ -443,6 +555,10 @@ class SSHHost(Host):
 
     def listdir(self, path, timeout=3.0):
         rp = self._p(path)
+        op = ("listdir", path)
+        ans = self._agent_call(self._agent_req(op), timeout, f"listing {path}")
+        if ans is not _CLASSIC:
+            return self._agent_answer(op, ans)
         try:
             return sorted(self._sftp_call(lambda s: s.listdir(rp), timeout))
         except _SftpTimeout:
@@ -479,7 +595,13 @@ class SSHHost(Host):
             return False
 
     def stat_many(self, paths, timeout=3.0):
+        if not paths:
+            return {}
         back = {self._p(p): p for p in paths}
+        op = ("stat", list(paths))
+        ans = self._agent_call(self._agent_req(op), timeout, "stat of files")
+        if ans is not _CLASSIC:
+            return self._agent_answer(op, ans)
         res = Host.stat_many(self, list(back), timeout)
         out = {}
         for rp, r in res.items():
@@ -488,11 +610,70 @@ class SSHHost(Host):
         return out
 
     def try_open_many(self, paths, timeout=5.0):
+        if not paths:
+            return {}
         back = {self._p(p): p for p in paths}
+        op = ("open", list(paths))
+        ans = self._agent_call(self._agent_req(op), timeout, "opening device nodes")
+        if ans is not _CLASSIC:
+            return self._agent_answer(op, ans)
         return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout).items()}
 
     def statvfs(self, path, timeout=3.0):
+        op = ("statvfs", path)
+        ans = self._agent_call(self._agent_req(op), timeout, f"statvfs of {path}")
+        if ans is not _CLASSIC:
+            return self._agent_answer(op, ans)
         return Host.statvfs(self, self._p(path), timeout)
+
+    def batch(self, ops, timeout=3.0):
+        """Every operation in one agent request, run there side by side, each under `timeout`."""
+        ops = [tuple(op) for op in ops]
+        if not ops:
+            return []
+        reqs = [self._agent_req(op) for op in ops]
+        ans = self._agent_call({"op": "batch", "ops": reqs, "timeout": timeout}, timeout + AGENT_BATCH_GRACE,
+                               "probing files")
+        if ans is _CLASSIC:
+            return Host.batch(self, ops, timeout)
+        answers = ans["r"] if ans is not None else [None] * len(ops)
+        out = []
+        for op, a in zip(ops, answers):
+            if isinstance(a, dict) and "bad" in a:  # that one operation failed in the agent: ask it alone
+                out.append(Host.batch(self, [op], timeout)[0])
+            else:
+                out.append(self._agent_answer(op, a))
+        return out
+
+    def _agent_req(self, op: tuple) -> dict:
+        """The agent request of a batch-style operation (paths mapped under `root`)."""
+        kind = op[0]
+        if kind == "read":
+            return {"op": "read", "path": self._p(op[1]), "max": int(op[2]) if len(op) > 2 else 4 << 20}
+        if kind in ("listdir", "statvfs"):
+            return {"op": kind, "path": self._p(op[1])}
+        if kind in ("stat", "open"):
+            return {"op": kind, "paths": [self._p(p) for p in op[1]]}
+        raise ValueError(f"unknown batch operation {kind!r}")
+
+    def _agent_answer(self, op: tuple, a: dict | None):
+        """The agent's answer to `op` as the single operation returns it; None or a timeout mark: TIMEOUT."""
+        kind = op[0]
+        late = a is None or "timeout" in a
+        if kind == "read":
+            if late:
+                return FileRead(op[1], error="TIMEOUT")
+            return FileRead(op[1], error=a["e"]) if "e" in a else FileRead(op[1], base64.b64decode(a["b"]))
+        if kind == "listdir":
+            return "TIMEOUT" if late else (a["entries"] if "entries" in a else a["error"])
+        if kind == "statvfs":
+            return {"error": "TIMEOUT"} if late else {k: v for k, v in a.items() if k != "id"}
+        paths = list(op[1])
+        if kind == "stat":
+            if late:
+                return {p: StatResult(p, False, error="TIMEOUT") for p in paths}
+            return {p: StatResult(p, **a["r"][self._p(p)]) for p in paths}
+        return {p: "TIMEOUT" for p in paths} if late else {p: a["r"][self._p(p)] for p in paths}
 
     def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
         """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows).
@@ -559,6 +740,22 @@ class SSHHost(Host):
             if exc.errno:
                 raise
             raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
+
+
+def _checked(argv: list[str], env: dict[str, str] | None) -> list[str]:
+    """argv as strings; ValueError for what no command line can carry (empty, NUL bytes, bad variable names)."""
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise ValueError("empty argv")
+    if any("\0" in a for a in argv):
+        raise ValueError("an argument contains a NUL byte")
+    if env:
+        bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+        if bad:
+            raise ValueError(f"invalid environment variable name(s): {bad}")
+        if any("\0" in str(v) for v in env.values()):
+            raise ValueError("an environment value contains a NUL byte")
+    return argv
 
 
 def _shown(argv: list[str]) -> str:

@@ -1,5 +1,5 @@
-"""One contract, every backend: LocalHost, SSHHost (a real sshd, with and without SFTP) and ReplayHost (a recorded
-transcript).
+"""One contract, every backend: LocalHost, SSHHost (a real sshd: through the probe agent, and the classic paths with
+and without SFTP) and ReplayHost (a recorded transcript).
 
 The replay backend records each operation on a RecordingHost over LocalHost, round-trips the transcript through
 JSON, replays it on a fresh ReplayHost, asserts the replay equals the live answer and returns the replay.
@@ -53,24 +53,32 @@ class ReplayThrough(Host):
     def statvfs(self, path, timeout=3.0):
         return self._replay("statvfs", path, timeout)
 
+    def batch(self, ops, timeout=3.0):
+        return self._replay("batch", ops, timeout)
 
-@pytest.fixture(params=["local", "ssh", "ssh-nosftp", "replay"])
+
+def _ssh_kinds(sshd, sshd_nosftp):
+    """ssh: through the probe agent; ssh-classic: a login shell per command and SFTP for files; ssh-nosftp: the
+    classic paths on a server without SFTP (files through python programs)."""
+    return {"ssh": sshd.make_host, "ssh-classic": lambda: sshd.make_host(agent=False),
+            "ssh-nosftp": lambda: sshd_nosftp.make_host(agent=False)}
+
+
+@pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp", "replay"])
 def host(request, sshd, sshd_nosftp):
     if request.param == "local":
         h = LocalHost()
-    elif request.param == "ssh":
-        h = sshd.make_host()
-    elif request.param == "ssh-nosftp":
-        h = sshd_nosftp.make_host()
-    else:
+    elif request.param == "replay":
         h = ReplayThrough(LocalHost())
+    else:
+        h = _ssh_kinds(sshd, sshd_nosftp)[request.param]()
     yield h
     h.close()
 
 
-@pytest.fixture(params=["local", "ssh", "ssh-nosftp"])
+@pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp"])
 def live_host(request, sshd, sshd_nosftp):
-    h = {"local": LocalHost, "ssh": sshd.make_host, "ssh-nosftp": sshd_nosftp.make_host}[request.param]()
+    h = LocalHost() if request.param == "local" else _ssh_kinds(sshd, sshd_nosftp)[request.param]()
     yield h
     h.close()
 
@@ -215,6 +223,35 @@ def test_statvfs(host, tmp_path):
     assert set(s) == {"total", "free", "avail", "readonly"} and s["total"] >= s["free"] >= s["avail"] >= 0 and s["total"] > 0
     assert s["readonly"] is False
     assert host.statvfs(str(tmp_path / "nope"), timeout=T) == {"error": "ENOENT"}
+
+
+# --- batch ------------------------------------------------------------------------------------------
+
+def test_batch_answers_each_operation_as_the_single_call_does(host, tmp_path, unused_major):
+    (tmp_path / "f").write_bytes(b"0123456789")
+    (tmp_path / "g").write_bytes(b"0123456789")  # a snapshot keeps one read per path, whatever its cap
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_text("")
+    (tmp_path / "d" / "a").write_text("")
+    node = tmp_path / "stale"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 0))
+    f, g, d, missing = str(tmp_path / "f"), str(tmp_path / "g"), str(tmp_path / "d"), str(tmp_path / "nope")
+    ops = [("read", f), ("read", g, 4), ("read", missing), ("read", d), ("listdir", d), ("listdir", missing),
+           ("stat", [f, d, str(node), missing]), ("open", ["/dev/null", str(node), missing]), ("statvfs", d),
+           ("statvfs", missing)]
+    got = host.batch(ops, timeout=T)
+    assert got[0].data == b"0123456789" and got[1].data == b"0123"
+    assert (got[2].error, got[3].error) == ("ENOENT", "EISDIR")
+    assert got[4:6] == [["a", "b"], "ENOENT"]
+    st = got[6]
+    assert [st[p].kind for p in (f, d, str(node))] == ["file", "dir", "char"] and st[missing].error == "ENOENT"
+    assert got[7] == {"/dev/null": "OK", str(node): "ENXIO", missing: "ENOENT"}
+    assert got[8]["total"] > 0 and got[9] == {"error": "ENOENT"}
+    single = [host.read_file(f, T), host.read_file(g, T, 4), host.read_file(missing, T), host.read_file(d, T),
+              host.listdir(d, T), host.listdir(missing, T), host.stat_many([f, d, str(node), missing], T),
+              host.try_open_many(["/dev/null", str(node), missing], T)]
+    assert got[:8] == single
+    assert host.batch([], timeout=T) == []
 
 
 # --- write_file + rename (live backends: a snapshot is read-only) -------------------------------------

@@ -301,7 +301,7 @@ def test_proxy_command_from_ssh_config(sshd, tmp_path):
 def test_without_sftp_files_go_through_python(sshd, sshd_nosftp, tmp_path):
     (tmp_path / "f").write_bytes(b"via python")
     for server, sftp in ((sshd, True), (sshd_nosftp, False)):
-        host = server.make_host()
+        host = server.make_host(agent=False)  # the classic file paths (with the agent, files never touch SFTP)
         assert host.read_file(str(tmp_path / "f")).data == b"via python"
         assert host.uses_sftp is sftp
         host.close()
