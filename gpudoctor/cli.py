@@ -84,8 +84,26 @@ def _prestart_probes(args: list[str]) -> None:
 
 
 def main(argv=None) -> None:
-    """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code."""
+    """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code.
+
+    stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw."""
+    from gpudoctor.term import SafeStream
+
     _prestart_probes(list(sys.argv[1:] if argv is None else argv))
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
+    try:
+        _main(argv)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:
@@ -107,4 +125,7 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except RecursionError:  # input nested deeper than a parser could follow: bad input, never a traceback
+        click.echo("gpudoctor: input nests too deeply to read", err=True)
+        sys.exit(EXIT_UNKNOWN)
     sys.exit(0)

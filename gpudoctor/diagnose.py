@@ -20,8 +20,13 @@ class Diagnosis:
     facts: dict = field(default_factory=dict)
 
     @property
+    def judged(self) -> bool:
+        """Whether any check could decide anything (ok, warn or fail). A diagnosis of nothing is never healthy."""
+        return any(f.status in (Status.OK, Status.WARN, Status.FAIL) for f in self.findings)
+
+    @property
     def verdict(self) -> Status:
-        return worst(f.status for f in self.findings)
+        return worst(f.status for f in self.findings) if self.judged else Status.UNKNOWN
 
     @property
     def exit_code(self) -> int:

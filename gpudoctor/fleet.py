@@ -257,6 +257,8 @@ def render(result: FleetResult, console) -> None:
     """A summary table, worst hosts first, then the counts (rich console)."""
     from rich.table import Table
 
+    from gpudoctor.term import markup as esc
+
     style = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "unreachable": "magenta",
              "error": "magenta"}
     table = Table(title=f"{len(result.records)} hosts, {result.wall_s:.2f} s at parallel {result.parallel}",
@@ -266,7 +268,7 @@ def render(result: FleetResult, console) -> None:
     table.add_column("root cause / error", overflow="fold")
     table.add_column("s", justify="right")
     for r in sorted(result.records, key=lambda r: (-_RANK[r.status], r.host)):
-        table.add_row(r.host, f"[{style[r.status]}]{r.status}[/]", r.headline, f"{r.duration_s:.2f}")
+        table.add_row(esc(r.host), f"[{style[r.status]}]{r.status}[/]", esc(r.headline), f"{r.duration_s:.2f}")
     console.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
     console.print(f"summary: {counts}")

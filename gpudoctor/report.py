@@ -1,4 +1,8 @@
-"""Render a Diagnosis for humans (rich table grouped by layer, root cause on top) or machines (JSON)."""
+"""Render a Diagnosis for humans (rich table grouped by layer, root cause on top) or machines (JSON).
+
+Every value that reaches the terminal goes through gpudoctor.term (the one rendering rule): `esc()` for a value in
+rich markup, `line()` for a plain line, `console()` for a Console that escapes what it is given. JSON escapes itself.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import LAYERS, Status
+from gpudoctor.term import console, markup as esc, printable as line  # noqa: F401 - the renderers' rule, re-exported
 
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta",
           Status.INFO: "dim"}
@@ -19,14 +24,17 @@ def to_json(d: Diagnosis) -> str:
 def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None) -> None:
     """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence.
     `host`: the inventory name the check ran on over SSH, so the remedy line names it (`fix --host NAME`)."""
-    from rich.markup import escape
     from rich.table import Table
+
+    escape = esc
 
     verdict = d.verdict
     t = d.facts.get("meta", {}).get("timings", {}).get("total")
     took = f" in {t:.2f} s" if isinstance(t, (int, float)) else ""
     console.print(f"[bold]gpudoctor check[/] {escape(d.host)}: [{_STYLE[verdict]}]{_WORD[verdict]}[/] "
                   f"(exit {d.exit_code}){took}")
+    if not getattr(d, "judged", True):
+        console.print("no check could judge this host: every finding is unknown or there are none (exit 3)")
     rc = d.root_cause
     if rc:
         console.print()

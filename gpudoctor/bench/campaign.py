@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.bench import yamlpos
+from gpudoctor import yamlload
 from gpudoctor.bench.remote import DEFAULT_REMOTE_DIR
 
 DEFAULT_SERVER = "python -m sglang.launch_server"
@@ -125,7 +125,7 @@ class Campaign:
 class _V:
     """Validation helpers bound to one located document."""
 
-    def __init__(self, doc: yamlpos.Located):
+    def __init__(self, doc: yamlload.Located):
         self.doc = doc
 
     def fail(self, msg: str, *where):
@@ -147,12 +147,11 @@ class _V:
         return value
 
     def number(self, value, *where, integer: bool = False, lo: float = 0, hi: float | None = None) -> float | int:
-        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok_type or value < lo or (hi is not None and value > hi):
-            kind = "an integer" if integer else "a number"
-            rng = f" >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
-            self.fail(f"{_name(where)} must be {kind}{rng}, got {value!r}", *where)
-        return value
+        """A finite number (NaN and inf refused) in [lo, hi], or the error at its line."""
+        from gpudoctor.inputs import number
+
+        return number(value, _name(where), lo=lo, hi=hi, integer=integer,
+                      error=lambda msg, **_kw: self.doc.error(msg, *where))
 
     def int_list(self, value, *where, lo: int = 1) -> list[int]:
         items = value if isinstance(value, list) else [value]
@@ -199,11 +198,7 @@ def load(path: str) -> Campaign:
     """Read and validate a campaign file; any problem raises ConfigError naming FILE:LINE."""
     from gpudoctor.errors import ConfigError
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read campaign: {exc.strerror}", path=path) from None
-    doc = yamlpos.load(text, path)
+    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)
     base = Path(path).resolve().parent

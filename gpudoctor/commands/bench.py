@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
+from gpudoctor.inputs import http_url, output_dir, seconds
 
 
 def _int_list(value: str, flag: str) -> list[int]:
@@ -32,8 +33,10 @@ class Display:
         if self.tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            from gpudoctor.report import console
+
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=True)
+                                     TimeElapsedColumn(), transient=True, console=console(stderr=True))
             self.progress.start()
         return self
 
@@ -43,7 +46,9 @@ class Display:
 
     def _line(self, text: str) -> None:
         if self.progress is not None:
-            self.progress.console.print(text, highlight=False)
+            from gpudoctor.report import esc
+
+            self.progress.console.print(esc(text), highlight=False)
         else:
             click.echo(text, err=True)
 
@@ -52,7 +57,9 @@ class Display:
             s = data["spec"]
             if self.task is not None:
                 self.progress.remove_task(self.task)
-            self.task = self.progress.add_task(f"{s.label} {s.workload} c={s.concurrency}", total=s.num_prompts)
+            from gpudoctor.report import esc
+
+            self.task = self.progress.add_task(esc(f"{s.label} {s.workload} c={s.concurrency}"), total=s.num_prompts)
         elif kind == "request" and self.progress is not None and self.task is not None:
             self.progress.advance(self.task)
         elif kind == "level_done":
@@ -100,9 +107,9 @@ def bench():
               help="Server context length [default: from /server_info].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
-@click.option("--stall-timeout", type=float, default=120.0, show_default=True,
+@click.option("--stall-timeout", type=seconds(0.1, 86400), default=120.0, show_default=True,
               help="Seconds without a byte before a request counts as hung.")
-@click.option("--ready-timeout", type=float, default=30.0, show_default=True,
+@click.option("--ready-timeout", type=seconds(0.1, 86400), default=30.0, show_default=True,
               help="Seconds to wait for /health_generate to answer 200 before the first level.")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
@@ -127,7 +134,8 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
     from gpudoctor.bench.tokens import load_counter
 
     levels_c = _int_list(concurrency, "--concurrency")
-    base = server_url.rstrip("/")
+    base = http_url(server_url, "--server-url").rstrip("/")
+    output_dir(out_dir, "--out")
     questions = load_source(prompt_set)
     counter = load_counter(tokenizer_dir)
     set_name = "builtin" if prompt_set == "builtin" else prompt_set.rsplit("/", 1)[-1].rsplit(".", 1)[0]
@@ -177,6 +185,8 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key):
     """
     from gpudoctor.bench.runner import run_campaign
     from gpudoctor.errors import EXIT_WARN
+
+    output_dir(out_dir, "--out")
 
     with Display() as display:
         counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,

@@ -8,12 +8,13 @@ import click
 
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
+from gpudoctor.inputs import http_url, output_file, seconds
 
 
 def _console():
-    from rich.console import Console
+    from gpudoctor.report import console
 
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
 
 
 def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout):
@@ -24,6 +25,8 @@ def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
     whole run (HostKeyError, exit 3)."""
     from gpudoctor.gather.context import GatherContext
 
+    if sglang_url:
+        http_url(sglang_url, "--sglang-url")
     if host_name and host_name not in ("local", "localhost"):
         from gpudoctor.fleet import open_check_target
         from gpudoctor.host.factory import connect_all
@@ -67,7 +70,7 @@ _common = [
     click.option("--expect-gpus", type=click.IntRange(0), help="Number of GPUs this host must show."),
     click.option("--model", "models", multiple=True, metavar="PATH", help="Model directory that must be complete (repeatable)."),
     click.option("--sglang-url", metavar="URL", help="Also probe a running SGLang server, e.g. http://127.0.0.1:30000."),
-    click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+    click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
                  help="Deadline in seconds for each command or read; a hang becomes an 'unknown' finding."),
 ]
 
@@ -115,6 +118,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     """
     if explain:
         raise SystemExit(_explain(explain))
+    if prom_path:
+        output_file(prom_path, "--prom file")  # before anything runs: a typo in the path is not an hour later
     if all_hosts or groups:
         if snapshot_path or host_name:
             raise InputError("--all/--group check inventory hosts; they do not combine with --snapshot or --host")
@@ -124,7 +129,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if snapshot_path:
         from gpudoctor import snapshot
 
-        facts = snapshot.facts_of(snapshot.load(snapshot_path))
+        facts = snapshot.load_facts(snapshot_path)
         if expect_gpus is not None:
             facts["meta"]["context"]["expect_gpus"] = expect_gpus
     else:
@@ -230,6 +235,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor import snapshot as snap
     from gpudoctor.atomic import atomic_write
 
+    output_file(output, "snapshot file")
     host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
     if deep:
         ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}

@@ -10,6 +10,7 @@ import sys
 import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
+from gpudoctor.inputs import seconds
 
 FIX_EXIT_DOC = """\b
 Exit codes:
@@ -262,7 +263,7 @@ def render_verdict(before, after, *, changed: bool) -> list[str]:
               help="Where model.stage copies a model from (default: the source its last stage recorded).")
 @click.option("--mrrs", type=click.Choice(MRRS_SIZES), help="PCIe MaxReadReq policy in bytes for fabric.pcie.mrrs "
               "(default: the inventory's policy.checks.fabric.pcie.mrrs.expect; without one, MRRS is only reported).")
-@click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+@click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
               help="Deadline in seconds for each command or read while gathering and changing.")
 @engine_options
 def fix(host_name, inventory, facts_path, only, yes, allow, models, model_sources, mrrs, timeout, apply, reboot,
@@ -321,6 +322,10 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
             if b.get("proxmox") and ctx.proxmox is not None:
                 hosts.setdefault(b["proxmox"], ctx.proxmox)
         before = diagnose(facts)
+        if not before.judged:
+            from gpudoctor.errors import CannotJudge
+
+            raise CannotJudge(f"{before.host}: no check could judge these facts, so there is nothing to plan from")
         rctx = RemedyContext(hosts=hosts, backup_dir=backup_dir, reboot=reboot, timeout=timeout, options=options)
         engine = Engine(chosen, rctx, audit_log=AuditLog(audit_log), lock_dir=lock_dir)
         plan = engine.plan(facts)
@@ -379,24 +384,7 @@ def fix_exit_code(plan, outcomes, after, *, apply: bool) -> int:
 
 
 def _load_facts(path: str) -> dict:
-    """Facts from a snapshot file (gpudoctor snapshot) or a bare facts document."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise InputError(f"cannot read it: {exc.strerror}", path=path) from None
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise InputError(f"not JSON: {getattr(exc, 'msg', exc)}", path=path, line=getattr(exc, "lineno", None)) from None
-    schema = str(doc.get("schema", "")) if isinstance(doc, dict) else ""
-    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("transcript"), dict):
-        from gpudoctor import snapshot
+    """Facts from a snapshot file (gpudoctor snapshot) or a bare facts document, validated before anything plans."""
+    from gpudoctor import snapshot
 
-        return snapshot.facts_of(doc)  # re-gathered from its raw reads through today's code, as `check --snapshot`
-    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("facts"), dict):
-        return doc["facts"]
-    if schema.startswith("gpudoctor.facts/"):
-        return doc
-    raise InputError("not a gpudoctor snapshot or facts document (no \"schema\": \"gpudoctor.snapshot/1\")",
-                     path=path, line=1)
+    return snapshot.load_facts(path, require=())

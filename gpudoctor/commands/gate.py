@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gpudoctor.commands.check import build_target, common
-from gpudoctor.errors import GpudoctorError, HostError, InputError
+from gpudoctor.errors import GpudoctorError, InputError
 
 
 def find_inventory(path: str | None) -> str | None:
@@ -39,7 +39,7 @@ def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeo
     if snapshot_path:
         from gpudoctor import snapshot
 
-        facts = snapshot.facts_of(snapshot.load(snapshot_path))
+        facts = snapshot.load_facts(snapshot_path)
         if expect_gpus is not None:
             facts["meta"]["context"]["expect_gpus"] = expect_gpus
         return diagnose(facts)
@@ -98,25 +98,24 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
+        from gpudoctor.term import printable
+
         if result.error:
-            click.echo(f"BLOCK {result.host}: could not check: {result.error}")
+            click.echo(f"BLOCK {printable(result.host)}: could not check: {printable(result.error)}")
         for b in result.blockers:
-            click.echo(f"BLOCK {b.line()}")
+            click.echo(f"BLOCK {printable(b.line())}")
         if action is not None and action.action != "none":
-            click.echo(f"slurm: {action.detail}", err=action.action != "failed")
+            click.echo(f"slurm: {printable(action.detail)}", err=action.action != "failed")
     raise SystemExit(result.exit_code)
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
-    from gpudoctor.gate import evaluate, resolve_profile, unreachable
+    from gpudoctor.gate import judge, resolve_profile
 
     inv = find_inventory(inventory)
     prof = resolve_profile(profile, inventory_profiles(inv), path=inv)
-    try:
-        diag = diagnose_target(host_name, inv, expect_gpus, models, sglang_url, timeout, snapshot_path)
-    except HostError as exc:
-        return unreachable(host_name or "localhost", prof.name, exc.one_line())
-    return evaluate(diag, prof)
+    return judge(lambda: diagnose_target(host_name, inv, expect_gpus, models, sglang_url, timeout, snapshot_path),
+                 prof, snapshot_path or host_name or "localhost")
 
 
 def _gate_npd(*args) -> int:
