@@ -114,6 +114,13 @@ def _main(argv) -> None:
     except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
         msg = " ".join(exc.format_message().split())
+        args = list(sys.argv[1:] if argv is None else argv)
+        if args[:1] == ["gate"] and "--npd" in args:  # node-problem-detector's contract: one line on stdout, 0/1/2
+            from gpudoctor.npd import error_verdict
+
+            code, line = error_verdict(f"{cmd}: {msg}")
+            click.echo(line)
+            sys.exit(code)
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:

@@ -159,12 +159,15 @@ def brief(value, limit: int = 80) -> str:
 def number(value, what: str, *, lo: float | None = None, hi: float | None = None, integer: bool = False,
            lo_open: bool = False, path: str | None = None, line: int | None = None, error=InputError):
     """`value` if it is a finite number (an int when `integer`) within [lo, hi] (lo excluded with lo_open)."""
+    def fmt(x) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
     kind = "an integer" if integer else "a number"
     rng = ""
     if lo is not None:
-        rng += f" > {lo:g}" if lo_open else f" >= {lo:g}"
+        rng += f" > {fmt(lo)}" if lo_open else f" >= {fmt(lo)}"
     if hi is not None:
-        rng += (" and" if rng else "") + f" <= {hi:g}"
+        rng += (" and" if rng else "") + f" <= {fmt(hi)}"
     ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
     if ok and not integer:
         ok = math.isfinite(value)

@@ -39,6 +39,14 @@ _OPS = ("run", "read", "stat", "open", "listdir", "statvfs")
 _CORE = ("host", "driver", "devices", "cuda")
 
 
+def refuse_live_flags(host_name, models, sglang_url) -> None:
+    """A snapshot is judged as it was recorded: a flag that asks for more would be silently ignored — refused."""
+    given = [f for f, v in (("--host", host_name), ("--model", models), ("--sglang-url", sglang_url)) if v]
+    if given:
+        raise InputError(f"{', '.join(given)} cannot be combined with --snapshot: a snapshot is judged as it was "
+                         f"recorded (take a new one with `gpudoctor snapshot {' '.join(given)} ...`)")
+
+
 def load(path: str) -> dict:
     """Read and validate a snapshot file; bad input is one line naming the file (and the entry that is wrong).
 
@@ -106,6 +114,8 @@ def validate_facts(facts, path: str, what: str = "the facts", require=_CORE) -> 
     missing = [k for k in require if k not in facts]
     if missing:
         bad(f"{what} lack {', '.join(missing)}: there is not enough to judge")
+    if require and not any(facts[k] for k in require):
+        bad(f"{what}: {', '.join(require)} are all empty: there is nothing to judge")
     if not any(k in SUBSYSTEMS for k in facts):
         bad(f"{what} hold no subsystem's facts: there is nothing to judge")
     meta = facts.setdefault("meta", {})

@@ -20,6 +20,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory's host names
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
+MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
 
@@ -92,6 +93,7 @@ class Campaign:
     gpu_release_mib: int
     on_crash: str
     validate: bool
+    lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
 
     @property
     def is_remote(self) -> bool:
@@ -240,6 +242,8 @@ def load(path: str) -> Campaign:
     if validate == "auto":  # SGLang's own launcher: check its flags; a stand-in or other server: do not
         validate = any("sglang" in part for part in command)
     limit = d.get("context_limit")
+    limit = None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1,
+                                                    hi=MAX_CONTEXT_TOKENS))
     return Campaign(
         path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target,
         target_line=doc.line("target") if "target" in d else None, model=model,
@@ -248,15 +252,36 @@ def load(path: str) -> Campaign:
         server_args=v.argv(server.get("args"), "server", "args"), server_env=v.env(server.get("env"), "server", "env"),
         remote_dir=v.string(server.get("remote_dir", DEFAULT_REMOTE_DIR), "server", "remote_dir"),
         client_host_given="client_host" in server,
-        nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base),
+        nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base, limit),
         concurrency=sorted(v.int_list(d["concurrency"], "concurrency")),
-        context_limit=None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1)),
+        context_limit=limit,
         timeouts=timeouts, warmup=int(v.number(d.get("warmup", 2), "warmup", integer=True, lo=0)),
         gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
         gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
-        on_crash=on_crash, validate=validate,
+        on_crash=on_crash, validate=validate, lines=doc.lines,
     )
+
+
+def check_paths(camp: Campaign, host) -> None:
+    """Before anything starts: every path the servers will be given (model, draft models) exists on the host they
+    run on. A value that is not path-like (no leading /, ./, ../) may be a Hugging Face repo id and is left alone."""
+    from gpudoctor.errors import ConfigError
+
+    want = [(camp.model, "model", ("model",))]
+    want += [(m.draft_model, f"draft model of method {m.name}", ("methods", m.name, "draft_model"))
+             for m in camp.methods if m.draft_model]
+    want = [w for w in want if w[0].startswith(("/", "./", "../"))]
+    if not want:
+        return
+    found = host.stat_many([w[0] for w in want])
+    for path, what, where in want:
+        st = found.get(path)
+        if st is None or not st.exists:
+            err = getattr(st, "error", None) or "ENOENT"
+            line = next((camp.lines[where[:i]] for i in range(len(where), 0, -1) if where[:i] in camp.lines), None)
+            raise ConfigError(f"{what} {path!r} does not exist on {camp.target} ({err}): no server is started",
+                              path=camp.path, line=line)
 
 
 def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
@@ -290,7 +315,7 @@ def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
     return out
 
 
-def _workloads(v: _V, raw, base: Path) -> list[Workload]:
+def _workloads(v: _V, raw, base: Path, limit: int | None) -> list[Workload]:
     if not isinstance(raw, list) or not raw:
         v.fail("workloads must be a non-empty list", "workloads")
     out, names = [], set()
@@ -312,8 +337,13 @@ def _workloads(v: _V, raw, base: Path) -> list[Workload]:
             v.fail(f"workload {name!r} needs max_tokens", *where)
         ctx_raw = w.get("context_lengths", [None])
         ctx_list = ctx_raw if isinstance(ctx_raw, list) else [ctx_raw]
-        ctx = [None if c is None else int(v.number(c, *where, "context_lengths", j, integer=True, lo=1))
+        ctx = [None if c is None else int(v.number(c, *where, "context_lengths", j, integer=True, lo=1,
+                                                   hi=MAX_CONTEXT_TOKENS))
                for j, c in enumerate(ctx_list)]
+        for j, c in enumerate(ctx):
+            if c is not None and limit is not None and c >= limit:
+                v.fail(f"workload {name!r}: context length {c} does not fit the campaign's context_limit {limit}",
+                       *where, "context_lengths", j)
         n = w.get("num_prompts")
         out.append(Workload(name, prompts, v.int_list(w["max_tokens"], *where, "max_tokens"), ctx or [None],
                             None if n is None else int(v.number(n, *where, "num_prompts", integer=True, lo=1)),

@@ -7,7 +7,6 @@ that is not ok are null, never zeros, so nothing downstream can mistake a failur
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -20,6 +19,42 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_
            "output_tokens", "duration_s", "prompt_tokens_mean")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "trial", "status",
           "requests", "completed", *METRICS, "error", "log_excerpt")
+
+
+MAX_BYTES = 512 << 20
+_INT_FIELDS = ("tp", "context_len", "max_tokens", "requests", "completed", "output_tokens")
+
+
+def check_record(rec, path: str, line: int) -> None:
+    """A record as ResultStore.append writes it: its identity, a known status, numbers that are finite or null."""
+    from gpudoctor.errors import InputError
+    from gpudoctor.inputs import brief
+
+    def bad(msg: str):
+        raise InputError(f"result record {msg}", path=path, line=line)
+
+    if not isinstance(rec, dict):
+        bad(f"must be a JSON object, got {type(rec).__name__}")
+    if rec.get("schema", SCHEMA) != SCHEMA:
+        bad(f"has schema {brief(rec.get('schema'), 40)}, expected {SCHEMA!r}")
+    for k in ("label", "workload"):
+        if not isinstance(rec.get(k), str) or not rec[k]:
+            bad(f"needs {k} (a non-empty string), got {brief(rec.get(k), 40)}")
+    for k, lo in (("concurrency", 1), ("trial", 0)):
+        v = rec.get(k, 0 if k == "trial" else None)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            bad(f"needs {k} (an integer >= {lo}), got {brief(v, 40)}")
+    if rec.get("status") not in STATUSES:
+        bad(f"status must be one of {', '.join(STATUSES)}, got {brief(rec.get('status'), 40)}")
+    for k in (*METRICS, *_INT_FIELDS):
+        v = rec.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            bad(f"{k} must be a number >= 0 or null, got {brief(v, 40)}")
+    for k in ("method", "error", "log_excerpt"):
+        if rec.get(k) is not None and not isinstance(rec[k], str):
+            bad(f"{k} must be a string or null, got {type(rec[k]).__name__}")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -45,12 +80,18 @@ class ResultStore:
         self.path = self.dir / "results.jsonl"
 
     def load(self) -> list[dict]:
+        """Every record, each checked (check_record); a truncated or wrong-shaped line is InputError FILE:LINE."""
         if not self.path.exists():
             return []
+        from gpudoctor.inputs import parse_json, read_text
+
+        text = read_text(self.path, what="results file", max_bytes=MAX_BYTES)
         out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                out.append(json.loads(line))
+                rec = parse_json(line, str(self.path), what="result record", line=n)
+                check_record(rec, str(self.path), n)
+                out.append(rec)
         return out
 
     def keys(self) -> set[tuple]:

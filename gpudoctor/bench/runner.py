@@ -120,15 +120,35 @@ class Runner:
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def run(self, resume: bool) -> dict:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        lock = open(self.dir / ".lock", "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError("another gpudoctor bench run is writing to this directory", path=str(self.dir)) from None
         if self.store.path.exists() and not resume:
             raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another --out",
                              path=str(self.dir))
+        created = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.dir / ".lock"
+        lock = open(lock_path, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(lock.fileno()).st_ino != os.stat(lock_path).st_ino:  # a finished run removed it meanwhile
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            lock.close()
+            raise InputError("another gpudoctor bench run is writing to this directory", path=str(self.dir)) from None
+        try:
+            if self.store.path.exists() and not resume:  # written while we took the lock
+                raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another "
+                                 "--out", path=str(self.dir))
+            return self._run()
+        finally:
+            lock_path.unlink(missing_ok=True)  # while still holding it: no run, refused or not, leaves its lock behind
+            lock.close()
+            if created:
+                try:
+                    self.dir.rmdir()  # only when the run wrote nothing
+                except OSError:
+                    pass
+
+    def _run(self) -> dict:
         try:
             note = self.reap()
             if note:
@@ -456,7 +476,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     A remote `target:` is looked up in the inventory (`inventory`, else gpudoctor's default locations) and
     connected before anything else happens; `host` overrides where the servers run (tests).
     """
-    from gpudoctor.bench.campaign import load
+    from gpudoctor.bench.campaign import check_paths, load
 
     camp = load(path)
     inventory_path = None
@@ -466,6 +486,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
         else:
             host = LocalHost()
     try:
+        check_paths(camp, host)
         return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path).run(resume)
     finally:
         host.close()

@@ -39,6 +39,8 @@ def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeo
     if snapshot_path:
         from gpudoctor import snapshot
 
+        snapshot.refuse_live_flags(host_name, models, sglang_url)
+
         facts = snapshot.load_facts(snapshot_path)
         if expect_gpus is not None:
             facts["meta"]["context"]["expect_gpus"] = expect_gpus

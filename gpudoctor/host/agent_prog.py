@@ -65,7 +65,12 @@ def _write_all(data):
 def _read(req):
     n = int(req.get("max", 4 << 20))
     try:
-        with open(req["path"], "rb", buffering=0) as f:
+        fd = os.open(req["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # never read a FIFO: it can block the agent forever
+            os.close(fd)
+            return {"e": "FIFO"}
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", buffering=0) as f:
             chunks, left = [], n
             while left > 0:  # modest steps: one huge read() of a /proc/sys file fails with ENOMEM
                 c = f.read(min(65536, left))

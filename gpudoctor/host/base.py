@@ -230,9 +230,11 @@ class Host:
     def read_file(self, path: str, timeout: float = 3.0, max_bytes: int = 4 << 20) -> FileRead:
         """Read up to max_bytes of a file on the target."""
         # Read in 64 KiB steps: one huge read() of a /proc/sys file fails with ENOMEM.
-        prog = ("import base64,errno,json,sys\n"
+        prog = ("import base64,errno,json,os,stat,sys\n"
                 "try:\n"
-                " f=open(sys.argv[1],'rb',buffering=0);d=b'';n=" + str(int(max_bytes)) + "\n"
+                " fd=os.open(sys.argv[1],os.O_RDONLY|os.O_NONBLOCK|os.O_NOCTTY)\n"  # a FIFO: refused, never read
+                " if stat.S_ISFIFO(os.fstat(fd).st_mode): print(json.dumps({'e':'FIFO'})); sys.exit(0)\n"
+                " os.set_blocking(fd,True);f=os.fdopen(fd,'rb',buffering=0);d=b'';n=" + str(int(max_bytes)) + "\n"
                 " while len(d)<n:\n"
                 "  c=f.read(min(65536,n-len(d)))\n"
                 "  if not c: break\n"

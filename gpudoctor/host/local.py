@@ -127,7 +127,13 @@ class LocalHost(Host):
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
         def read():
             try:
-                with open(self._p(path), "rb", buffering=0) as fh:
+                # O_NONBLOCK: opening a FIFO must not wait for a writer; a FIFO is refused, never read (it can block)
+                fd = os.open(self._p(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+                if statmod.S_ISFIFO(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    return FileRead(path, error="FIFO")
+                os.set_blocking(fd, True)
+                with os.fdopen(fd, "rb", buffering=0) as fh:
                     return FileRead(path, read_capped(fh, max_bytes))
             except OSError as exc:
                 return FileRead(path, error=_errname(exc))

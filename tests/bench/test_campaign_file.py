@@ -88,7 +88,7 @@ BAD = [
     (GOOD.replace("    max_tokens: [256, 1024]", "    max_tokens: [256, -1]"), 19,
      "workloads.0.max_tokens.1 must be an integer >= 1"),
     (GOOD.replace("    context_lengths: [null, 3000]", "    context_lengths: [null, 3k]"), 20,
-     "workloads.0.context_lengths.1 must be an integer >= 1, got '3k'"),
+     "workloads.0.context_lengths.1 must be an integer >= 1 and <= 2097152, got '3k'"),
     (GOOD.replace("  - name: chat", "  - name: chat\n    prompts: missing.jsonl"), 19,
      "prompt set 'missing.jsonl' not found"),
     (GOOD.replace("  - name: chat", "  - name: chat\n    prmpts: x"), 19, "unknown key 'prmpts' in workloads.0"),
