@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from gpudoctor.host.factory import open_target
+from gpudoctor.target import open_target
 from tests.e2e.lab import SEED_FIXED
 from tests.e2e.test_seed_over_ssh import gd
 
