@@ -66,7 +66,7 @@ GPUDOCTOR_FIX_EXIT_DOC = """\b
 Exit codes, dry run (like `terraform plan -detailed-exitcode`, in gpudoctor's Nagios numbering):
   0  nothing to change: no failing or warning finding has a remedy that would act
   1  changes are planned (drift gpudoctor can repair): re-run with --apply to make them
-  2  a remedy refused (its reason is printed): a human has to act
+  2  a remedy refused, or the host fails and nothing can be changed (reasons printed): a human must act
   3  bad input (flag, inventory, snapshot), or the host could not be reached
 \b
 Exit codes with --apply: the verdict of `gpudoctor check` re-run after the changes:

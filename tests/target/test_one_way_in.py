@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.childenv import pythonpath
 from tests.remedies.hostroot import HostRoot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ POLICY = "policy:\n  checks:\n    fabric.pcie.mrrs:\n      expect: 512\n"
 
 
 def gd(*args, cwd: Path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(cwd / ".xdg")}  # no inventory of ours
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "XDG_CONFIG_HOME": str(cwd / ".xdg")}  # no inventory of ours
     env.pop("GPUDOCTOR_INVENTORY", None)
     return subprocess.run([sys.executable, "-m", "gpudoctor", *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=180)
