@@ -209,7 +209,8 @@ def _recorded_context(doc: dict) -> GatherContext:
     ctx = GatherContext(name=doc.get("host") or meta.get("host") or "snapshot", expect_gpus=c.get("expect_gpus"),
                         model_paths=list(c.get("model_paths") or []), vmid=c.get("vmid"),
                         policy=dict(c.get("policy") or {}), sglang_url=c.get("sglang_url"),
-                        timeout=c.get("timeout") or 10.0)
+                        timeout=c.get("timeout") or 10.0, units=list(c.get("units") or []),
+                        cdi_dirs=list(c.get("cdi_dirs") or []))
     if c.get("lxc_config_dir"):
         ctx.lxc_config_dir = c["lxc_config_dir"]
     if c.get("pct"):
