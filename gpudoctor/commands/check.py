@@ -185,7 +185,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
                            deep_python=deep_python) as target:
-        doc = snap.take(target)
+        target.connect()
+        doc = snap.take(target.host, target.context)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)
