@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.errors import InputError  # noqa: E402
 from gpudoctor.sglang import differential as D  # noqa: E402

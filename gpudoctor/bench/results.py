@@ -19,7 +19,9 @@ STATUSES = (OK, CRASHED, ERROR, SKIPPED)
 METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_ms_p50", "accept_length",
            "output_tokens", "duration_s", "prompt_tokens_mean")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "trial", "status",
-          "requests", "completed", *METRICS, "error", "log_excerpt")
+          "requests", "completed", *METRICS, "error", "cause", "diagnosis", "fix", "log_excerpt")
+# Kept out of tables (long text); report.md lists them under the failed levels instead.
+DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
 
 def percentile(values: list[float], q: float) -> float | None:

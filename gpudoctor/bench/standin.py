@@ -41,6 +41,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many /generate requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--death-log", default=None, metavar="FILE",
+                   help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
+                        " server's traceback, instead of the built-in one")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
     p.add_argument("--model-path", default="standin/model")
     p.add_argument("--tp-size", "--tp", type=int, default=1)
@@ -55,7 +58,10 @@ class Log:
         self.fh = open(path, "a", buffering=1) if path else sys.stderr
 
     def __call__(self, msg: str) -> None:
-        self.fh.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+        self.raw(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+
+    def raw(self, text: str) -> None:
+        self.fh.write(text if text.endswith("\n") else text + "\n")
         self.fh.flush()
 
 
@@ -88,7 +94,17 @@ class StandIn:
         elif mode in ("http500", "error-chunk"):
             self.failing = True
 
+    def last_words(self) -> bool:
+        """--death-log's lines, raw (a real traceback is printed without the logger's prefix); False without one."""
+        if not self.a.death_log:
+            return False
+        with open(self.a.death_log, encoding="utf-8", errors="replace") as fh:
+            self.log.raw(fh.read())
+        return True
+
     def die(self) -> None:
+        if self.last_words():
+            os._exit(1)
         self.log("Scheduler hit an exception: Traceback (most recent call last):")
         self.log('  File "sglang/srt/managers/scheduler.py", line 2214, in run_scheduler_process')
         self.log("    scheduler.event_loop_overlap()")
@@ -328,6 +344,8 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
+    if args.fail_mode == "die-at-start" and state.last_words():
+        raise SystemExit(1)
     if args.fail_mode == "die-at-start":
         state.log("Traceback (most recent call last):")
         state.log('  File "sglang/srt/server_args.py", line 1021, in __post_init__')
