@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from gpudoctor.commands.fix import exit_code_for, render_outcomes
+from gpudoctor.report import fix_result_lines
 from gpudoctor.gather.boundary import gather_lxc
 from gpudoctor.host.local import LocalHost
 from gpudoctor.proxmox import config as C
 from gpudoctor.remedies.lxc_cgroup import LxcCgroupAllow, fix_text
-from gpudoctor.remedy import AuditLog, Engine, RemedyContext
+from gpudoctor.remedy import AuditLog, Engine, FixRun, RemedyContext
 
 from tests.proxmox.conftest import CONFIGS, install
 
@@ -178,8 +178,9 @@ def test_restart_only_change_when_the_file_is_already_fixed(pve_root, fake_pct):
     assert plan.refusals == [] and plan.changes[0].diff == "" and plan.changes[0].needs_reboot
     (out,) = engine(pve_root, host).apply(plan)
     assert out.result == "unchanged" and out.reboot is None
-    assert exit_code_for(plan, [out], apply=True) == 1
-    assert "restart pending: pct reboot 200 (or re-run with --reboot)" in render_outcomes([out])
+    run = FixRun(apply=True, plan=plan, outcomes=[out])
+    assert run.exit_code == 1
+    assert "      restart pending: pct reboot 200 (or re-run with --reboot)" in fix_result_lines(run)
     assert "every GPU node it passes is allowed" in out.detail
     plan = engine(pve_root, host, reboot=True).plan(facts(host, 200))
     (c,) = plan.changes
