@@ -237,7 +237,6 @@ class StandIn:
         await resp.prepare(request)
         if self.a.no_tcp_nodelay:
             await resp.write(b"")  # headers leave as their own segment; the first chunk must wait for their ACK
-            await resp.drain()
         return resp
 
     def _json(self, obj, status: int = 200):
