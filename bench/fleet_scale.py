@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.fleet import check_fleet  # noqa: E402
 

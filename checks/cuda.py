@@ -17,7 +17,7 @@ CUINIT = {
 
 
 @check("cuda.init", summary="cuInit(0) returns 0 in a fresh process, within its deadline.",
-       depends_on=("host.*", "devices.node.*", "boundary.lxc.*", "driver.nvml.init", "driver.version.match"))
+       depends_on=("host.*", "devices.node.*", "boundary.*", "driver.nvml.init", "driver.version.match"))
 def cuinit(facts):
     """The probe DCGM skips: NVML can be healthy while CUDA cannot run (cuInit 999 with a blocked uvm node)."""
     c = facts.get("cuda")

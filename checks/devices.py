@@ -4,6 +4,7 @@ import re
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.platform import fix_text
 
 # open() errno → which layer refused (FIELD_NOTES).
 ERRNO_MEANING = {
@@ -87,8 +88,7 @@ def present(facts):
                 continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
-                               hint="Run `nvidia-modprobe -u -c 0` (uvm nodes) or `nvidia-modprobe -c N` on the host; "
-                                    "in an LXC guest also check the lxc.mount.entry / devN: lines.",
+                               hint=fix_text(facts, "missing", node=p),
                                remedy="devices.node.create"))
         elif n.get("kind") != "char":
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
@@ -102,7 +102,7 @@ def present(facts):
 
 
 @check("devices.node.major", summary="Each node's major:minor equals the live number in /proc/devices.",
-       depends_on=_HOST_DEPS + ("devices.node.present",), remedy="devices.node.create")
+       depends_on=_HOST_DEPS + ("devices.node.present", "boundary.cdi.*"), remedy="devices.node.create")
 def major(facts):
     """Dynamic majors (nvidia-uvm, nvidia-caps) drift with driver reinstalls: a node made for the old one is dead."""
     nodes = _nodes(facts)
@@ -129,8 +129,7 @@ def major(facts):
             essential = bool(_ESSENTIAL.match(p))
             out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
                                f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
-                               hint=f"Recreate the node: `mknod -m 666 {p} c {want_major} {want_minor}` "
-                                    f"(or `nvidia-modprobe -u -c 0`); in an LXC guest fix the bind mount on the host.",
+                               hint=fix_text(facts, "stale", node=p, major=want_major, minor=want_minor),
                                remedy="devices.node.create", data={"have": have, "want": want}))
         else:
             out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
@@ -163,7 +162,8 @@ def mode(facts):
 
 @check("devices.node.open", summary="A real open() of each node succeeds; the errno names the layer that refuses.",
        depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "boundary.lxc.cgroup_allow",
-                                "boundary.lxc.mount_entry"))
+                                "boundary.lxc.mount_entry", "boundary.cdi.*", "boundary.container.*",
+                                "boundary.systemd.*"))
 def opened(facts):
     """EPERM = device cgroup (mode 0666 does not help), EACCES = mode/owner, ENXIO = stale major, ENOENT = missing."""
     nodes = _nodes(facts)
@@ -186,7 +186,7 @@ def opened(facts):
             out.append(Finding("devices.node.open", Status.FAIL if essential else Status.WARN,
                                f"open({p}) → {r}{extra}: {why}", subject=p,
                                evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"],
-                               hint=("Allow the major in the container's lxc.cgroup2.devices.allow (gpudoctor lxc fix), "
-                                     "or use devN: passthrough." if r == "EPERM" else None),
+                               hint=(fix_text(facts, "denied", node=p, major=n.get("major"))
+                                     if r == "EPERM" else None),
                                data={"errno": r}))
     return out

@@ -20,7 +20,8 @@ NVML_CODES = {
     999: ("UNKNOWN", "unknown NVML error"),
 }
 
-_BLOCKERS = ("host.driver.loaded", "devices.node.*", "boundary.lxc.cgroup_allow")
+_BLOCKERS = ("host.driver.loaded", "devices.node.*", "boundary.lxc.cgroup_allow", "boundary.cdi.*",
+             "boundary.container.*", "boundary.systemd.*")
 
 
 def _smi(facts):

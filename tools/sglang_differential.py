@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.errors import InputError  # noqa: E402
 from gpudoctor.findings import Status  # noqa: E402

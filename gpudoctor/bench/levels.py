@@ -114,7 +114,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                     **lv.spec.head(), "status": ERROR, "completed": 0,
                     "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
                                                                  if text and logscan.reason(text) else ""),
-                    "log_excerpt": logscan.excerpt(text) if text else None}
+                    **logscan.record_fields(text)}
                 put(rec)
             return written
 
@@ -143,7 +143,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                                        level_timeout_s=level_timeout_s, log=log, server_gone=server_gone)
                 warmed = True
                 if wrec["status"] != OK:
-                    rec = {**lv.spec.head(), **{k: wrec[k] for k in ("status", "log_excerpt")},
+                    rec = {**lv.spec.head(), **{k: wrec.get(k) for k in ("status", "cause", "diagnosis", "fix", "log_excerpt")},
                            "completed": 0, "error": "warm-up failed: " + wrec["error"]}
                     put(rec)
                     broken = f"warm-up failed before {lv.spec.where}"

@@ -292,5 +292,4 @@ async def run_level(session, base_url: str, spec: LevelSpec, prompts: list[Promp
         msg = f"server log: {cause}; " + msg
     if gone is not None:
         msg = f"server crashed ({gone}); " + msg
-    return {**rec, "status": CRASHED if gone is not None else ERROR, "error": msg,
-            "log_excerpt": logscan.excerpt(text) if text else None}
+    return {**rec, "status": CRASHED if gone is not None else ERROR, "error": msg, **logscan.record_fields(text)}

@@ -21,7 +21,9 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_
            "connect_ms_p50", "headers_ms_p50", "achieved_req_per_s", "send_late_ms_p50", "send_late_ms_p99")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "request_rate", "arrival",
           "api", "trial", "status", "requests", "completed", "failed", "error_rate", *METRICS, "itl_source",
-          "transport_note", "error", "log_excerpt")
+          "transport_note", "error", "cause", "diagnosis", "fix", "log_excerpt")
+# Kept out of tables (long text); report.md lists them under the failed levels instead.
+DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -315,7 +315,7 @@ class Runner:
             if lv.key in done:
                 continue
             rec = {**lv.spec.head(), "status": CRASHED if died else ERROR, "completed": 0, "error": msg,
-                   "log_excerpt": logscan.excerpt(log_text) if log_text else None}
+                   **logscan.record_fields(log_text)}
             rec = self.store.append(rec)
             self.emit("level_done", record=rec)
 

@@ -60,6 +60,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--death-log", default=None, metavar="FILE",
+                   help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
+                        " server's traceback, instead of the built-in one")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
     p.add_argument("--model-path", default=None)
     p.add_argument("--served-model-name", default=None)
@@ -90,8 +93,8 @@ class Log:
         self.fh.write(line + "\n")
         self.fh.flush()
 
-    def raw(self, msg: str) -> None:
-        self.fh.write(msg + "\n")
+    def raw(self, text: str) -> None:
+        self.fh.write(text if text.endswith("\n") else text + "\n")
         self.fh.flush()
 
 
@@ -129,7 +132,17 @@ class StandIn:
         elif mode in ("http500", "error-chunk"):
             self.failing = True
 
+    def last_words(self) -> bool:
+        """--death-log's lines, raw (a real traceback is printed without the logger's prefix); False without one."""
+        if not self.a.death_log:
+            return False
+        with open(self.a.death_log, encoding="utf-8", errors="replace") as fh:
+            self.log.raw(fh.read())
+        return True
+
     def die(self) -> None:
+        if self.last_words():
+            os._exit(1)
         msg = self.a.death_message
         if self.flavor == "vllm":
             self.log("EngineCore encountered a fatal error.", "ERROR", "core.py:718")
@@ -526,6 +539,8 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
+    if args.fail_mode == "die-at-start" and state.last_words():
+        raise SystemExit(1)
     if args.fail_mode == "die-at-start":
         if args.flavor == "vllm":
             state.log.raw("Traceback (most recent call last):")

@@ -1,4 +1,4 @@
-"""`gpudoctor sglang validate`: check sglang.launch_server arguments before a long model load."""
+"""`gpudoctor sglang validate` checks launch arguments before a long model load; `sglang explain` reads a failed log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpudoctor.errors import InputError
 
 @click.group("sglang")
 def sglang():
-    """SGLang helpers: validate launch arguments before a 10-minute model load."""
+    """SGLang helpers: validate launch arguments before a 10-minute model load; explain why a server failed."""
 
 
 def _num(name: str, raw: str | None, kind=int, minimum=0):
@@ -121,3 +121,52 @@ def _render(result) -> None:
         click.echo(f"memory: {m['weights_per_gpu_gib']:.1f} GiB weights/GPU, {m['max_total_num_tokens']} KV tokens, "
                    f"max_running_requests {m['max_running_requests']} (mem_fraction_static {m['mem_fraction_static']})")
     click.echo(f"verdict: {result.verdict} (exit {result.exit_code})")
+
+
+@sglang.command("explain")
+@click.argument("log", metavar="LOG")
+@click.option("--engine", type=click.Choice(["sglang", "vllm", "any"]), default="any", show_default=True,
+              help="Whose messages to look for.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain_cmd(log, engine, as_json):
+    """Name why a server failed, from its log: the cause, the fix, and the lines that matter.
+
+    LOG is a server log file (`journalctl -u sglang > sglang.log`, the launch log a campaign keeps in its --out
+    directory) or - for standard input. Only its last 8 MiB are read.
+
+    \b
+    Knows SGLang 0.5.23's failures and those of the libraries under it: max_running_request
+    is zero (and the hybrid-model state-cache trap), Not enough memory / CUDA OOM, illegal
+    instruction / illegal memory access (kernel bugs, not measurements), CUDA unknown error
+    999 (-> gpudoctor check), NCCL timeouts and errors, the speculative-argument assert and
+    TypeError, a draft model shorter than the target's context, mismatched dependencies,
+    the port in use, a model or tokenizer path that does not exist.
+
+    \b
+    Exit codes: 0 nothing in the log looks like a failure, 1 a failure no known pattern
+    explains (its lines are shown), 2 a known failure named, 3 the log cannot be read.
+    """
+    from gpudoctor.bench import logscan
+    from gpudoctor.errors import _printable
+
+    text = logscan.read_log(log)
+    found = logscan.diagnose(text, None if engine == "any" else engine)
+    code = 0 if found is None else 2 if found.known else 1
+    if as_json:
+        click.echo(json.dumps({"log": log, "exit_code": code, "failure": found.to_json() if found else None}, indent=2))
+        raise SystemExit(code)
+    if found is None:
+        click.echo(f"{_printable(log)}: no failure found ({len(text.splitlines())} lines read)")
+        raise SystemExit(0)
+    click.echo(f"{_printable(log)}:{found.line_no}: {_printable(found.line)}")
+    if found.known:
+        click.echo(f"cause: {found.cause}")
+        click.echo(f"fix:   {found.fix}")
+        click.echo(f"       (known failure {found.id}; raised in {found.source})")
+    else:
+        click.echo("cause: not a known failure — the lines below are the ones that matter")
+    click.echo("lines that matter:")
+    width = len(str(found.lines[-1][0])) if found.lines else 1
+    for no, line in found.lines:
+        click.echo(f"  {no:>{width}}: {_printable(line)}")
+    raise SystemExit(code)

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.childenv import pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ def free_port() -> int:
 
 def env() -> dict:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = pythonpath(env=e)
     return e
 
 
