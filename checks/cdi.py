@@ -7,6 +7,7 @@ Pure checks over facts["cdi"] (gather/cdi.py) and the live /proc/devices (facts[
 
 from gpudoctor import cdi
 from gpudoctor.checkreg import check
+from gpudoctor.checks.devices import _ESSENTIAL
 from gpudoctor.findings import Finding, Status
 from gpudoctor.platform import detect
 
@@ -66,7 +67,7 @@ def specs(facts):
     return out
 
 
-@check("boundary.cdi.device_nodes", depends_on=("host.driver.loaded", "host.uvm.loaded"),
+@check("boundary.cdi.device_nodes", depends_on=("host.driver.loaded", "host.uvm.loaded"), remedy=REMEDY,
        summary="Each CDI deviceNodes entry gives containers the live major:minor of its NVIDIA node.")
 def device_nodes(facts):
     """The runtime makes the node and allows its cgroup rule from the spec's numbers: an old major is a dead node."""
@@ -79,6 +80,8 @@ def device_nodes(facts):
     good_specs, _ = parsed(facts)
     stale, good, notes = cdi.audit(good_specs, live, c.get("host_nodes") or {})
     inside = detect(facts).oci
+    if inside:  # a container's /dev is not the host's: a node missing here says nothing about the spec
+        stale = [s for s in stale if not (s.by == "node" and s.have == "missing")]
     by_path: dict[str, list] = {}
     for s in stale:
         by_path.setdefault(s.entry.path, []).append(s)
@@ -99,8 +102,8 @@ def device_nodes(facts):
             summary = (f"{path}: the CDI spec {e.spec} ({e.where}) says major {e.major}, but the kernel's {first.source} "
                        f"major is {first.want.split(':')[0]}; containers started from it get a dead {path}"
                        + (" (cuInit 999)" if first.source == "nvidia-uvm" else ""))
-            hint = (f"Regenerate the spec on the host: `nvidia-ctk cdi generate --output={e.spec}`, then recreate the "
-                    f"containers that use it.")
+            hint = (f"Regenerate the spec on the host: `nvidia-ctk cdi generate --output={e.spec}` (or `gpudoctor fix "
+                    f"--only {REMEDY}` there, which shows the diff first), then recreate the containers that use it.")
             if inside:
                 hint += " This container was made from it: recreate it after the spec is fixed."
         else:
@@ -109,7 +112,8 @@ def device_nodes(facts):
                        f"{first.have}; the live {first.source} device is {first.want}")
             hint = (f"Fix the host node first (`nvidia-modprobe -u -c 0`, or `gpudoctor fix --only devices.node.create` on "
                     f"the host), then recreate the containers.")
-        out.append(Finding("boundary.cdi.device_nodes", Status.FAIL, summary, subject=path, evidence=ev, hint=hint,
+        status = Status.FAIL if _ESSENTIAL.match(path) else Status.WARN  # uvm-tools, modeset: profilers, not CUDA
+        out.append(Finding("boundary.cdi.device_nodes", status, summary, subject=path, evidence=ev, hint=hint,
                            data={"stale": [s.to_json() for s in items]}))
     for e in good:
         if e.path in by_path:

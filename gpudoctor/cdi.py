@@ -127,7 +127,9 @@ def parse(path: str, text: str) -> Spec:
     try:
         root = yaml.compose(text.replace("\t", " ") if fmt == "json" else text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
+        mark = exc.problem_mark
+        if exc.context_mark is not None and (mark is None or mark.index >= len(text.rstrip())):
+            mark = exc.context_mark  # "got <stream end>": where the unclosed thing began says more
         raise SpecError(f"not valid YAML: {exc.problem or exc.context}", mark.line + 1 if mark else None) from None
     if not isinstance(root, yaml.MappingNode):
         raise SpecError("a CDI spec is a mapping with cdiVersion, kind and devices", 1)
@@ -206,7 +208,9 @@ def audit(specs: list[Spec], live: dict, host_nodes: dict) -> tuple[list[Stale],
                 else:
                     good.append(e)
                 continue
-            st = host_nodes.get(e.node) or {}
+            st = host_nodes.get(e.node)
+            if st is None:
+                continue  # not stat'ed: nothing to judge it by
             if not st.get("exists") or st.get("kind") != "char":
                 stale.append(Stale(e, source, "missing" if not st.get("exists") else st.get("kind") or "?", want, "node"))
             elif (st.get("major"), st.get("minor")) != (want_major, want_minor):

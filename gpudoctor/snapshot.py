@@ -10,15 +10,13 @@ import time
 
 from gpudoctor.errors import InputError
 from gpudoctor.gather import gather
-from gpudoctor.gather.context import GatherContext
-from gpudoctor.host import Host
-from gpudoctor.host.replay import RecordingHost, ReplayHost
+from gpudoctor.host.replay import RecordingHost
 
 SNAPSHOT_SCHEMA = "gpudoctor.snapshot/1"
 
 
-def take(host: Host, ctx: GatherContext) -> dict:
-    """Gather through a recording host; return the snapshot document."""
+def take(host, ctx) -> dict:
+    """Gather through a recording host (and a recording Proxmox node); return the snapshot document."""
     from gpudoctor import __version__
 
     rec = RecordingHost(inner=host)
@@ -48,16 +46,10 @@ def refuse_live_flags(host_name, models, sglang_url) -> None:
 
 
 def load(path: str) -> dict:
-    """Read and validate a snapshot file; bad input is one line naming the file (and the entry that is wrong).
-
-    Read through gpudoctor.inputs (a regular file, at most MAX_BYTES, UTF-8, no NaN, bounded nesting), then checked
-    against the schema: a snapshot gpudoctor cannot judge is refused here, before any diagnosis."""
-    from gpudoctor.inputs import read_json
-
-    doc = read_json(path, what="snapshot file", max_bytes=MAX_BYTES)
-    validate(doc, path)
-    doc["_path"] = path  # for messages of facts_of; never written back
-    return doc
+    """Read and validate a snapshot file (or a bare facts document); bad input is one line naming the file and the
+    entry that is wrong. Read through gpudoctor.inputs (a regular file, at most MAX_BYTES, UTF-8, no NaN, bounded
+    nesting), then checked against the schema: a snapshot gpudoctor cannot judge is refused before any diagnosis."""
+    return load_document(path)
 
 
 def validate(doc, path: str, *, require=_CORE) -> None:
@@ -124,20 +116,20 @@ def validate_facts(facts, path: str, what: str = "the facts", require=_CORE) -> 
     _validate_context(meta.get("context") or {}, bad)
 
 
-def load_facts(path: str, *, require=_CORE) -> dict:
-    """The facts to diagnose from a file: a snapshot (re-gathered from its transcript through today's code) or a
-    bare facts document (gpudoctor.facts/1). Anything that cannot be judged is refused here (InputError, exit 3).
-    `require`: the subsystems a facts-only document must have (fix plans from a part, e.g. boundary facts)."""
+def load_document(path: str, *, require=_CORE) -> dict:
+    """A snapshot document from a file that holds one, or a bare facts document (gpudoctor.facts/1) wrapped as one;
+    validated, so anything that cannot be judged is refused here (InputError, exit 3). `require`: the subsystems a
+    facts-only document must have (fix plans from a part, e.g. boundary facts)."""
     from gpudoctor.gather import FACTS_SCHEMA
     from gpudoctor.inputs import read_json
 
     doc = read_json(path, what="snapshot file", max_bytes=MAX_BYTES)
     if isinstance(doc, dict) and doc.get("schema") == FACTS_SCHEMA:
         validate_facts(doc, path, require=require)
-        return doc
+        return {"schema": SNAPSHOT_SCHEMA, "host": (doc.get("meta") or {}).get("host"), "facts": doc, "_path": path}
     validate(doc, path, require=require)
     doc["_path"] = path
-    return facts_of(doc)
+    return doc
 
 
 def _type_name(types) -> str:
@@ -228,8 +220,8 @@ def _validate_transcript(transcript: dict, name: str, bad) -> None:
                 bad(f"{where}: a statvfs result is a mapping of plain values")
 
 
-class _Answers(dict):
-    """A transcript that counts how many of the replay's questions it answered."""
+class Answers(dict):
+    """A transcript that counts how many of the replay's questions it answered (target.py replays through it)."""
 
     hits = 0
 
@@ -239,27 +231,17 @@ class _Answers(dict):
             return self[key]
         return default
 
+    def require_hits(self, doc: dict) -> None:
+        """A transcript that answered nothing cannot be judged: every read would look like a missing thing."""
+        if not self.hits:
+            raise InputError("the snapshot's transcript answers none of the reads gpudoctor makes: cannot judge",
+                             path=doc.get("_path"))
+
 
 def facts_of(doc: dict, regather: bool = True) -> dict:
     """The snapshot's facts: re-gathered from its transcript through today's code when it has one."""
     if not regather or not isinstance(doc.get("transcript"), dict):
         return doc["facts"]
-    c = dict(doc.get("context") or {})
-    ctx = GatherContext(name=doc.get("host", "snapshot"), expect_gpus=c.get("expect_gpus"),
-                        model_paths=c.get("model_paths") or [], vmid=c.get("vmid"), policy=c.get("policy") or {},
-                        sglang_url=c.get("sglang_url"), timeout=c.get("timeout") or 10.0,
-                        units=list(c.get("units") or []), cdi_dirs=list(c.get("cdi_dirs") or []))
-    if c.get("lxc_config_dir"):
-        ctx.lxc_config_dir = c["lxc_config_dir"]
-    if c.get("pct"):
-        ctx.pct = list(c["pct"])
-    if isinstance(doc.get("proxmox_transcript"), dict):
-        ctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
-    answers = _Answers(doc["transcript"])
-    facts = gather(ReplayHost(name=ctx.name, transcript=answers), ctx)
-    if not answers.hits:
-        raise InputError("the snapshot's transcript answers none of the reads gpudoctor makes: cannot judge",
-                         path=doc.get("_path"))
-    facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
-    facts["meta"]["replayed_from"] = doc.get("created")
-    return facts
+    from gpudoctor.target import open_target
+
+    return open_target(snapshot=doc, search=False).facts()

@@ -12,6 +12,7 @@ import importlib
 # modes, the driver's persistence, sysctls, PCIe registers, and the model last (it needs a working host).
 REMEDIES: dict[str, str] = {
     "lxc.cgroup_allow": "gpudoctor.remedies.lxc_cgroup:LxcCgroupAllow",
+    "cdi.spec": "gpudoctor.remedies.cdi:CdiSpec",
     "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",

@@ -3,53 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 import click
 
-from gpudoctor.commands.check import build_target, common
-from gpudoctor.errors import GpudoctorError, InputError
-
-
-def find_inventory(path: str | None) -> str | None:
-    """The inventory to read profiles from: the given path, ./inventory.yaml, or ~/.config/gpudoctor/inventory.yaml."""
-    if path:
-        if not Path(path).is_file():
-            raise InputError("inventory file not found", path=path)
-        return path
-    for cand in (Path("inventory.yaml"), Path.home() / ".config" / "gpudoctor" / "inventory.yaml"):
-        if cand.is_file():
-            return str(cand)
-    return None
-
-
-def inventory_profiles(path: str | None) -> dict:
-    """The inventory's `profiles:` (gate profile name -> check-id patterns); bad input is one line with file:line."""
-    if not path:
-        return {}
-    from gpudoctor.inventory import load_inventory
-
-    return dict(load_inventory(path).profiles)
-
-
-def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path):
-    """A Diagnosis of a snapshot, the local machine, or an inventory host."""
-    from gpudoctor.diagnose import diagnose
-
-    if snapshot_path:
-        from gpudoctor import snapshot
-
-        snapshot.refuse_live_flags(host_name, models, sglang_url)
-
-        facts = snapshot.load_facts(snapshot_path)
-        if expect_gpus is not None:
-            facts["meta"]["context"]["expect_gpus"] = expect_gpus
-        return diagnose(facts)
-    from gpudoctor.gather import gather
-
-    host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-    with host:
-        return diagnose(gather(host, ctx))
+from gpudoctor.commands.check import common, open_check_target
+from gpudoctor.errors import GpudoctorError
 
 
 @click.command("gate")
@@ -89,9 +46,9 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     action = None
     if slurm:
         from gpudoctor import slurm as slurm_mode
-        from gpudoctor.host.local import LocalHost
+        from gpudoctor.target import local_host
 
-        action = slurm_mode.apply(result, LocalHost(), node=node)
+        action = slurm_mode.apply(result, local_host(), node=node)
     if as_json:
         import json
 
@@ -100,24 +57,27 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
-        from gpudoctor.term import printable
+        from gpudoctor.report import line
 
         if result.error:
-            click.echo(f"BLOCK {printable(result.host)}: could not check: {printable(result.error)}")
+            click.echo(f"BLOCK {line(result.host)}: could not check: {line(result.error)}")
         for b in result.blockers:
-            click.echo(f"BLOCK {printable(b.line())}")
+            click.echo(f"BLOCK {line(b.line())}")
         if action is not None and action.action != "none":
-            click.echo(f"slurm: {printable(action.detail)}", err=action.action != "failed")
+            click.echo(f"slurm: {line(action.detail)}", err=action.action != "failed")
     raise SystemExit(result.exit_code)
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
+    """The gate's verdict on the target; the profiles come from the same inventory as the target's policy."""
     from gpudoctor.gate import judge, resolve_profile
+    from gpudoctor.pipeline import check_host
 
-    inv = find_inventory(inventory)
-    prof = resolve_profile(profile, inventory_profiles(inv), path=inv)
-    return judge(lambda: diagnose_target(host_name, inv, expect_gpus, models, sglang_url, timeout, snapshot_path),
-                 prof, snapshot_path or host_name or "localhost")
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
+        inv = target.inventory
+        prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
+                               path=str(inv.path) if inv is not None else None)
+        return judge(lambda: check_host(target), prof, target.name)  # fail closed: what it could not judge is 3
 
 
 def _gate_npd(*args) -> int:
