@@ -85,8 +85,21 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
     console.print(table)
 
 
+def _each_line_printable(fn):
+    """The rendering rule for renderers that return lines: each one reaches the terminal as exactly one line, with
+    every control character of its values (a newline or ESC in a host name, a diff, a reason) escaped."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> list[str]:
+        return [line(x) for x in fn(*args, **kwargs)]
+
+    return wrapper
+
+
 # --- fix (`gpudoctor fix`, `gpudoctor lxc fix`) -----------------------------------------------------------------
 
+@_each_line_printable
 def fix_plan_lines(run) -> list[str]:
     """The plan: each change (diff, commands, risk, restart), each refusal, and the bad findings left alone."""
     plan, lines = run.plan, []
@@ -135,6 +148,7 @@ def _unremedied_lines(run) -> list[str]:
     return lines
 
 
+@_each_line_printable
 def fix_result_lines(run) -> list[str]:
     """What --apply did, then the re-checked verdict."""
     lines = []
@@ -189,6 +203,7 @@ def fix_json(run) -> str:
 
 # --- the daemon (`gpudoctor daemon --once`) ---------------------------------------------------------------------
 
+@_each_line_printable
 def daemon_cycle_lines(found: dict) -> list[str]:
     """One cycle of the daemon, per host: its verdict, what it found (root causes with evidence), what it did."""
     lines = []

@@ -62,14 +62,14 @@ def range_findings(a: ParsedArgs) -> list[Finding]:
             flag = a.given.get(dest, "--" + dest.replace("_", "-"))
             want = (f"> {lo}" if lo_open else f">= {lo}") + (f" and <= {hi}" if hi is not None else "")
             out.append(F("sglang.args.range", "fail", f"{flag} {brief(v, 40)}: the {what} must be {want}",
-                         source=SOURCE, stage="launch", subject=flag, evidence=[f"{flag} {v!r}"],
+                         source=SOURCE, stage="load", subject=flag, evidence=[f"{flag} {v!r}"],
                          fix=f"give {flag} a value {want}"))
     if a.is_set("chunked_prefill_size"):
         v = a.values["chunked_prefill_size"]
         if isinstance(v, int) and not isinstance(v, bool) and (v == 0 or v < -1):
             flag = a.given.get("chunked_prefill_size", "--chunked-prefill-size")
             out.append(F("sglang.args.range", "fail", f"{flag} {v}: must be -1 (off) or a positive number of tokens",
-                         source=SOURCE, stage="launch", subject=flag, fix=f"use {flag} -1 or a size like 8192"))
+                         source=SOURCE, stage="load", subject=flag, fix=f"use {flag} -1 or a size like 8192"))
     for dest, what in PATHS.items():
         p = a.values.get(dest) if a.is_set(dest) else None
         if not isinstance(p, str) or not p:
@@ -80,6 +80,6 @@ def range_findings(a: ParsedArgs) -> list[Finding]:
             out.append(F("sglang.args.path_missing", "warn", f"{flag} {brief(p, 80)}: the {what} path does not exist "
                                                              f"on this machine",
                          source="python/sglang/srt/hf_transformers_utils.py (a missing local path is tried as a "
-                                "Hugging Face repo id)", stage="launch", subject=flag,
+                                "Hugging Face repo id)", stage="load", subject=flag,
                          evidence=[f"stat({p}) → ENOENT"], fix=f"point {flag} at the {what} directory"))
     return out
