@@ -48,9 +48,13 @@ def _syntax_error(exc, path: str, error):
 
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
-        if exc.context_mark and ("end of stream" in str(exc.problem) or "<stream end>" in str(exc.problem)):
-            mark = exc.context_mark  # an unclosed quote or bracket: point where it opened
         what = ", ".join(" ".join(str(x).split()) for x in (exc.context, exc.problem) if x) or "malformed YAML"
+        opened = str(exc.context or "").startswith(("while parsing a flow", "while scanning a quoted"))
+        unclosed = "end of stream" in str(exc.problem) or "<stream end>" in str(exc.problem)
+        if exc.context_mark and (opened or unclosed) and exc.context_mark.line != mark.line:
+            # an unclosed quote or bracket: point where it was opened (the parser notices only later)
+            what += f" (noticed at line {mark.line + 1})" if exc.problem_mark else ""
+            mark = exc.context_mark
         return error(f"YAML syntax error: {what}", path=path, line=mark.line + 1 if mark else None)
     return error(f"YAML error: {' '.join(str(exc).split())}", path=path)
 
