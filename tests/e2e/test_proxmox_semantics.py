@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpudoctor.host.factory import open_target
+from gpudoctor.target import open_target
 from tests import lxclab as L
 from tests.e2e.test_lab import EPERM, opens
 from tests.e2e.test_seed_over_ssh import check_json, gd
