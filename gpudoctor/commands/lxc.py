@@ -51,6 +51,8 @@ def _facts(vmid, config_path, devices_path, running_path, cgroup_layout=None) ->
                    read_layout=on_host and cgroup_layout is None)
     if cgroup_layout is not None:
         b["cgroup"] = {"path": None, "error": None, "layout": cgroup_layout, "evidence": "given with --cgroup-layout"}
+    if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
+        b["offline"] = {"config": config_path, "devices": devices_path}
     return {"boundary": _validated(b, running_given=running_path is not None)}
 
 
