@@ -15,12 +15,9 @@ from gpudoctor.host.replay import RecordingHost
 SNAPSHOT_SCHEMA = "gpudoctor.snapshot/1"
 
 
-def take(target) -> dict:
-    """Gather a Target (target.open_target) through a recording host; return the snapshot document."""
+def take(host, ctx) -> dict:
+    """Gather through a recording host (and a recording Proxmox node); return the snapshot document."""
     from gpudoctor import __version__
-
-    target.connect()
-    host, ctx = target.host, target.context
 
     rec = RecordingHost(inner=host)
     prox = RecordingHost(inner=ctx.proxmox) if ctx.proxmox is not None else None
