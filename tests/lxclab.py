@@ -296,6 +296,13 @@ BUSYBOX_APPLETS = ("sh", "mount", "umount", "mkdir", "cat", "cp", "ls", "sleep",
                    "grep", "tr", "rm", "env", "true", "false", "echo", "test", "[", "head", "sed", "id")
 
 
+def _apparmor_enabled() -> bool:
+    try:
+        return Path("/sys/module/apparmor/parameters/enabled").read_text().strip() == "Y"
+    except OSError:
+        return False
+
+
 def _v1_hierarchies() -> list[tuple[Path, str, str]]:
     """This machine's cgroup v1 mounts under /sys/fs/cgroup: (mount point, mount options, our cgroup in it)."""
     mine = {}
@@ -396,7 +403,7 @@ class LxcLab:
         REGISTRY.mkdir(exist_ok=True)
         self.registry = REGISTRY / f"{self.id}.json"
         self.registry.write_text(json.dumps({"cgroups": [str(self.cgroup), *(str(c) for _, _, c in self.v1)],
-                                             "route": self.net}))
+                                             "route": self.net, "pair": self.pair}))
         subprocess.run(["ip", "route", "add", "unreachable", self.net, "metric", "4242"], check=True)
         self._route = True
         self._mkdev(self.node / "dev")
@@ -426,7 +433,12 @@ class LxcLab:
         # relative = 1: LXC 5.0.2 with relative = 0 opens the hierarchy's root through ".." of its own cgroup,
         # which fails (EXDEV) at the root of the node's cgroup namespace; with 1 it builds below it, which there
         # is the same place (the namespace's root)
-        return ["lxc.cgroup.relative = 1", "lxc.tty.dir =", "lxc.mount.entry = /usr usr none ro,bind 0 0"]
+        lines = ["lxc.cgroup.relative = 1", "lxc.tty.dir =", "lxc.mount.entry = /usr usr none ro,bind 0 0"]
+        if _apparmor_enabled() and not shutil.which("apparmor_parser"):
+            # PVE's `generated` profile needs apparmor_parser; a CI machine with AppArmor on but no parser gets
+            # none (this kernel has no AppArmor: LXC then ignores the apparmor lines, as here)
+            lines.append("lxc.apparmor.profile = unconfined")
+        return lines
 
     def session_env(self) -> dict[str, str]:
         d = STANDIN_DIR
@@ -645,6 +657,7 @@ class LxcLab:
         kill_cgroup(self.cgroup)
         for _, _, cg in self.v1:
             kill_cgroup(cg)
+        remove_veth(self.pair)
         if getattr(self, "_route", False):
             subprocess.run(["ip", "route", "del", "unreachable", self.net, "metric", "4242"], capture_output=True)
         if getattr(self, "registry", None) is not None and not self.leftovers():
@@ -707,6 +720,17 @@ def kill_cgroup(cg: Path) -> None:
         time.sleep(0.05)
 
 
+def remove_veth(pair: str, timeout: float = 10) -> None:
+    """Wait for the lab's veth to go with ct200's network namespace (the kernel tears a namespace down
+    asynchronously after its last process); delete it if it is still there then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(["ip", "link", "show", pair], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.05)
+    subprocess.run(["ip", "link", "del", pair], capture_output=True)
+
+
 def remove_stale() -> None:
     """Labs an earlier, killed test session left (their owner pid is gone): every process in their cgroups (the
     veth and the namespaces go with them), the cgroups, the unreachable route."""
@@ -720,6 +744,8 @@ def remove_stale() -> None:
             continue
         for cg in d.get("cgroups", []):
             kill_cgroup(Path(cg))
+        if d.get("pair"):
+            remove_veth(d["pair"])
         if d.get("route"):
             subprocess.run(["ip", "route", "del", "unreachable", d["route"], "metric", "4242"], capture_output=True)
         reg.unlink(missing_ok=True)
