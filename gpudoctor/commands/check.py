@@ -91,10 +91,12 @@ def common(f):
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Fleet mode: hosts checked at once.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path):
+          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -132,6 +134,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
 
         _warm_imports(as_json)
         host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
+        ctx.units = list(units)
         if deep:
             ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
         try:

@@ -264,9 +264,11 @@ def render_verdict(before, after, *, changed: bool) -> list[str]:
               "(default: the inventory's policy.checks.fabric.pcie.mrrs.expect; without one, MRRS is only reported).")
 @click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
               help="Deadline in seconds for each command or read while gathering and changing.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit (and fix: systemd.device_allow) this systemd unit's device policy (repeatable).")
 @engine_options
 def fix(host_name, inventory, facts_path, only, yes, allow, models, model_sources, mrrs, timeout, apply, reboot,
-        backup_dir, audit_log, lock_dir, as_json):
+        backup_dir, audit_log, lock_dir, as_json, units=()):
     """Plan guarded fixes for what the checks found; change nothing unless --apply.
 
     Gathers the host's facts (as `gpudoctor check` does), asks every remedy for a plan and shows each change with its
@@ -276,7 +278,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     written to the audit log; then the whole check runs again and its verdict is printed and returned.
 
     \b
-    Remedies: lxc.cgroup_allow, devices.node.create, devices.node.mode, driver.persistence,
+    Remedies: lxc.cgroup_allow, cdi.spec, systemd.device_allow (--unit),
+              devices.node.create, devices.node.mode, driver.persistence,
               fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage
     \b
     Examples:
@@ -307,6 +310,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
         ctx = None
     else:
         host, hosts, ctx = _open_target(host_name, inventory, models, timeout, int(mrrs) if mrrs else None)
+        ctx.units = list(units)
     try:
         if host_name and host_name not in ("local", "localhost"):
             from gpudoctor.host.factory import connect_all

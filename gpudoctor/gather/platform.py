@@ -70,12 +70,28 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     if probe_unit and probe_unit not in units:
         units[probe_unit] = "probe"
     out["units"] = {u: {"why": why, **show_unit(host, u, ctx.timeout)} for u, why in units.items()}
+    if units:
+        res = host.run(["sh", "-c", _WHICH], timeout=t)
+        out["systemd_analyze"] = (res.stdout.strip().splitlines() or [None])[0] if res.ok else None
     return out
 
 
+_WHICH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; command -v systemd-analyze || true'
+
+
 def show_unit(host: Host, unit: str, timeout: float) -> dict:
-    """One unit's device boundary as systemd sees it now (after the last daemon-reload)."""
+    """One unit's device boundary as systemd sees it now (after the last daemon-reload), with the text of its unit
+    file and of gpudoctor's drop-in (what a remedy verifies and diffs against)."""
+    from gpudoctor.systemd_devices import dropin_path
+
     res = host.run(["systemctl", "show", unit, "--property=" + ",".join(SHOW_PROPERTIES)], timeout=timeout)
     if not res.ok:
         return {"show": None, "rc": res.rc, "error": res.describe()}
-    return {"show": parse_show(res.stdout), "rc": 0, "error": None}
+    show = parse_show(res.stdout)
+    frag, drop = show.get("FragmentPath") or None, dropin_path(unit)
+    reads = host.batch([("read", p, 1 << 20) for p in ([frag] if frag else []) + [drop]], min(timeout, 3.0))
+    fr = reads[0] if frag else None
+    return {"show": show, "rc": 0, "error": None,
+            "fragment": {"path": frag, "text": fr.text if fr is not None and fr.ok else None,
+                         "error": fr.error if fr is not None else "no FragmentPath"},
+            "dropin": {"path": drop, "text": reads[-1].text if reads[-1].ok else None, "error": reads[-1].error}}
