@@ -30,11 +30,26 @@ import pytest
 import yaml
 
 import gpudoctor
-from tests.e2e import lab as L
 from tests.needs import missing, need
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins"
+CAPTURE = FIX / "captures" / "h200-healthy"
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def build_standins(d: Path) -> tuple[Path, Path, Path]:
+    """(bin with nvidia-smi, lib with libcuda.so.1, the driver shim): the e2e lab's stand-ins, built with gcc."""
+    (d / "bin").mkdir(parents=True)
+    (d / "lib").mkdir()
+    shutil.copy(STANDINS / "nvidia-smi", d / "bin" / "nvidia-smi")
+    os.chmod(d / "bin" / "nvidia-smi", 0o755)
+    for src, out, extra in (("libcuda_stub.c", d / "lib" / "libcuda.so.1", ["-Wl,-soname,libcuda.so.1"]),
+                            ("nvidia_driver_shim.c", d / "nvidia_driver_shim.so", ["-ldl"])):
+        subprocess.run([need("gcc"), "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(out),
+                        str(STANDINS / src), *extra], check=True, capture_output=True, text=True)
+    return d / "bin", d / "lib", d / "nvidia_driver_shim.so"
 
 
 def proc_devices(uvm: int) -> str:
@@ -75,8 +90,7 @@ def engine(tmp_path):
 
 
 def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
-    need("gcc")
-    st = L.build_standins(tmp_path / "standins")
+    bin_dir, lib_dir, shim = build_standins(tmp_path / "standins")
     hostdev = tmp_path / "hostdev"
     hostdev.mkdir()
     for name, (ma, mi) in {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-modeset": (195, 254)}.items():
@@ -90,8 +104,8 @@ def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
     (tmp_path / "proc-devices").write_text(proc_devices(509))
     (tmp_path / "driver-version").write_text((FIX / "captures" / "h200-healthy" / "driver-version.txt")
                                              .read_text().splitlines()[1] + "\n")
-    env = {"PATH": f"{st.bin}:{Path(sys.executable).parent}:{L.BASE_PATH}", "LD_LIBRARY_PATH": str(st.lib),
-           "LD_PRELOAD": str(st.shim), "GPUDOCTOR_SHIM_MAJORS": "195,509", "GPUDOCTOR_STANDIN_CAPTURE": str(L.CAPTURE),
+    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{BASE_PATH}", "LD_LIBRARY_PATH": str(lib_dir),
+           "LD_PRELOAD": str(shim), "GPUDOCTOR_SHIM_MAJORS": "195,509", "GPUDOCTOR_STANDIN_CAPTURE": str(CAPTURE),
            "HOME": str(tmp_path)}
     inner = tmp_path / "inner.sh"
     inner.write_text(
