@@ -61,7 +61,8 @@ def facts_of(doc: dict, regather: bool = True) -> dict:
     ctx = GatherContext(name=doc.get("host", "snapshot"), expect_gpus=c.get("expect_gpus"),
                         model_paths=c.get("model_paths") or [], vmid=c.get("vmid"), policy=c.get("policy") or {},
                         sglang_url=c.get("sglang_url"), timeout=c.get("timeout") or 10.0,
-                        units=list(c.get("units") or []), cdi_dirs=list(c.get("cdi_dirs") or []))
+                        units=list(c.get("units") or []), cdi_dirs=list(c.get("cdi_dirs") or []),
+                        oci_state_dirs=list(c.get("oci_state_dirs") or []))
     if c.get("lxc_config_dir"):
         ctx.lxc_config_dir = c["lxc_config_dir"]
     if c.get("pct"):

@@ -145,3 +145,53 @@ def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
     assert by["cuda.init"]["blocked_by"] == rc["key"]
     assert by["host.platform"]["data"]["kind"] == "podman"
     assert "recreate" in rc["hint"].lower()
+
+
+def test_host_reads_a_running_containers_device_rules_and_sees_a_reset(engine, tmp_path):
+    """On the host: the runtime's own config.json of a running podman container (from the same stale spec) and its
+    live cgroup v1 devices.list. Then the container's cgroup loses its 195 rules — written to the kernel the way
+    systemd's daemon-reload rewrites them — and the host view names the reset."""
+    from gpudoctor.diagnose import diagnose
+    from gpudoctor.gather import oci
+    from gpudoctor.gather.context import GatherContext
+    from gpudoctor.gather.hostinfo import parse_proc_devices
+    from gpudoctor.host.local import LocalHost
+
+    hostdev = tmp_path / "hostdev"
+    hostdev.mkdir()
+    for name, (ma, mi) in {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-modeset": (195, 254)}.items():
+        os.mknod(hostdev / name, stat.S_IFCHR | 0o666, os.makedev(ma, mi))
+    upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
+    (upper / "cdi").mkdir(parents=True)
+    work.mkdir()
+    (upper / "cdi" / "nvidia.yaml").write_text(spec_for(hostdev))
+    base = [engine["podman"], "--root", str(tmp_path / "storage"), "--runroot", engine["runroot"],
+            "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--runtime", engine["runc"], "--log-level", "error"]
+    run = [*base, "run", "-d", "--name", "gd-cdi-host", "--network", "none", *ulimits(), "--device",
+           "nvidia.com/gpu=all", "--rootfs", "/:O", "sleep", "120"]
+    outer = (f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc && exec "
+             + " ".join(f"'{a}'" for a in run))
+    r = subprocess.run([engine["unshare"], "--mount", "--propagation", "private", "sh", "-c", outer],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        ctx = GatherContext(name="host", timeout=10,
+                            oci_state_dirs=[["podman", str(tmp_path / "storage" / "vfs-containers"), "userdata"]])
+        live = {"host": {"proc_devices": parse_proc_devices(proc_devices(509))}}
+        facts = {**live, "oci": oci.gather(LocalHost(), ctx)}
+        [c] = facts["oci"]["containers"]
+        assert c["running"] and "c 510:0 rwm" in c["live_rules"]
+        assert "env" not in json.dumps(c), "only the device fields leave the target"
+        [f] = [x for x in diagnose(facts).findings if x.id == "boundary.container.oci_rules"]
+        assert f.status.value == "warn" and "/dev/nvidia-uvm was made as c 510:0, the live nvidia-uvm is c 509:0" in f.summary
+        assert f.data["recreate"] and "Recreate it" in f.hint
+        # the kernel side of a daemon-reload reset (nvidia-container-toolkit#251: afterwards devices.list has no
+        # c 195:N rw entries): the container's cgroup loses them
+        deny = Path("/sys/fs/cgroup/devices") / c["cgroup"].lstrip("/") / "devices.deny"
+        for rule in ("c 195:0 rwm", "c 195:255 rwm"):
+            deny.write_text(rule + "\n")
+        facts = {**live, "oci": oci.gather(LocalHost(), ctx)}
+        [f] = [x for x in diagnose(facts).findings if x.id == "boundary.container.oci_rules"]
+        assert "/dev/nvidiactl" in f.data["reset"] and "device-rule reset" in f.summary
+    finally:
+        subprocess.run([*base, "rm", "-f", "-t", "0", "gd-cdi-host"], capture_output=True, timeout=120)
