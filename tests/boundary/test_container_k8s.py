@@ -85,3 +85,24 @@ def test_healthy_node_with_the_plugin_is_information():
     f["platform"] = {"device_plugin": {"dir": ["nvidia-gpu.sock"], "validations": "ENOENT"}}
     k = diagnose(f).by_key()["boundary.k8s.device_plugin"]
     assert k.status == Status.INFO and "nvidia-gpu.sock" in k.summary
+
+
+def test_kubelet_checkpoint_shows_a_gpu_the_plugin_does_not_offer():
+    import json
+
+    from gpudoctor.gather.platform import registered_devices
+
+    text = json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "0f1e", "ContainerName": "sglang", "ResourceName": "nvidia.com/gpu",
+         "DeviceIDs": {"-1": ["GPU-aaaa"]}, "AllocResp": "CiAKFk5WSURJQV9WSVNJQkxFX0RFVklDRVM="}],
+        "RegisteredDevices": {"nvidia.com/gpu": ["GPU-aaaa"]}}, "Checksum": 1234567})
+    cp = registered_devices(text)
+    assert cp == {"registered": {"nvidia.com/gpu": ["GPU-aaaa"]}, "allocated": {"nvidia.com/gpu": ["GPU-aaaa"]}}
+    f = copy.deepcopy(facts("h200-healthy"))
+    f["platform"] = {"device_plugin": {"dir": ["kubelet.sock", "nvidia-gpu.sock", "kubelet_internal_checkpoint"],
+                                       "validations": "ENOENT", "checkpoint": cp}}
+    k = diagnose(f).by_key()["boundary.k8s.device_plugin"]
+    uuid = f["driver"]["gpus"][0]["uuid"]
+    assert k.status == Status.WARN and uuid in k.summary and "does not offer" in k.summary
+    f["platform"]["device_plugin"]["checkpoint"]["registered"]["nvidia.com/gpu"] = [uuid]
+    assert diagnose(f).by_key()["boundary.k8s.device_plugin"].status == Status.INFO
