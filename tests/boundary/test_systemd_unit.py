@@ -54,6 +54,7 @@ def test_device_allow_semantics(policy, allow, ok):
 def root(tmp_path, monkeypatch):
     r = HostRoot(tmp_path, uvm_major=238)
     r.healthy_nodes(uvm_major=238)
+    (r.bin / "systemctl").unlink()  # the host root's own systemctl is a symlink into tests/remedies/standins
     shutil.copy(STANDINS / "systemctl", r.bin / "systemctl")
     r.write(f"/etc/systemd/system/{UNIT}", (FIX / UNIT).read_text())
     monkeypatch.setenv("GPUDOCTOR_STANDIN_ROOT", str(r.root))
