@@ -34,6 +34,9 @@ def _num(name: str, raw: str | None, kind=int, minimum=0):
 @click.option("--draft-config", "draft_config", metavar="PATH",
               help="The draft model's config.json or directory (default: a local --speculative-draft-model-path).")
 @click.option("--gpu-mem-gib", default="141", show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
+@click.option("--gpu", "gpu", default=None, metavar="NAME",
+              help="The GPU model (h200, h100, b200, rtx_pro_6000, a100_80g, l40s): its nvidia-smi memory replaces "
+                   "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows.")
 @click.option("--gpus", default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
 @click.option("--input-len", default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
 @click.option("--output-len", default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
@@ -44,7 +47,7 @@ def _num(name: str, raw: str | None, kind=int, minimum=0):
               help="A Python where `import sglang` works: also resolve the arguments with SGLang itself and compare.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, output_len, fork_algorithms, sglang_version,
+def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, output_len, fork_algorithms, sglang_version,
                  resolver_python, as_json, args):
     """Validate sglang.launch_server ARGS (after --) without loading the model.
 
@@ -60,8 +63,13 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, outpu
     \b
     Checks: argparse (abbreviations, ambiguous prefixes, unknown flags), speculative
     steps/topk/draft-token combinations, page size vs attention backend, DFlash block
-    size, draft path, algorithm names, TP vs attention/KV/linear heads, context length,
-    input + output vs context, and a memory plan (weights, KV cache, max_running_requests).
+    size and window, draft path and the draft's context length (which SGLang checks only
+    after the target has loaded), rejection sampling, block verification, speculation x
+    attention DP, algorithm names, TP vs attention/KV/linear heads, attention-DP layout,
+    page size vs chunked prefill, quantization vs the checkpoint and the CUDA registry,
+    KV cache dtype vs the GPU's SM, all of check_server_args, context length (read as
+    transformers rewrites the config), input + output vs context, and a memory plan
+    (SGLang's mem_fraction_static default, weights, KV cache, max_running_requests).
     Every finding names the SGLang source file and function that enforces it, and the fix.
 
     \b
@@ -75,7 +83,8 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, outpu
         list(args), model_config, draft_config,
         gpu_mem_gib=_num("--gpu-mem-gib", gpu_mem_gib, float, 1), gpus=_num("--gpus", gpus, int, 1),
         input_len=_num("--input-len", input_len), output_len=_num("--output-len", output_len),
-        fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version)
+        fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version,
+        gpu=gpu)
     comparison = None
     if resolver_python is not None or _sglang_importable():
         from gpudoctor.sglang.resolver import compare, resolve_with_sglang

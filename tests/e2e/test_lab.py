@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 
-from gpudoctor.host.factory import open_target
+from gpudoctor.target import open_target
 from tests import lxclab as L
 from tests.e2e.test_seed_over_ssh import gd
 

@@ -119,7 +119,7 @@ HOSTS = "hosts:\n  ct200:\n    address: 127.0.0.1\n"
     ([], HOSTS + "profiles: [a, b]\n", "inventory.yaml:4: profiles must be a mapping"),
     ([], HOSTS + "profiles:\n  p: [\n", "inventory.yaml:6: YAML syntax error"),
     ([], "profiles: {}\n", "inventory.yaml:1: the inventory names no hosts"),
-    (["--inventory", "missing.yaml"], None, "missing.yaml: inventory file not found"),
+    (["--inventory", "missing.yaml"], None, "missing.yaml: no such inventory file"),
 ])
 def test_bad_input_is_one_line_exit_3(tmp_path, args, inv_text, expect):
     if inv_text is not None:
