@@ -132,3 +132,14 @@ def test_systemd_analyze_rejects_a_bad_dropin_and_nothing_is_written(root):
     [out] = engine(root).apply(plan)
     assert out.result == "failed" and "DevicePolcy" in out.detail, out.to_json()
     assert not root.path(f"/etc/systemd/system/{UNIT}.d/{SD.DROPIN_NAME}").exists()
+
+
+def test_an_unreadable_policy_is_unknown_when_named_and_information_for_the_probes_own_unit(root):
+    (root.bin / "systemctl").unlink()
+    (root.bin / "systemctl").write_text("#!/bin/sh\necho 'System has not been booted with systemd' >&2\nexit 1\n")
+    (root.bin / "systemctl").chmod(0o755)
+    named = [x for x in diagnose(facts_of(root)).findings if x.id == "boundary.systemd.device_allow"]
+    assert [x.status for x in named] == [Status.UNKNOWN] and "booted with systemd" in named[0].evidence[0]
+    root.write("/proc/self/cgroup", f"0::/system.slice/{UNIT}\n")
+    own = [x for x in diagnose(facts_of(root, units=())).findings if x.id == "boundary.systemd.device_allow"]
+    assert [x.status for x in own] == [Status.INFO]
