@@ -199,7 +199,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
 def list_checks(markdown, as_json):
     """List every check id, its layer and one-line purpose."""
     from gpudoctor.checkreg import all_checks
