@@ -111,7 +111,7 @@ def check_complete(facts: dict):
         if kind == "not_found":
             out.append(Finding("workload.model.complete", Status.FAIL, f"model directory {path} does not exist",
                                subject=path, evidence=[f"stat({path}) → {v.get('bad_input')}"],
-                               hint=_stage_hint(p), remedy=STAGE_REMEDY, data={"kind": kind}))
+                               hint=_stage_hint(p), data={"kind": kind}))
             continue
         if v.get("bad_input"):
             out.append(Finding("workload.model.complete", Status.FAIL, f"{path} is not a model: {v['bad_input']}",
@@ -138,7 +138,7 @@ def check_complete(facts: dict):
         if len(probs) > 12:
             ev.append(f"... and {len(probs) - 12} more")
         out.append(Finding("workload.model.complete", Status.FAIL, f"{path}: model incomplete ({what})",
-                           subject=path, evidence=ev, hint=_stage_hint(p), remedy=STAGE_REMEDY,
+                           subject=path, evidence=ev, hint=_stage_hint(p),
                            data={"problems": probs, "missing_bytes": missing_bytes(p)}))
     return out or None
 
@@ -206,7 +206,6 @@ def check_staged_this_boot(facts: dict):
             st, summ = Status.FAIL, f"{path}: never staged (no marker, no stage record)"
         hint = None if st in (Status.OK, Status.INFO) else _stage_hint(p)
         out.append(Finding(cid, st, summ, subject=path, evidence=ev, hint=hint,
-                           remedy=STAGE_REMEDY if hint else None,
                            data={"boot_id": boot, "marker_boot_id": (marker or {}).get("boot_id"),
                                  "record": rec}))
     return out or None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpudoctor.checkreg import CHECKS, all_checks, depends
+from gpudoctor.checkreg import CHECKS, all_checks, depends, findings_of
 from gpudoctor.findings import LAYERS, Finding, Status, exit_code, worst
 
 CHECK_SCHEMA = "gpudoctor.check/1"
@@ -58,15 +58,7 @@ def run_checks(facts: dict, only_layers: set[str] | None = None) -> list[Finding
     for spec in all_checks():
         if only_layers and spec.layer not in only_layers:
             continue
-        try:
-            res = spec.fn(facts)
-        except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other findings
-            res = Finding(spec.id, Status.UNKNOWN, f"check crashed: {type(exc).__name__}: {exc}")
-        for f in [res] if isinstance(res, Finding) else (res or []):
-            f.layer = f.layer or spec.layer
-            if f.remedy is None and f.bad and spec.remedy:
-                f.remedy = spec.remedy
-            out.append(f)
+        out += findings_of(spec, facts)
     return out
 
 

@@ -54,9 +54,10 @@ class Finding:
     subject: str | None = None  # the node, GPU or file the finding is about
     evidence: list[str] = field(default_factory=list)  # command/path, value, expected
     hint: str | None = None  # what to do
-    remedy: str | None = None  # id of a remedy that can fix it
+    remedy: str | None = None  # the remedy its check declares (@check(remedy=)), set by checkreg.findings_of
     blocked_by: str | None = None  # key of the finding this one is a symptom of
     data: dict = field(default_factory=dict)  # machine-readable details
+    remediable: bool = field(default=True, repr=False)  # False: this instance is not for the check's remedy
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -74,6 +75,7 @@ class Finding:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("remediable")
         d["status"] = self.status.value
         d["key"] = self.key
         return d
