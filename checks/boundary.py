@@ -81,7 +81,7 @@ LXC_CHECKS = (
     ("boundary.lxc.malformed", A.check_malformed, A.REMEDY_ID,
      "Every line of the container config parses (e.g. no rule that lost its key).",
      "Proxmox ignores unparsable lines with a warning; a bad rule or devN value stops the container starting."),
-    ("boundary.lxc.misplaced", A.check_misplaced, None,
+    ("boundary.lxc.misplaced", A.check_misplaced, A.REMEDY_ID,
      "No GPU line sits only in a snapshot or [pve:pending] section.",
      "Everything after a [section] header belongs to it: `echo … >> N.conf` lands in the last snapshot."),
     ("boundary.lxc.cgroup_v1", A.check_cgroup_v1, None,

@@ -30,7 +30,11 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
     rc = d.root_cause
     if rc:
         console.print()
-        console.print(f"[{_STYLE[rc.status]}]Root cause[/] [bold]{escape(rc.key)}[/]: {escape(rc.summary)}")
+        outside = ""
+        if d.only_layers and rc.layer not in d.only_layers:
+            outside = f" (layer {rc.layer}, outside --only {','.join(d.only_layers)})"
+        console.print(f"[{_STYLE[rc.status]}]Root cause[/] [bold]{escape(rc.key)}[/]{escape(outside)}: "
+                      f"{escape(rc.summary)}")
         for e in rc.evidence:
             console.print(f"    evidence: {escape(e)}")
         if rc.hint:
@@ -43,6 +47,9 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
             console.print("    chain: " + escape(" → ".join(d.chain)))
         if len(d.root_causes) > 1:
             console.print("    also: " + escape(", ".join(f.key for f in d.root_causes[1:])))
+        others = [f.key for f in d.outside if f is not rc]
+        if others:
+            console.print("    outside the filter: " + escape(", ".join(others)) + " (findings shown are their symptoms)")
     console.print()
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
     table.add_column("layer")

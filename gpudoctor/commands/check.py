@@ -163,7 +163,8 @@ def _explain(check_id: str) -> int:
     c = specs[check_id]
     click.echo(f"{c.id}  (layer {c.layer})\n\n{c.summary}\n\n{c.doc}")
     if c.depends_on:
-        click.echo(f"\nA failure of {', '.join(c.depends_on)} makes this finding a symptom, not a root cause.")
+        click.echo(f"\nIts findings can be symptoms of: {', '.join(c.depends_on)} — each finding only of those its evidence "
+                   f"can follow from (a missing tool or library is its own cause).")
     if c.remedy:
         click.echo(f"\nRemedy: gpudoctor fix --only {c.remedy}")
     return 0

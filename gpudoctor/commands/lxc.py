@@ -45,6 +45,8 @@ def _facts(vmid, config_path, devices_path, running_path) -> dict:
     vm = vmid if on_host else vmid_from_path(config_path)
     b = gather_lxc(local_host(), vm, config=config_path, devices=devices_path or "/proc/devices",
                    running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host)
+    if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
+        b["offline"] = {"config": config_path, "devices": devices_path}
     return {"meta": {"host": b["proxmox"]}, "boundary": _validated(b, running_given=running_path is not None)}
 
 
