@@ -62,8 +62,11 @@ def config_read(facts):
                    f"read {inp.cfg.path} on {where} ({len(inp.cfg.lines)} lines, sections: "
                    f"{', '.join(s or 'live' for s in inp.cfg.sections)})",
                    evidence=[f"read {inp.cfg.path} and {pd.get('path')} on {where}",
-                             st.get("evidence") or "pct status not asked"],
-                   data={"vmid": inp.vmid, "status": st.get("status"), "vmid_source": b.get("vmid_source")})
+                             st.get("evidence") or "pct status not asked",
+                             f"cgroup layout: {inp.layout or 'unknown (read as cgroup v2)'}"
+                             + (f": {inp.layout_evidence}" if inp.layout else "")],
+                   data={"vmid": inp.vmid, "status": st.get("status"), "vmid_source": b.get("vmid_source"),
+                         "cgroup_layout": inp.layout})
 
 
 # The container-config checks: (id, the audit function over an AuditInput, its remedy, purpose, why it matters).

@@ -85,6 +85,12 @@ class LxcCgroupAllow(Remedy):
         unknown = [f for f in allow if f.status == Status.UNKNOWN]
         restart = [f for f in allow if f.bad and f.data.get("restart_needed")]
         bare = [ln for ln in cfg.live if ln.bare_rule is not None]
+        if missing and inp.v1:
+            lines = sorted({f.data["fix_line"] for f in allow if f.bad and f.data.get("fix_line")})
+            return self.refuse(f"{b.get('proxmox') or 'the host'} runs a {inp.layout} cgroup layout, where LXC "
+                               f"ignores lxc.cgroup2 rules: add {', '.join(f'`{x}`' for x in lines)} to the live "
+                               f"section of {cfg.path} by hand (gpudoctor writes cgroup2 rules only), then pct reboot "
+                               f"{inp.vmid or 'VMID'}")
         blind = [f for f in unknown if f.data.get("critical", True)]
         if blind:  # no edit can reach the healthy state without the node's live major: refuse rather than half-fix
             return self.refuse(f"{label}: " + "; ".join(f.summary for f in blind)
