@@ -379,7 +379,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                       f"{inp.layout} host; keep the lxc.cgroup2 line for when it runs cgroup v2), then "
                       f"{restart_cmd(inp.vmid)}; or boot the host with the unified cgroup layout (the PVE 7+ default), "
                       f"where the lxc.cgroup2 rules and devN: apply"),
-                remedy=REMEDY_ID if live.by is None else None,
+                remediable=live.by is None,
                 data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
             continue
         out.append(Finding(

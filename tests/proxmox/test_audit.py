@@ -1,24 +1,11 @@
 """The audit over real config files and /proc/devices captures: the seed's scenario and every finding kind."""
 
-from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status
 from gpudoctor.proxmox import config as C
 from gpudoctor.proxmox.audit import AuditInput, decide, live_rules, needed_nodes
 from gpudoctor.proxmox.devices import ProcDevices, classify_node
 
-from .conftest import CONFIGS, DEV509, DEV511
-
-
-def audit(inp: AuditInput):
-    """The registered boundary.lxc.* checks over the boundary facts these inputs make (as `lxc audit` runs them),
-    without boundary.lxc.config (which says only that both files were read)."""
-    pd = "Character devices:\n" + "".join(f"{m:3d} {n}\n" for m, ns in inp.procdev.char.items() for n in ns)
-    b = {"kind": "lxc", "applicable": True, "proxmox": "pve", "vmid": inp.vmid, "name": inp.name,
-         "config": {"path": inp.cfg.path, "text": inp.cfg.text}, "proc_devices": {"path": "/proc/devices", "text": pd},
-         "running": None if inp.running is None else {"path": f"/var/lib/lxc/{inp.vmid}/config", "text": inp.running},
-         "status": {"status": inp.status}, "host_nodes": inp.host_nodes}
-    return [f for f in diagnose({"meta": {"host": "pve"}, "boundary": b}, {"boundary"}).findings
-            if f.id != "boundary.lxc.config"]
+from .conftest import CONFIGS, DEV509, DEV511, audit
 
 
 def run(fixture, devices=DEV511, **kw):
