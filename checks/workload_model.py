@@ -126,7 +126,7 @@ def check_complete(facts: dict):
         if kind == "not_found":  # a reboot, a wipe or no stage at all explains a missing directory
             out.append(Finding("workload.model.complete", Status.FAIL, f"model directory {path} does not exist",
                                subject=path, evidence=[f"stat({path}) → {v.get('bad_input')}"],
-                               hint=_stage_hint(p), remedy=STAGE_REMEDY, data={"kind": kind}))
+                               hint=_stage_hint(p), data={"kind": kind}))
             continue
         if v.get("bad_input"):
             out.append(Finding("workload.model.complete", Status.FAIL, f"{path} is not a model: {v['bad_input']}",
@@ -156,7 +156,7 @@ def check_complete(facts: dict):
         # still there does not (a reboot takes everything): that is its own fault, whatever the provenance.
         gone_only = all(pr.get("kind") in _GONE for pr in probs)
         out.append(Finding("workload.model.complete", Status.FAIL, f"{path}: model incomplete ({what})",
-                           subject=path, evidence=ev, hint=_stage_hint(p), remedy=STAGE_REMEDY,
+                           subject=path, evidence=ev, hint=_stage_hint(p),
                            data={"problems": probs, "missing_bytes": missing_bytes(p)},
                            explained_by=None if gone_only else ()))
     return out or None
@@ -228,7 +228,6 @@ def check_staged_this_boot(facts: dict):
                                      "or by another tool, so its source is unknown")
         hint = None if st in (Status.OK, Status.INFO) else _stage_hint(p)
         out.append(Finding(cid, st, summ, subject=path, evidence=ev, hint=hint,
-                           remedy=STAGE_REMEDY if hint else None,
                            data={"boot_id": boot, "marker_boot_id": (marker or {}).get("boot_id"),
                                  "record": rec}))
     return out or None

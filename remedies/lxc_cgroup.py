@@ -61,7 +61,6 @@ def fix_text(cfg: Config, majors: list[int]) -> tuple[str, list[int], list[str]]
 
 class LxcCgroupAllow(Remedy):
     id = ID
-    fixes = ("boundary.lxc.cgroup_allow", "boundary.lxc.malformed")
     summary = "allow the container's NVIDIA device majors in its Proxmox config (live section only)"
 
     # --- plan ---------------------------------------------------------------------------------

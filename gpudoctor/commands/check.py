@@ -129,7 +129,7 @@ def _warm_imports(as_json: bool) -> None:
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
-    from gpudoctor.fleet import check_fleet, default_check_fn, render, select_hosts
+    from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
@@ -146,7 +146,9 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
 
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, _console())
+        from gpudoctor.report import fleet_table
+
+        fleet_table(result, _console())
     return result.exit_code
 
 
