@@ -14,7 +14,7 @@ import base64
 from gpudoctor.edit import EditPlan, apply_edit
 from gpudoctor.findings import Finding, Status
 from gpudoctor.proxmox import pct
-from gpudoctor.proxmox.audit import (AuditInput, check_cgroup_allow, decide, input_from_facts, live_rules,
+from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, decide, input_from_facts, live_rules,
                                      running_rules)
 from gpudoctor.proxmox.config import ALLOW_KEY, LIVE, Config, parse
 from gpudoctor.proxmox.devices import ProcDevices
@@ -61,7 +61,6 @@ def fix_text(cfg: Config, majors: list[int]) -> tuple[str, list[int], list[str]]
 
 class LxcCgroupAllow(Remedy):
     id = ID
-    fixes = ("boundary.lxc.cgroup_allow", "boundary.lxc.malformed")
     summary = "allow the container's NVIDIA device majors in its Proxmox config (live section only)"
 
     # --- plan ---------------------------------------------------------------------------------
@@ -86,6 +85,12 @@ class LxcCgroupAllow(Remedy):
         unknown = [f for f in allow if f.status == Status.UNKNOWN]
         restart = [f for f in allow if f.bad and f.data.get("restart_needed")]
         bare = [ln for ln in cfg.live if ln.bare_rule is not None]
+        if missing and inp.v1:
+            lines = sorted({f.data["fix_line"] for f in allow if f.bad and f.data.get("fix_line")})
+            return self.refuse(f"{b.get('proxmox') or 'the host'} runs a {inp.layout} cgroup layout, where LXC "
+                               f"ignores lxc.cgroup2 rules: add {', '.join(f'`{x}`' for x in lines)} to the live "
+                               f"section of {cfg.path} by hand (gpudoctor writes cgroup2 rules only), then "
+                               f"{restart_cmd(inp.vmid)}")
         blind = [f for f in unknown if f.data.get("critical", True)]
         if blind:  # no edit can reach the healthy state without the node's live major: refuse rather than half-fix
             return self.refuse(f"{label}: " + "; ".join(f.summary for f in blind)

@@ -132,7 +132,7 @@ def _warm_imports(as_json: bool) -> None:
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
-    from gpudoctor.fleet import check_fleet, default_check_fn, render, select_hosts
+    from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
@@ -149,7 +149,9 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
 
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, _console())
+        from gpudoctor.report import fleet_table
+
+        fleet_table(result, _console())
     return result.exit_code
 
 
@@ -202,7 +204,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
 def list_checks(markdown, as_json):
     """List every check id, its layer and one-line purpose."""
     from gpudoctor.checkreg import all_checks
