@@ -243,14 +243,16 @@ class LxcCgroupAllow(Remedy):
         rules = running_rules(r.text)
         procdev = self._procdev(host, d, ctx)
         after = parse(_unb64(d["after_b64"]), d["path"])
-        still = [n.path for n in _nodes(after)
-                 if n.live_major(procdev) in d["majors"] and not decide(rules, n, n.live_major(procdev)).allowed]
+        judged = [(n, n.live_major(procdev)) for n in _nodes(after) if n.live_major(procdev) is not None]
+        still = [n.path for n, m in judged if m in d["majors"] and not decide(rules, n, m).allowed]
         if still:
             return RebootOutcome(False, f"{res.message}, but its running config still denies {', '.join(still)}",
                                  {"evidence": res.evidence})
-        return RebootOutcome(True, f"{res.message}; its running config now allows "
-                                   f"{', '.join(str(m) for m in d['majors']) or 'every GPU node'}",
-                             {"evidence": res.evidence})
+        others = [n.path for n, m in judged if m not in d["majors"] and not decide(rules, n, m).allowed]
+        said = f"now allows {', '.join(f'c {m}:*' for m in d['majors'])}" if d["majors"] else "was rebuilt"
+        tail = (f"; still denied there: {', '.join(others)}" if others else
+                "; every GPU node the config passes is allowed there")  # said only after looking at each node
+        return RebootOutcome(True, f"{res.message}; its running config {said}{tail}", {"evidence": res.evidence})
 
 
 def _nodes(cfg: Config):
