@@ -14,7 +14,7 @@ import base64
 from gpudoctor.edit import EditPlan, apply_edit
 from gpudoctor.findings import Finding, Status
 from gpudoctor.proxmox import pct
-from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, decide, input_from_facts, live_rules,
+from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, check_misplaced, decide, input_from_facts, live_rules,
                                      running_rules)
 from gpudoctor.proxmox.config import ALLOW_KEY, LIVE, Config, parse
 from gpudoctor.proxmox.devices import ProcDevices
@@ -132,6 +132,7 @@ class LxcCgroupAllow(Remedy):
             parts.append("remove keyless line" + ("s " if len(removed) > 1 else " ") + ", ".join(map(str, removed)))
         targets = [f.key for f in allow if f.bad and f.data.get("major") in missing]
         targets += [f"boundary.lxc.malformed[{cfg.path}:{n}]" for n in removed]
+        targets += [f.key for f in check_misplaced(inp) if f.remediable]  # stranded allow lines this edit supersedes
         commands = [f"pct reboot {inp.vmid}"] if running and inp.vmid is not None else []
         plan = EditPlan(cfg.path, cfg.data, after)
         data = self._data(b, inp, cfg.data, after, missing, removed, inserted)
