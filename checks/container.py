@@ -15,6 +15,19 @@ from gpudoctor.platform import daemon_reload_fixes, detect, fix_text
 _FRONT = ("nvidia", "nvidiactl", "nvidia-frontend")
 
 
+def _cgroup_evidence(facts) -> list[str]:
+    """The cgroup the probe ran in and the device programs (or v1 devices.list) in effect there, when the devices
+    gather recorded them for an EPERM (gather/cgroup.py): the proof that the refusal is the cgroup's."""
+    cg = (facts.get("devices") or {}).get("cgroup")
+    if not cg:
+        return []
+    try:
+        from gpudoctor.gather.cgroup import evidence
+    except ImportError:  # a build without the cgroup reader
+        return []
+    return list(evidence(cg))
+
+
 def _denied(facts) -> list[tuple[str, dict]]:
     nodes = (facts.get("devices") or {}).get("nodes") or {}
     return [(p, n) for p, n in sorted(nodes.items())
@@ -45,6 +58,7 @@ def device_rules(facts):
                        evidence=ev + [f"open({p}) → {nodes[p].get('open')}" for p in sorted(opened)])
     ev += [f"open({p}) → EPERM although it is c {n.get('major')}:{n.get('minor')} mode {n.get('mode', 0):04o}"
            for p, n in denied]
+    ev += _cgroup_evidence(facts)
     majors = sorted({n.get("major") for _p, n in denied})
     paths = [p for p, _n in denied]
     data = {"platform": plat.kind, "cgroup": plat.cgroup, "cgroup_driver": plat.cgroup_driver, "denied": paths,
