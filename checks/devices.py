@@ -161,6 +161,20 @@ def mode(facts):
     return out
 
 
+def _cgroup_proof(facts, errno_name: str) -> dict:
+    """For an EPERM: the cgroup the probe ran in and the device programs (or v1 devices.list) in effect there."""
+    from gpudoctor.gather.cgroup import evidence
+
+    cg = (facts.get("devices") or {}).get("cgroup") if errno_name == "EPERM" else None
+    if not cg:
+        return {"evidence": [], "data": None}
+    v2, v1 = cg.get("v2") or {}, cg.get("v1") or {}
+    data = {"v2_path": v2.get("path"), "device_programs": v2.get("effective"),
+            "attached": v2.get("levels") or [], "v1_path": v1.get("path"), "v1_list": v1.get("list"),
+            "error": cg.get("error") or v2.get("error")}
+    return {"evidence": evidence(cg), "data": data}
+
+
 def mode_grants(identity: dict | None, node: dict, access: str) -> bool | None:
     """Whether the node's mode bits let this user open it with `access` ("r" or "rw"); None when the user is unknown.
     Root passes (CAP_DAC_OVERRIDE); otherwise the owner, group or other bits apply, as the kernel checks them."""
@@ -256,10 +270,12 @@ def opened(facts):
         elif r:
             why = ERRNO_MEANING.get(r, "refused")
             extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
+            cg = _cgroup_proof(facts, r)
             out.append(Finding("devices.node.open", Status.FAIL if essential else Status.WARN,
                                f"open({p}) → {r}{extra}: {why}", subject=p,
-                               evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"],
+                               evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}",
+                                         *cg["evidence"]],
                                hint=("Allow the major in the container's lxc.cgroup2.devices.allow (gpudoctor lxc fix), "
                                      "or use devN: passthrough." if r == "EPERM" else None),
-                               data={"errno": r}))
+                               data={"errno": r, **({"cgroup": cg["data"]} if cg["data"] else {})}))
     return out

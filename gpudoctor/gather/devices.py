@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from gpudoctor.gather.cgroup import device_cgroup
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 from gpudoctor.host.replay import NOT_RECORDED_OPEN
@@ -73,6 +74,8 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     if older:
         opens.update(host.try_open_many(older, ctx.timeout))
         access.update({p: "rw" for p in older})
+    # An EPERM is the device cgroup's answer: name the cgroup and what enforces it there (read only then).
+    cgroup = device_cgroup(host, t) if "EPERM" in opens.values() else None
     caps = {}
     for name, r in zip(CAP_PROC, cap_reads):
         minor = parse_cap_minor(r.text if r.ok else None)
@@ -82,5 +85,6 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         "listdir_error": dev if isinstance(dev, str) else None,
         "identity": parse_identity(status.text if status.ok else None),
         "capabilities": {str(k): v for k, v in sorted(caps.items())},
+        **({"cgroup": cgroup} if cgroup is not None else {}),
         "nodes": {p: {**s.to_json(), "open": opens.get(p), "access": access[p]} for p, s in stats.items()},
     }
