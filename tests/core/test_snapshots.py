@@ -39,6 +39,8 @@ def test_snapshot_replays_to_its_verdict(name):
 
 def _recorded_part(recorded, again):
     """`again` cut down to the keys `recorded` has, at every level of nested mappings."""
+    if isinstance(recorded, list) and isinstance(again, list) and len(recorded) == len(again):
+        return [_recorded_part(a, b) for a, b in zip(recorded, again)]
     if not isinstance(recorded, dict) or not isinstance(again, dict):
         return again
     return {k: _recorded_part(v, again.get(k)) for k, v in recorded.items()}
