@@ -24,6 +24,7 @@ SUBSYSTEMS = {
     "deep": "gpudoctor.gather.deep:gather",
     "tools": "gpudoctor.gather.tools:gather",
     "kernel_log": "gpudoctor.gather.kernel_log:gather",
+    "procs": "gpudoctor.gather.procs:gather",
 }
 
 
