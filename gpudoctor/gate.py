@@ -59,8 +59,9 @@ def _profile_from(name: str, spec, path: str | None) -> Profile:
         if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
             raise ConfigError(f"profile {name!r}: {key} must be a list of check-id patterns", path=path)
     ff, port = spec.get("fail_free", True), spec.get("free_port", False)
-    if not isinstance(ff, bool) or not isinstance(port, bool):
-        raise ConfigError(f"profile {name!r}: fail_free and free_port must be true or false", path=path)
+    for key, val in (("fail_free", ff), ("free_port", port)):
+        if not isinstance(val, bool):
+            raise ConfigError(f"profile {name!r}: {key} must be true or false", path=path)
     mx = spec.get("max_foreign_mib")
     if mx is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < 0):
         raise ConfigError(f"profile {name!r}: max_foreign_mib must be a number of MiB (0 or more)", path=path)

@@ -100,7 +100,10 @@ class DeviceDenyCgroup:
         base = own_cgroup2()
         if base is None:
             raise OSError(2, "no cgroup2 mount")
-        self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        try:
+            self.path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        except OSError:  # our own cgroup is not writable (delegation): the hierarchy's root
+            self.path = tempfile.mkdtemp(prefix=prefix, dir=cgroup2_root())
         try:
             self.prog_fd = load(list(majors))
             self.prog_id = prog_id(self.prog_fd)
