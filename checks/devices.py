@@ -193,7 +193,7 @@ def mode_grants(identity: dict | None, node: dict, access: str) -> bool | None:
     return bits & need == need
 
 
-_CAP_ROLE = {"mig-config": ("MIG config", "create or destroy MIG instances (root's job)"),
+_CAP_ROLE = {"mig-config": ("MIG config", "create or destroy MIG instances, which is root's job"),
              "mig-monitor": ("MIG monitor", "read MIG instance state (nvidia-smi mig -lgi)")}
 
 

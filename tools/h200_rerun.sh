@@ -5,9 +5,12 @@
 # /dev/shm, and bench/check_latency.py. Nothing on the card is changed (no nvidia-smi -pm/-r/-pl/-ac/-lgc/-c/-mig,
 # no setpci writes, no sysctl writes); the only remedy applied is workload.bench.orphan on our own orphan.
 #
-#   tools/h200_rerun.sh SRC OUTDIR      SRC: a gpudoctor source tree (installed as a package from it)
+#   tools/h200_rerun.sh SRC OUTDIR [OLDSRC]   SRC: a gpudoctor source tree (installed as a package from it);
+#                                             OLDSRC: an older tree, for its snapshot as the ordinary user
 set -u
-SRC=${1:?source tree}; O=${2:?outdir}; mkdir -p "$O/r"; R=$O/r
+SRC=$(cd "${1:?source tree}" && pwd); O=${2:?outdir}; mkdir -p "$O/r"; R=$(cd "$O/r" && pwd); O=$(cd "$O" && pwd)
+OLD=${3:+$(cd "$3" && pwd)}
+cd /tmp  # not a source tree (no stray gpudoctor/ package on sys.path) and no ./inventory.yaml
 export PYTHONUNBUFFERED=1
 step() { echo; echo "=== $*"; }
 run() {  # run NAME CMD...: output to $R/NAME.txt, rc appended, one line in the summary
@@ -44,6 +47,12 @@ run b-user-check $AS_USER $GD check
 run b-user-json $AS_USER $GD check --json
 run b-user-snapshot $AS_USER $GD snapshot -o /tmp/h200-healthy-user.json
 cp /tmp/h200-healthy-user.json "$R/" 2>/dev/null
+if [ -n "$OLD" ]; then
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/gdold "$OLD" && chmod -R a+rX /tmp/gdold
+  run b-user-old-snapshot runuser -u $USERN -- env PYTHONPATH=/tmp/gdold:/tmp/site HOME=/home/$USERN \
+    /tmp/gdold/bin/gpudoctor snapshot -o /tmp/h200-healthy-user-old.json
+  cp /tmp/h200-healthy-user-old.json "$R/" 2>/dev/null
+fi
 step "C uvm major $UVM denied by an eBPF device program"
 run c-uvm-check python3 "$SRC/tools/cgdev.py" "$UVM" -- $GD check
 run c-uvm-json python3 "$SRC/tools/cgdev.py" "$UVM" -- $GD check --json
@@ -101,6 +110,29 @@ rm -rf /dev/shm/model-trunc
 step "H latency"
 run h-latency python3 "$SRC/bench/check_latency.py" --runs 9
 cat "$R/h-latency.txt" >> "$O/summary.txt"
+step "H2 where a check's time goes"
+python3 - "$R/h200-healthy-root.json" > "$R/h2-phases.txt" 2>&1 <<'PY'
+import statistics, subprocess, sys, time
+from gpudoctor.gather import cuda
+probe = [sys.executable, *cuda.FAST, "-c", cuda.PROBE]
+def med(fn, n=7):
+    ts = []
+    for i in range(n + 1):
+        t = time.perf_counter(); fn(); dt = time.perf_counter() - t
+        if i: ts.append(dt)
+    return statistics.median(ts)
+run = lambda argv: subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def both():
+    a = subprocess.Popen(probe, stdout=subprocess.DEVNULL); b = subprocess.Popen(["nvidia-smi", "-q", "-x"], stdout=subprocess.DEVNULL)
+    a.wait(); t = time.perf_counter(); b.wait(); return t
+print(f"cuInit probe (-I -S) alone        {med(lambda: run(probe)):.3f} s")
+print(f"nvidia-smi -q -x alone            {med(lambda: run(['nvidia-smi', '-q', '-x'])):.3f} s")
+print(f"cuInit probe + nvidia-smi at once {med(both):.3f} s (both done)")
+print(f"gpudoctor --version (CLI start)   {med(lambda: run(['/tmp/gd/bin/gpudoctor', '--version'])):.3f} s")
+print(f"gpudoctor checks (all imports)    {med(lambda: run(['/tmp/gd/bin/gpudoctor', 'checks'])):.3f} s")
+print(f"gpudoctor check --snapshot        {med(lambda: run(['/tmp/gd/bin/gpudoctor', 'check', '--snapshot', sys.argv[1]])):.3f} s")
+PY
+python3 -X importtime /tmp/gd/bin/gpudoctor check > /dev/null 2> "$R/h2-importtime.txt"
 step "I kernel log probe"
 run i-kmsg python3 -c "
 from gpudoctor.gather.kernel_log import read_kernel_log
