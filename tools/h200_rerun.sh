@@ -10,6 +10,7 @@
 set -u
 SRC=$(cd "${1:?source tree}" && pwd); O=${2:?outdir}; mkdir -p "$O/r"; R=$(cd "$O/r" && pwd); O=$(cd "$O" && pwd)
 OLD=${3:+$(cd "$3" && pwd)}
+WHL=$(pwd)/.whl
 cd /tmp  # not a source tree (no stray gpudoctor/ package on sys.path) and no ./inventory.yaml
 export PYTHONUNBUFFERED=1
 step() { echo; echo "=== $*"; }
@@ -22,7 +23,7 @@ run() {  # run NAME CMD...: output to $R/NAME.txt, rc appended, one line in the 
   printf '%-28s rc=%-3s %6ss  %s\n' "$name" "$rc" "$dt" "$(head -c 200 "$R/$name.txt" | head -1)" | tee -a "$O/summary.txt"
 }
 step install
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 9; fi
+if [ -d "$WHL" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl || exit 9; fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/gd "$SRC" || exit 9
 export PYTHONPATH=/tmp/gd:/tmp/site PATH=/tmp/gd/bin:$PATH
 GD=/tmp/gd/bin/gpudoctor

@@ -17,6 +17,7 @@ import json
 import re
 
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.gather.fabric import FAST
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
 from gpudoctor.xid import parse_line
@@ -113,7 +114,7 @@ def gather(host: Host, ctx: GatherContext) -> dict | None:
 
 def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/dev/kmsg") -> dict | None:
     """The kernel log's Xid lines through `host` (`kmsg` is another path only in tests: a saved kmsg dump)."""
-    res = host.run([*host.python, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg],
+    res = host.run([*host.python, *FAST, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg],
                    timeout=t + 1.0)
     if not_recorded(res):
         return None  # a snapshot from a gpudoctor that did not read the kernel log

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from gpudoctor.bench.marker import PREFIX
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.gather.fabric import FAST
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
 
@@ -206,7 +207,7 @@ def serving_ports(ctx: GatherContext) -> list[int]:
 def gather(host: Host, ctx: GatherContext) -> dict | None:
     root = getattr(host, "root", "") or ""
     t = min(ctx.timeout, 5.0)
-    res = host.run([*host.python, "-c", _PY_PROCS, str(t), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
+    res = host.run([*host.python, *FAST, "-c", _PY_PROCS, str(t), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
                     *map(str, serving_ports(ctx))], timeout=t + 2.0)
     if not_recorded(res):
         return None  # a snapshot from a gpudoctor that did not list processes
