@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.bench.load import new_session, request_body, send_all  # noqa: E402
 from gpudoctor.bench.prompts import build, load_source  # noqa: E402

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.fleet import check_fleet  # noqa: E402
 
@@ -97,7 +97,7 @@ def start_sshd(tmp: Path, skip_shell_rc: bool = False):
 
 def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
     try:
-        from gpudoctor.host.factory import open_target  # noqa: F401
+        from gpudoctor.target import open_target  # noqa: F401
         from gpudoctor.inventory import load_inventory
     except ImportError as exc:
         print(f"ssh: skipped: this build has no SSH backend/inventory yet ({exc})")

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests.*; gpudoctor itself: the installed package
 
 from tests.sshd import start_sshd  # noqa: E402
 

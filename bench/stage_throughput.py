@@ -9,7 +9,7 @@ The source (real random data, fsynced) is written once to --src on persistent st
 Before every timed copy the source's page cache is dropped (posix_fadvise DONTNEED per file; with --drop-caches
 also /proc/sys/vm/drop_caches) and the destination is deleted, so each copy reads from the disk.
 cp and stage alternate; every variant runs --repeat times; the median rate counts. Prints both rates and the ratio.
-Needs only the stdlib and gpudoctor's own dependencies (runs from a checkout: the repo is put on sys.path).
+Needs only the stdlib and gpudoctor's own dependencies (run it with gpudoctor installed: pip install .).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)
+sys.path.append(REPO)  # tests.*; gpudoctor itself: the installed package
 
 from synth_shards import evict, write_model  # noqa: E402
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
+sys.path.append(os.path.dirname(HERE))  # tests.*; gpudoctor itself: the installed package
 
 from gpudoctor.model import probe  # noqa: E402
 from synth_shards import write_model  # noqa: E402

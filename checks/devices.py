@@ -4,12 +4,13 @@ import re
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.platform import fix_text
 
 # open() errno → which layer refused (FIELD_NOTES).
 ERRNO_MEANING = {
     "EPERM": "the device cgroup denies it (even with mode 0666)",
     "EACCES": "file mode or ownership denies it",
-    "ENXIO": "no driver answers this major: the node is stale",
+    "ENXIO": "no driver answers for this node",
     "ENODEV": "no such device behind the node",
     "ENOENT": "the node is missing",
     "TIMEOUT": "open() did not answer within its deadline",
@@ -60,6 +61,25 @@ def _owner(live: dict, major: int) -> str | None:
 _HOST_DEPS = ("host.driver.loaded", "host.uvm.loaded")
 
 
+def _module_deps(path: str) -> tuple[str, ...]:
+    """The host findings that can explain a problem with this node: nvidia_uvm only explains the uvm nodes."""
+    return _HOST_DEPS if path.startswith("/dev/nvidia-uvm") else ("host.driver.loaded",)
+
+
+# What each open() errno can follow from (devices.node.open's evidence): the kernel checks the mode (EACCES), the
+# device cgroup (EPERM), then asks the driver (ENXIO/ENODEV); ENOENT is a missing node.
+def _open_causes(errno: str, path: str) -> tuple[str, ...]:
+    if errno == "EPERM":
+        return ("boundary.*",)  # an allow-list (subject: this node) or another device boundary
+    if errno == "EACCES":
+        return ("devices.node.mode",)
+    if errno in ("ENXIO", "ENODEV"):
+        return ("devices.node.major",) + _module_deps(path)
+    if errno == "ENOENT":
+        return ("devices.node.present", "boundary.lxc.mount_entry")
+    return ()
+
+
 @check("devices.node.present", summary="Each node CUDA needs exists and is a character device.", depends_on=_HOST_DEPS,
        remedy="devices.node.create")
 def present(facts):
@@ -87,14 +107,15 @@ def present(facts):
                 continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
-                               hint="Run `nvidia-modprobe -u -c 0` (uvm nodes) or `nvidia-modprobe -c N` on the host; "
-                                    "in an LXC guest also check the lxc.mount.entry / devN: lines.",
-                               remedy="devices.node.create"))
+                               hint=fix_text(facts, "missing", node=p),
+                               remedy="devices.node.create",
+                               explained_by=_module_deps(p) + ("boundary.lxc.mount_entry", "boundary.cdi.*")))
         elif n.get("kind") != "char":
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
                                f"{p} is a {n.get('kind')}, not a character device", subject=p,
                                evidence=[f"stat {p} → type {n.get('kind')}"],
-                               hint="Remove it and recreate the node (a bind mount of a missing source creates a file)."))
+                               hint="Remove it and recreate the node (a bind mount of a missing source creates a file).",
+                               explained_by=("boundary.lxc.mount_entry",)))
         else:
             out.append(Finding("devices.node.present", Status.OK, f"{p} present", subject=p,
                                evidence=[f"stat {p} → char {n.get('major')}:{n.get('minor')}"]))
@@ -102,7 +123,7 @@ def present(facts):
 
 
 @check("devices.node.major", summary="Each node's major:minor equals the live number in /proc/devices.",
-       depends_on=_HOST_DEPS + ("devices.node.present",), remedy="devices.node.create")
+       depends_on=_HOST_DEPS + ("devices.node.present", "boundary.cdi.*"), remedy="devices.node.create")
 def major(facts):
     """Dynamic majors (nvidia-uvm, nvidia-caps) drift with driver reinstalls: a node made for the old one is dead."""
     nodes = _nodes(facts)
@@ -117,7 +138,8 @@ def major(facts):
         if want_major is None:
             if source:  # the driver registers no such device here
                 out.append(Finding("devices.node.major", Status.WARN, f"{p} exists but /proc/devices has no {source}",
-                                   subject=p, evidence=[f"{p} is {n['major']}:{n['minor']}", f"/proc/devices: no {source}"]))
+                                   subject=p, evidence=[f"{p} is {n['major']}:{n['minor']}", f"/proc/devices: no {source}"],
+                                   explained_by=_module_deps(p)))
             continue
         have = f"{n['major']}:{n['minor']}"
         want = f"{want_major}:{want_minor}"
@@ -129,9 +151,9 @@ def major(facts):
             essential = bool(_ESSENTIAL.match(p))
             out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
                                f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
-                               hint=f"Recreate the node: `mknod -m 666 {p} c {want_major} {want_minor}` "
-                                    f"(or `nvidia-modprobe -u -c 0`); in an LXC guest fix the bind mount on the host.",
-                               remedy="devices.node.create", data={"have": have, "want": want}))
+                               hint=fix_text(facts, "stale", node=p, major=want_major, minor=want_minor),
+                               remedy="devices.node.create", data={"have": have, "want": want},
+                               explained_by=("boundary.cdi.*",)))  # a node made for another major (a stale CDI spec)
         else:
             out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
                                evidence=[f"stat {p} → {have}", f"/proc/devices: {want_major} {source}"]))
@@ -154,7 +176,8 @@ def mode(facts):
             out.append(Finding("devices.node.mode", Status.WARN, f"{p} has mode {m:04o}: users other than "
                                f"{'root' if n.get('uid') == 0 else n.get('uid')} cannot open it", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}, expected 0666"],
-                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m}))
+                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m},
+                               explained_by=()))
         else:
             out.append(Finding("devices.node.mode", Status.OK, f"{p} mode {m:04o}", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}"]))
@@ -244,15 +267,17 @@ def _capability_open(facts, p: str, n: dict) -> Finding:
 
 
 @check("devices.node.open", summary="A real open() of each node succeeds; the errno names the layer that refuses.",
-       depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "boundary.lxc.cgroup_allow",
-                                "boundary.lxc.mount_entry"))
+       depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "devices.node.mode", "boundary.*"))
 def opened(facts):
-    """EPERM = device cgroup (mode 0666 does not help), EACCES = mode/owner, ENXIO = stale major, ENOENT = missing.
+    """EPERM = device cgroup (mode 0666 does not help; in an LXC guest boundary.lxc.cgroup_allow for this node is its
+    cause), EACCES = mode/owner (devices.node.mode), ENXIO = no driver answers (a stale major, devices.node.major, or
+    a live major whose device is absent), ENOENT = missing (devices.node.present).
     Capability nodes (nvidia-caps) are opened read-only, as their consumers do, and judged against what this user
     needs: an ordinary user without the MIG config capability is healthy."""
     nodes = _nodes(facts)
     if nodes is None:
         return None
+    live = _live(facts)
     out = []
     for p, n in sorted(nodes.items()):
         if n.get("kind") != "char":
@@ -271,11 +296,21 @@ def opened(facts):
             why = ERRNO_MEANING.get(r, "refused")
             extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
             cg = _cgroup_proof(facts, r)
+            ev = [f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}", *cg["evidence"]]
+            if r == "ENXIO":
+                want_major, _minor, source = expected_numbers(p, live)
+                if want_major is not None and n.get("major") == want_major:
+                    why = (f"no driver answers for this node (its major {want_major} is the live {source} major in "
+                           f"/proc/devices: the device behind it is not there or not initialised)")
+                    ev.append(f"/proc/devices: {want_major} {source}")
+                elif want_major is not None:
+                    why = f"no driver answers major {n.get('major')}: the node is stale (the live {source} major is " \
+                          f"{want_major})"
+                    ev.append(f"/proc/devices: {want_major} {source}")
             out.append(Finding("devices.node.open", Status.FAIL if essential else Status.WARN,
-                               f"open({p}) → {r}{extra}: {why}", subject=p,
-                               evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}",
-                                         *cg["evidence"]],
-                               hint=("Allow the major in the container's lxc.cgroup2.devices.allow (gpudoctor lxc fix), "
-                                     "or use devN: passthrough." if r == "EPERM" else None),
-                               data={"errno": r, **({"cgroup": cg["data"]} if cg["data"] else {})}))
+                               f"open({p}) → {r}{extra}: {why}", subject=p, evidence=ev,
+                               hint=(fix_text(facts, "denied", node=p, major=n.get("major"))
+                                     if r == "EPERM" else None),
+                               data={"errno": r, **({"cgroup": cg["data"]} if cg["data"] else {})},
+                               explained_by=_open_causes(r, p)))
     return out

@@ -2,6 +2,7 @@
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.platform import LABELS, detect, fix_text
 
 
 @check("host.driver.loaded", summary="The nvidia kernel module is loaded and /proc/driver/nvidia/version exists.")
@@ -18,8 +19,7 @@ def driver_loaded(facts):
         return Finding("host.driver.loaded", Status.FAIL, "No NVIDIA driver is loaded",
                        evidence=["/proc/driver/nvidia/version → ENOENT",
                                  "/proc/modules → " + (mods["error"] if mods.get("error") else "no 'nvidia' module")],
-                       hint="Install or load the NVIDIA driver (modprobe nvidia) on the machine that owns the GPU; "
-                            "in an LXC guest the Proxmox host loads it.")
+                       hint=fix_text(facts, "no_driver"))
     if ver.get("error") and not loaded:
         return Finding("host.driver.loaded", Status.UNKNOWN, "Could not read the driver version or /proc/modules",
                        evidence=[f"/proc/modules → {mods.get('error') or 'no nvidia'}",
@@ -52,17 +52,17 @@ def uvm_loaded(facts):
 
 @check("host.platform", summary="What the checker runs in: bare metal, VM, LXC or Docker container.")
 def platform(facts):
-    """Information only: LXC guests get the boundary layer, VMs report no NUMA node."""
+    """Information only; it decides which boundary checks apply and which fix text every finding gives."""
     h = facts.get("host")
     if not h:
         return None
-    c = h["container"]
-    words = {"lxc": "an LXC container", "docker": "a Docker/OCI container", "vm": "a virtual machine",
-             "bare": "bare metal (no container or hypervisor seen)"}
-    return Finding("host.platform", Status.INFO, f"Running in {words.get(c['kind'], c['kind'])}",
-                   evidence=c["evidence"] + ([f"kernel {h['kernel']}"] if h.get("kernel") else []),
-                   data={"kind": c["kind"]})
-
+    p = detect(facts)
+    extra = ([f"in systemd unit {p.unit}"] if p.unit else []) + (
+        [f"cgroup driver {p.cgroup_driver} (from {p.cgroup})"] if p.cgroup_driver else [])
+    return Finding("host.platform", Status.INFO, f"Running in {LABELS.get(p.kind, p.kind)}"
+                   + (f", unit {p.unit}" if p.unit else ""),
+                   evidence=p.evidence + extra + ([f"kernel {h['kernel']}"] if h.get("kernel") else []),
+                   data={"kind": p.kind, "unit": p.unit, "cgroup": p.cgroup, "cgroup_driver": p.cgroup_driver})
 
 @check("host.privileges", summary="Who the probes run as, and what that user cannot see on this host.")
 def privileges(facts):

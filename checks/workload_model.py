@@ -12,6 +12,9 @@ from gpudoctor.findings import Finding, Status
 from gpudoctor.model import human_bytes
 
 
+# Problems that a wiped tmpfs or an interrupted stage leaves: files not there. Anything else (a short or damaged file
+# still present) cannot follow from a wipe.
+_GONE = ("missing", "metadata_only", "empty", "dangling_symlink")
 STAGE_REMEDY = "model.stage"  # remedies/model_stage.py: `gpudoctor fix` restages from the marker's/record's source
 MARKER = ".gpudoctor-staged.json"
 CGROUP_WARN_SHARE = 0.85  # the model's tmpfs pages above this share of the memory limit leave the server too little
@@ -40,7 +43,10 @@ def _short(bid) -> str:
 def _stage_hint(p: dict) -> str:
     rec = p.get("record") or {}
     marker = (p.get("verify") or {}).get("marker") or {}
-    src = rec.get("source") or marker.get("source") or "SRC"
+    src = rec.get("source") or marker.get("source")
+    if not src:
+        return (f"copy it again from its source (no marker or stage record names one), or stage it: "
+                f"gpudoctor model stage --from <source directory> --to {p['path']} --apply")
     return f"gpudoctor model stage --from {src} --to {p['path']} --apply"
 
 
@@ -108,7 +114,7 @@ def check_complete(facts: dict):
         v = p.get("verify") or {}
         kind, path = v.get("kind"), p["path"]
         ev = []
-        if kind == "not_found":
+        if kind == "not_found":  # a reboot, a wipe or no stage at all explains a missing directory
             out.append(Finding("workload.model.complete", Status.FAIL, f"model directory {path} does not exist",
                                subject=path, evidence=[f"stat({path}) → {v.get('bad_input')}"],
                                hint=_stage_hint(p), remedy=STAGE_REMEDY, data={"kind": kind}))
@@ -137,9 +143,13 @@ def check_complete(facts: dict):
         ev = [_problem_line(pr, base) for pr in probs[:12]]
         if len(probs) > 12:
             ev.append(f"... and {len(probs) - 12} more")
+        # Files that are gone follow from a wiped tmpfs or an interrupted stage; a truncated or damaged file that is
+        # still there does not (a reboot takes everything): that is its own fault, whatever the provenance.
+        gone_only = all(pr.get("kind") in _GONE for pr in probs)
         out.append(Finding("workload.model.complete", Status.FAIL, f"{path}: model incomplete ({what})",
                            subject=path, evidence=ev, hint=_stage_hint(p), remedy=STAGE_REMEDY,
-                           data={"problems": probs, "missing_bytes": missing_bytes(p)}))
+                           data={"problems": probs, "missing_bytes": missing_bytes(p)},
+                           explained_by=None if gone_only else ()))
     return out or None
 
 
@@ -202,8 +212,11 @@ def check_staged_this_boot(facts: dict):
             st, summ = Status.WARN, f"{path}: complete, but its staging marker is gone (copied by hand since?)"
         elif ok:
             st, summ = Status.INFO, f"{path}: complete, but not staged by gpudoctor (no marker): boot-safety unknown"
-        else:
+        elif v.get("kind") == "not_found":
             st, summ = Status.FAIL, f"{path}: never staged (no marker, no stage record)"
+        else:  # files are there, put by someone else: how they came is context, the fault is what complete found
+            st, summ = Status.INFO, (f"{path}: not staged by gpudoctor (no marker, no stage record): copied by hand "
+                                     "or by another tool, so its source is unknown")
         hint = None if st in (Status.OK, Status.INFO) else _stage_hint(p)
         out.append(Finding(cid, st, summ, subject=path, evidence=ev, hint=hint,
                            remedy=STAGE_REMEDY if hint else None,

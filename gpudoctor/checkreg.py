@@ -15,6 +15,8 @@ class CheckSpec:
     layer: str
     summary: str
     fn: Callable[[dict], "Finding | list[Finding] | None"]
+    # Finding ids (fnmatch) whose failure can explain this check's findings; a finding narrows it by its evidence
+    # (Finding.explained_by), e.g. "nvidia-smi is not installed" names nothing: a missing tool is its own cause.
     depends_on: tuple[str, ...] = ()
     remedy: str | None = None
 
@@ -50,5 +52,5 @@ def all_checks() -> list[CheckSpec]:
 
 
 def depends(spec: CheckSpec, finding_id: str) -> bool:
-    """Whether a finding with id `finding_id` is upstream of this check."""
-    return any(fnmatch.fnmatchcase(finding_id, pat) for pat in spec.depends_on)
+    """Whether a finding with id `finding_id` is upstream of this check (a pattern's "@SUBJECT" part ignored)."""
+    return any(fnmatch.fnmatchcase(finding_id, pat.partition("@")[0]) for pat in spec.depends_on)

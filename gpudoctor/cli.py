@@ -21,7 +21,7 @@ COMMANDS = {
     "gate": ("gpudoctor.commands.gate:gate", "Pre-flight gate: exit 0 only when the host is ready for a campaign."),
     "daemon": ("gpudoctor.commands.daemon:daemon", "Watch the host and heal it after reboots, within budgets."),
     "bench": ("gpudoctor.commands.bench:bench", "The benchmark stage: load generator, campaigns, reports."),
-    "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang server arguments before a long model load."),
+    "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang arguments before a long model load; explain a failed server log."),
     "inventory": ("gpudoctor.commands.inventory:inventory", "Show the inventory and test SSH to every host."),
 }
 

@@ -57,6 +57,10 @@ class Finding:
     remedy: str | None = None  # id of a remedy that can fix it
     blocked_by: str | None = None  # key of the finding this one is a symptom of
     data: dict = field(default_factory=dict)  # machine-readable details
+    # What can explain THIS finding's evidence: patterns "ID" or "ID@SUBJECT" (fnmatch) of the findings it may be a
+    # symptom of. None: the check's declared depends_on; (): nothing, it is its own cause (a missing tool or library).
+    # Not serialised: the diagnosis resolves it into blocked_by.
+    explained_by: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -74,6 +78,7 @@ class Finding:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("explained_by", None)
         d["status"] = self.status.value
         d["key"] = self.key
         return d

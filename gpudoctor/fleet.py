@@ -213,42 +213,18 @@ def check_fleet(inventory, names, parallel: int = 32, check_fn=None, *, host_tim
     return FleetResult([records[n] for n in names], parallel, time.monotonic() - t0)
 
 
-def open_check_target(name: str, inventory, timeout: float = 10.0):
-    """(Host, GatherContext) of one inventory host: its transport, its Proxmox node, what it should have.
-
-    Nothing connects here; the SSH connection opens on first use and is reused by every probe of the host.
-    """
-    from gpudoctor.gather.context import GatherContext
-    from gpudoctor.host.factory import open_target
-
-    if not hasattr(inventory, "hosts"):  # a path, or None for the default locations
-        from gpudoctor.inventory import load_inventory
-
-        inventory = load_inventory(inventory)
-    t = open_target(name, inventory)
-    ctx = t.gather_context(timeout=timeout)  # with the Proxmox node's config_dir and pct
-    policy = getattr(inventory, "policy", None)
-    if policy is not None and hasattr(policy, "as_dict"):
-        from gpudoctor.gather.context import policy_from_inventory
-
-        ctx.policy = policy_from_inventory(policy)  # as_dict() plus policy["pcie"]["mrrs"] for fabric.pcie.mrrs
-    return t.host, ctx
-
-
 def default_check_fn(inventory, timeout: float = 10.0):
-    """check_fn over the inventory's transports: gather each host once and diagnose it."""
+    """check_fn over the inventory's transports: each host's Target through pipeline.check_host."""
+    from gpudoctor.target import resolve_inventory
+
+    inventory = resolve_inventory(inventory)
 
     def check(name: str):
-        from gpudoctor.diagnose import diagnose
-        from gpudoctor.gather import gather
+        from gpudoctor.pipeline import check_host
+        from gpudoctor.target import open_target
 
-        host, ctx = open_check_target(name, inventory, timeout)
-        try:
-            return diagnose(gather(host, ctx))
-        finally:
-            host.close()
-            if ctx.proxmox is not None:
-                ctx.proxmox.close()
+        with open_target(name, inventory, timeout=timeout) as target:
+            return check_host(target)
 
     return check
 

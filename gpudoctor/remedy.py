@@ -372,3 +372,89 @@ class Engine:
             })
         return out
 
+
+
+# --- the fix flow -------------------------------------------------------------------------------
+
+@dataclass
+class FixRun:
+    """One fix run: the diagnosis before, the plan, what was applied, the re-check after, and its exit code."""
+
+    apply: bool
+    plan: Plan
+    before: Any = None  # Diagnosis; None when planned from facts alone (`lxc fix`)
+    outcomes: list[Outcome] = field(default_factory=list)
+    after: Any = None  # the re-checked Diagnosis; None in a dry run or when planned from a snapshot
+    declined: bool = False  # --apply, but the confirmation said no
+    chosen: tuple[str, ...] = ()  # the remedy ids this run considered (--only)
+    human: list = field(default_factory=list)  # failing root causes no planned change addresses: a human must act
+
+    @property
+    def exit_code(self) -> int:
+        """Dry run: 0 nothing to do, 1 changes planned, 2 a refusal, or a failing host with no change planned.
+        --apply: the re-checked verdict (at least 2 when a change failed or was rolled back); without a re-check
+        (a snapshot, `lxc fix`): 0 applied and verified, 1 a restart pending, 2 a failure, refusal or human cause."""
+        from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN
+
+        if self.declined:
+            return EXIT_WARN
+        if self.apply and self.after is not None:
+            code = self.after.exit_code
+            return EXIT_FAIL if any(not o.ok for o in self.outcomes) and code < EXIT_FAIL else code
+        if self.plan.refusals or any(not o.ok for o in self.outcomes) or (self.human and not self.plan.changes):
+            return EXIT_FAIL  # a failing host with nothing gpudoctor can change: a human must act
+        if not self.apply:
+            return EXIT_WARN if self.plan.changes else EXIT_OK
+        if any(o.change.needs_reboot and not (o.reboot and o.reboot.done) for o in self.outcomes):
+            return EXIT_WARN
+        return EXIT_OK
+
+
+def fix(target, remedies: list[Remedy], ctx: RemedyContext, *, apply: bool, facts: dict | None = None,
+        confirm=None, on_plan=None, audit_log: AuditLog | None = None, lock_dir: str | None = None) -> FixRun:
+    """The whole fix flow on one Target: check → plan → (on_plan) → confirm → apply/verify → re-check.
+
+    `facts` plans from given facts instead of checking the target (`lxc fix`: the boundary alone). `confirm(plan)`
+    decides whether planned changes are made (None: yes); `on_plan(run)` sees the plan before that question."""
+    from gpudoctor.errors import InputError
+    from gpudoctor.pipeline import check_host
+
+    before = None
+    if facts is None:
+        before = check_host(target)
+        facts = before.facts
+    hosts = {**target.hosts(), **ctx.hosts}
+    px = (facts.get("boundary") or {}).get("proxmox")
+    if px and target.proxmox is not None and target.snapshot is None:
+        hosts.setdefault(px, target.proxmox)  # lxc.cgroup_allow edits under the name the boundary facts give
+    ctx.hosts = hosts
+    engine = Engine(remedies, ctx, audit_log=audit_log, lock_dir=lock_dir)
+    run = FixRun(apply, engine.plan(facts), before, chosen=tuple(r.id for r in remedies))
+    if before is not None:
+        run.human = _human_causes(before, run.plan, set(run.chosen))
+    if on_plan is not None:
+        on_plan(run)
+    live = before is not None and target.snapshot is None
+    if apply and run.plan.changes:
+        missing = sorted({c.host for c in run.plan.changes if c.host not in hosts})
+        if missing:
+            raise InputError(f"the plan changes {', '.join(missing)}, which this run cannot reach (a snapshot of "
+                             f"another machine?): re-run with --host {missing[0]}; nothing was changed")
+        if confirm is not None and not confirm(run.plan):
+            run.declined = True
+            return run
+        run.outcomes = engine.apply(run.plan)
+        if live:
+            run.after = check_host(target)
+    elif apply and live:
+        run.after = before  # nothing to change: the verdict stands
+    return run
+
+
+def _human_causes(before, plan: Plan, chosen: set[str]) -> list:
+    """Failing (or unjudgeable) root causes that no planned change addresses and no left-out remedy would."""
+    addressed = {k for c in plan.changes for k in c.fixes}
+    from gpudoctor.findings import Status as _S
+
+    return [f for f in before.root_causes if f.status in (_S.FAIL, _S.UNKNOWN) and f.key not in addressed
+            and not (f.remedy and f.remedy not in chosen)]

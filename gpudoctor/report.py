@@ -30,7 +30,11 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
     rc = d.root_cause
     if rc:
         console.print()
-        console.print(f"[{_STYLE[rc.status]}]Root cause[/] [bold]{escape(rc.key)}[/]: {escape(rc.summary)}")
+        outside = ""
+        if d.only_layers and rc.layer not in d.only_layers:
+            outside = f" (layer {rc.layer}, outside --only {','.join(d.only_layers)})"
+        console.print(f"[{_STYLE[rc.status]}]Root cause[/] [bold]{escape(rc.key)}[/]{escape(outside)}: "
+                      f"{escape(rc.summary)}")
         for e in rc.evidence:
             console.print(f"    evidence: {escape(e)}")
         if rc.hint:
@@ -43,6 +47,9 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
             console.print("    chain: " + escape(" → ".join(d.chain)))
         if len(d.root_causes) > 1:
             console.print("    also: " + escape(", ".join(f.key for f in d.root_causes[1:])))
+        others = [f.key for f in d.outside if f is not rc]
+        if others:
+            console.print("    outside the filter: " + escape(", ".join(others)) + " (findings shown are their symptoms)")
     console.print()
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
     table.add_column("layer")
@@ -68,3 +75,123 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
                     text += f"\n[dim]{escape(e)}[/]"
             table.add_row(layer if i == 0 else "", f"[{_STYLE[f.status]}]{_WORD[f.status]}[/]", escape(f.key), text)
     console.print(table)
+
+
+# --- fix (`gpudoctor fix`, `gpudoctor lxc fix`) -----------------------------------------------------------------
+
+def fix_plan_lines(run) -> list[str]:
+    """The plan: each change (diff, commands, risk, restart), each refusal, and the bad findings left alone."""
+    plan, lines = run.plan, []
+    for c in plan.changes:
+        lines.append(f"PLAN  {c.remedy} on {c.host}: {c.summary}")
+        lines.append(f"      risk {c.risk}" + ("; needs a restart to take effect" if c.needs_reboot else ""))
+        for cmd in c.commands:
+            lines.append(f"      then: {cmd}")
+        for why in (c.data or {}).get("skipped") or []:
+            lines.append(f"      not touching: {why}")
+        for cmd in (c.data or {}).get("preview") or []:
+            lines.append(f"      preview (writes nothing; --apply runs it first): {cmd}")
+        if c.diff:
+            lines.append("")
+            lines.extend("      " + ln if ln else "" for ln in c.diff.rstrip("\n").split("\n"))
+            lines.append("")
+    for r in plan.refusals:
+        lines.append(f"REFUSED  {r.remedy}: {r.reason}")
+    if not plan.changes and not plan.refusals:
+        lines.append("nothing gpudoctor can change: a human must act (below)" if run.human else "nothing to fix")
+    if plan.changes and not run.apply:
+        lines.append("dry run: nothing was changed; re-run with --apply to make these changes")
+    if run.before is not None:
+        lines.extend(_unremedied_lines(run))
+    return lines
+
+
+def _unremedied_lines(run) -> list[str]:
+    """The bad findings this run does not act on, and why: no remedy exists, or --only left it out."""
+    from gpudoctor import remedies
+
+    d, lines = run.before, []
+    for rid in sorted({f.remedy for f in d.findings if f.bad and f.remedy and f.remedy not in remedies.REMEDIES}):
+        lines.append(f"NO REMEDY  {rid} is named by a check but not available in this build")
+    left_out = sorted({f.remedy for f in d.findings if f.bad and f.remedy in remedies.REMEDIES
+                       and f.remedy not in run.chosen})
+    if left_out:
+        lines.append(f"left out by --only: {', '.join(left_out)}")
+    human = [f for f in d.findings if f.bad and not f.blocked_by and not f.remedy]
+    if human:
+        lines.append(f"no remedy: {len(human)} other root cause(s) need a human (gpudoctor check): "
+                     + ", ".join(f.key for f in human[:6]) + (" ..." if len(human) > 6 else ""))
+    for f in run.human:
+        if f.remedy:
+            lines.append(f"NOT FIXED  {f.key}: {f.remedy} planned no change; a human must act: {f.summary}")
+    return lines
+
+
+def fix_result_lines(run) -> list[str]:
+    """What --apply did, then the re-checked verdict."""
+    lines = []
+    for o in run.outcomes:
+        tag = {"applied": "APPLIED", "unchanged": "UNCHANGED", "rolled_back": "ROLLED BACK",
+               "rollback_failed": "ROLLBACK FAILED", "failed": "FAILED"}[o.result]
+        lines.append(f"{tag}  {o.change.remedy} on {o.change.host}: {o.detail}")
+        if o.applied.get("backup"):
+            lines.append(f"      backup: {o.applied['backup']}")
+        if o.reboot is not None:
+            lines.append(("      restarted: " if o.reboot.done else "      not restarted: ") + o.reboot.message)
+        elif o.ok and o.change.needs_reboot:
+            cmd = next((c for c in o.change.commands if "reboot" in c), "a restart")
+            lines.append(f"      restart pending: {cmd} (or re-run with --reboot)")
+    before, after = run.before, run.after
+    if after is not None:
+        if run.outcomes:
+            lines.append(f"NEW VERDICT {after.host}: {after.verdict.value.upper()} (exit {after.exit_code}; was "
+                         f"{before.verdict.value.upper()})")
+        else:
+            lines.append(f"VERDICT {after.host}: {after.verdict.value.upper()} (exit {after.exit_code}; nothing was "
+                         f"changed)")
+        rc = after.root_cause
+        if rc:
+            lines.append(f"      root cause: {rc.key}: {rc.summary}")
+        still = [f for f in after.findings if f.bad]
+        if still:
+            lines.append(f"      still bad: {len(still)} finding(s): " + ", ".join(f.key for f in still[:8])
+                         + (" ..." if len(still) > 8 else ""))
+    elif run.apply and run.outcomes and before is not None:
+        lines.append("planned from a snapshot: nothing was re-checked; run `gpudoctor check` on the host")
+    return lines
+
+
+def fix_json(run) -> str:
+    """gpudoctor.fix/1: the plan and outcomes; with a diagnosis, the verdict before and after."""
+    doc = {"schema": "gpudoctor.fix/1", "apply": run.apply, "plan": run.plan.to_json(),
+           "outcomes": [o.to_json() for o in run.outcomes], "exit_code": run.exit_code}
+    if run.before is not None:
+        after = run.after
+        doc.update(host=run.before.host,
+                   before={"verdict": run.before.verdict.value, "exit_code": run.before.exit_code,
+                           "root_cause": run.before.root_cause.key if run.before.root_cause else None,
+                           "bad": {f.key: f.status.value for f in run.before.findings if f.bad}},
+                   human=[f.key for f in run.human],
+                   after=None if after is None else {
+                       "verdict": after.verdict.value, "exit_code": after.exit_code,
+                       "root_cause": after.root_cause.to_json() if after.root_cause else None,
+                       "still_bad": [f.key for f in after.findings if f.bad]})
+    return json.dumps(doc, indent=2, sort_keys=True)
+
+
+# --- the daemon (`gpudoctor daemon --once`) ---------------------------------------------------------------------
+
+def daemon_cycle_lines(found: dict) -> list[str]:
+    """One cycle of the daemon, per host: its verdict, what it found (root causes with evidence), what it did."""
+    lines = []
+    for name, r in found.items():
+        lines.append(f"{name}: {r['verdict'].upper()}" + (f": {r['error']}" if r.get("error") else ""))
+        for f in r.get("root_causes") or []:
+            lines.append(f"  {_WORD[f.status]:7} {f.key}: {f.summary}")
+            for e in f.evidence[:3]:
+                lines.append(f"          {e}")
+            if f.hint:
+                lines.append(f"          fix: {f.hint}")
+        for remedy, what in r.get("actions") or []:
+            lines.append(f"  remedy {remedy}: {what}")
+    return lines

@@ -10,15 +10,13 @@ import time
 
 from gpudoctor.errors import InputError
 from gpudoctor.gather import gather
-from gpudoctor.gather.context import GatherContext
-from gpudoctor.host import Host
-from gpudoctor.host.replay import RecordingHost, ReplayHost
+from gpudoctor.host.replay import RecordingHost
 
 SNAPSHOT_SCHEMA = "gpudoctor.snapshot/1"
 
 
-def take(host: Host, ctx: GatherContext) -> dict:
-    """Gather through a recording host; return the snapshot document."""
+def take(host, ctx) -> dict:
+    """Gather through a recording host (and a recording Proxmox node); return the snapshot document."""
     from gpudoctor import __version__
 
     rec = RecordingHost(inner=host)
@@ -57,17 +55,6 @@ def facts_of(doc: dict, regather: bool = True) -> dict:
     """The snapshot's facts: re-gathered from its transcript through today's code when it has one."""
     if not regather or not isinstance(doc.get("transcript"), dict):
         return doc["facts"]
-    c = dict(doc.get("context") or {})
-    ctx = GatherContext(name=doc.get("host", "snapshot"), expect_gpus=c.get("expect_gpus"),
-                        model_paths=c.get("model_paths") or [], vmid=c.get("vmid"), policy=c.get("policy") or {},
-                        sglang_url=c.get("sglang_url"), timeout=c.get("timeout") or 10.0)
-    if c.get("lxc_config_dir"):
-        ctx.lxc_config_dir = c["lxc_config_dir"]
-    if c.get("pct"):
-        ctx.pct = list(c["pct"])
-    if isinstance(doc.get("proxmox_transcript"), dict):
-        ctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
-    facts = gather(ReplayHost(name=ctx.name, transcript=doc["transcript"]), ctx)
-    facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
-    facts["meta"]["replayed_from"] = doc.get("created")
-    return facts
+    from gpudoctor.target import open_target
+
+    return open_target(snapshot=doc, search=False).facts()

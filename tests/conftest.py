@@ -15,12 +15,39 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.sshd import SSHD, CutProxy, start_sshd
+# The tests run against the INSTALLED gpudoctor (README: pip install '.[test]'), never the source tree, whose layout
+# is not the installed one. pytest put this checkout on sys.path to import tests/; gpudoctor is imported here, with the
+# checkout off sys.path, so the installed package is the one in sys.modules for the whole run. Child processes
+# started with cwd=checkout must not import the source tree either (PYTHONSAFEPATH; tests/childenv.py).
+CHECKOUT = Path(__file__).resolve().parents[1]
+_saved = list(sys.path)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != CHECKOUT]
+try:
+    import gpudoctor  # noqa: F401
+    import gpudoctor.checks  # noqa: F401
+except ImportError as e:
+    pytest.exit(f"gpudoctor is not installed ({e}): run python3 -m pip install '.[test]' first (README)", returncode=4)
+finally:
+    sys.path[:] = _saved
+os.environ["PYTHONSAFEPATH"] = "1"
+
+from tests import needs  # noqa: E402
+from tests.sshd import SSHD, CutProxy, start_sshd  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A missing real component is reported at tests/needs.py, not at each test, so pytest's summary folds every
+    skip it causes into ONE line naming the component and what installs it."""
+    report = (yield).get_result()
+    if report.skipped and isinstance(report.longrepr, tuple) and needs.MARK in str(report.longrepr[2]):
+        report.longrepr = (needs.__file__, needs.missing.__code__.co_firstlineno, report.longrepr[2])
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from typing import Callable
 
 from gpudoctor.bench import logscan
 from gpudoctor.bench.load import LevelSpec, new_session, run_level
+from gpudoctor.bench.openai import NATIVE, served_model, tiny_completion
 from gpudoctor.bench.prompts import Prompt, build, load_source
 from gpudoctor.bench.tokens import Counter
 from gpudoctor.bench.results import CRASHED, ERROR, OK, SKIPPED, ResultStore, key
@@ -27,7 +28,8 @@ class Level:
     @property
     def key(self) -> tuple:
         s = self.spec
-        return key({"label": s.label, "workload": s.workload, "concurrency": s.concurrency, "trial": s.trial})
+        return key({"label": s.label, "workload": s.workload, "concurrency": s.concurrency, "trial": s.trial,
+                    "request_rate": s.request_rate})
 
 
 async def health_generate(base_url: str, timeout: float) -> str | None:
@@ -44,8 +46,17 @@ async def health_generate(base_url: str, timeout: float) -> str | None:
         return f"/health_generate failed: {exc}"
 
 
-async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str | None] | None = None) -> str | None:
-    """Poll /health_generate until it answers 200 (None) or the deadline passes (why not). `alive` says if it died."""
+async def ready_probe(base_url: str, timeout: float, api: str = NATIVE, model: str | None = None) -> str | None:
+    """None when the server can generate: /health_generate on SGLang's native API (a one-token generation), a
+    one-token /v1/completions request on an OpenAI server (vLLM's /health does not generate); else what it did."""
+    if api == NATIVE:
+        return await health_generate(base_url, timeout)
+    return await tiny_completion(base_url, model, timeout)
+
+
+async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str | None] | None = None,
+                     api: str = NATIVE) -> str | None:
+    """Poll the readiness probe until it passes (None) or the deadline passes (why not). `alive` says if it died."""
     import time
 
     end = time.monotonic() + deadline_s
@@ -58,7 +69,7 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
         left = end - time.monotonic()
         if left <= 0:
             return f"not ready in {deadline_s:g} s (last: {last})"
-        last = await health_generate(base_url, timeout=max(0.5, min(left, 25.0))) or ""
+        last = await ready_probe(base_url, max(1.5, min(left, 25.0)), api) or ""
         if not last:
             return None
         waited = deadline_s - (end - time.monotonic())
@@ -93,8 +104,9 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
         written.append(rec)
         emit("level_done", record=rec)
 
+    api = next((lv.spec.api for lv in todo), NATIVE)
     if ready_timeout_s > 0 and any(not lv.misfit for lv in todo):
-        not_ready = await wait_ready(base_url, ready_timeout_s)
+        not_ready = await wait_ready(base_url, ready_timeout_s, api=api)
         if not_ready:
             text = log.read_all() if log is not None else ""
             for lv in todo:
@@ -102,10 +114,14 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                     **lv.spec.head(), "status": ERROR, "completed": 0,
                     "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
                                                                  if text and logscan.reason(text) else ""),
-                    "log_excerpt": logscan.excerpt(text) if text else None}
+                    **logscan.record_fields(text)}
                 put(rec)
             return written
 
+    if api != NATIVE and any(lv.spec.model is None for lv in todo):
+        model = await served_model(base_url)  # requests name the served model (vLLM refuses any other)
+        for lv in todo:
+            lv.spec.model = lv.spec.model or model
     warmed = warmup <= 0
     for lv in todo:
         if lv.misfit:
@@ -120,33 +136,29 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
         async with new_session(lv.spec.concurrency) as session:
             if not warmed:
                 warm = LevelSpec(label=lv.spec.label, workload="warmup", concurrency=min(warmup, 4),
-                                 max_tokens=16, num_prompts=warmup)
+                                 max_tokens=16, num_prompts=warmup, api=lv.spec.api, model=lv.spec.model)
                 # Short prompts of their own: warming up on the level's prompts would prime the radix cache.
                 wprompts = build(warmup, load_source("builtin"), Counter(), None, seed=7919)
                 wrec = await run_level(session, base_url, warm, wprompts, stall_s=stall_s,
                                        level_timeout_s=level_timeout_s, log=log, server_gone=server_gone)
                 warmed = True
                 if wrec["status"] != OK:
-                    rec = {**lv.spec.head(), **{k: wrec[k] for k in ("status", "log_excerpt")},
+                    rec = {**lv.spec.head(), **{k: wrec.get(k) for k in ("status", "cause", "diagnosis", "fix", "log_excerpt")},
                            "completed": 0, "error": "warm-up failed: " + wrec["error"]}
                     put(rec)
-                    broken = f"warm-up failed before {_where(lv.spec)}"
+                    broken = f"warm-up failed before {lv.spec.where}"
                     continue
             rec = await run_level(session, base_url, lv.spec, lv.prompts, stall_s=stall_s,
                                   level_timeout_s=level_timeout_s, log=log, server_gone=server_gone,
                                   on_request=lambda r: emit("request", result=r))
         put(rec)
         if rec["status"] == CRASHED:
-            broken = f"the server crashed during {_where(lv.spec)}"
+            broken = f"the server crashed during {lv.spec.where}"
         elif rec["status"] != OK:
-            unhealthy = await health_generate(base_url, timeout=min(stall_s, 30.0))
+            unhealthy = await ready_probe(base_url, min(stall_s, 30.0), lv.spec.api, lv.spec.model)
             if unhealthy:
-                broken = f"the server was unhealthy after {_where(lv.spec)} ({unhealthy})"
+                broken = f"the server was unhealthy after {lv.spec.where} ({unhealthy})"
     return written
-
-
-def _where(spec: LevelSpec) -> str:
-    return f"workload {spec.workload} at concurrency {spec.concurrency}"
 
 
 async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | None:

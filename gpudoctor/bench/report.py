@@ -96,6 +96,17 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
             lines.append(f"| {r['label']} | {r['workload']} | {r['concurrency']} | {r.get('trial', 0)} | "
                          f"{r['status']} | {reason[:300]} |")
         lines.append("")
+        named: dict[str, list[dict]] = {}
+        for r in bad:
+            if r.get("cause") and r["cause"] != "unknown":
+                named.setdefault(r["cause"], []).append(r)
+        if named:  # what the server's log says, once per cause (gpudoctor/data/server_failures.yaml)
+            lines += ["### Causes named from the server logs", ""]
+            for cause, rs in named.items():
+                lines.append(f"- **{cause}** ({len(rs)} level{'s' if len(rs) != 1 else ''}, first "
+                             f"{rs[0]['label']} / {rs[0]['workload']} / c={rs[0]['concurrency']}): "
+                             f"{rs[0].get('diagnosis') or ''}. Fix: {rs[0].get('fix') or '—'}")
+            lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Result records: one per (label, workload, concurrency, trial), appended to DIR/results.jsonl atomically.
+"""Result records: one per (label, workload, concurrency or request rate, trial), appended to DIR/results.jsonl atomically.
 
 A record is `ok` only when every request completed with output; otherwise it is `crashed` (the server died), `error`
 (requests failed, the server hung, or the level timed out) or `skipped` (not sent, with the reason). Metrics of a record
@@ -17,9 +17,13 @@ SCHEMA = "gpudoctor.bench/1"
 OK, CRASHED, ERROR, SKIPPED = "ok", "crashed", "error", "skipped"
 STATUSES = (OK, CRASHED, ERROR, SKIPPED)
 METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_ms_p50", "accept_length",
-           "output_tokens", "duration_s", "prompt_tokens_mean")
-FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "trial", "status",
-          "requests", "completed", *METRICS, "error", "log_excerpt")
+           "output_tokens", "duration_s", "prompt_tokens_mean", "goodput_req_per_s", "slo_ok_fraction",
+           "connect_ms_p50", "headers_ms_p50", "achieved_req_per_s", "send_late_ms_p50", "send_late_ms_p99")
+FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "request_rate", "arrival",
+          "api", "trial", "status", "requests", "completed", "failed", "error_rate", *METRICS, "itl_source",
+          "transport_note", "error", "cause", "diagnosis", "fix", "log_excerpt")
+# Kept out of tables (long text); report.md lists them under the failed levels instead.
+DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -33,8 +37,10 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def key(rec: dict) -> tuple:
-    """The identity of a record: a rerun must never add a second record with the same key."""
-    return (rec.get("label"), rec.get("workload"), rec.get("concurrency"), rec.get("trial", 0))
+    """The identity of a record: a rerun must never add a second record with the same key. A closed-loop level is
+    keyed by its concurrency, an open-loop one by its request rate too (records without one read as None)."""
+    return (rec.get("label"), rec.get("workload"), rec.get("concurrency"), rec.get("trial", 0),
+            rec.get("request_rate"))
 
 
 class ResultStore:

@@ -34,7 +34,7 @@ from gpudoctor.bench.server import Launcher, LocalLauncher, port_in_use, reap_or
 from gpudoctor.bench.tokens import Counter, load_counter
 from gpudoctor.errors import EXIT_FAIL, ConfigError, GpudoctorError, HostError, HostUnreachable, InputError
 from gpudoctor.host.base import Host
-from gpudoctor.host.local import LocalHost
+from gpudoctor.target import local_host
 
 
 class CampaignStopped(GpudoctorError):
@@ -110,7 +110,7 @@ class Runner:
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
                  inventory_path: str | None = None):
         self.camp, self.host = camp, host
-        self.local = LocalHost() if camp.is_remote else host
+        self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
         self.dir = Path(out_dir)
         self.store = ResultStore(self.dir)
@@ -317,7 +317,7 @@ class Runner:
             if lv.key in done:
                 continue
             rec = {**lv.spec.head(), "status": CRASHED if died else ERROR, "completed": 0, "error": msg,
-                   "log_excerpt": logscan.excerpt(log_text) if log_text else None}
+                   **logscan.record_fields(log_text)}
             rec = self.store.append(rec)
             self.emit("level_done", record=rec)
 
@@ -431,15 +431,16 @@ def aim_client(camp: Campaign, address: str) -> None:
 
 def open_campaign_target(camp: Campaign, inventory: str | None = None, host_key_policy: str | None = None):
     """The Host the campaign's servers run on, connected (host key checked), and the inventory file used."""
-    from gpudoctor.host.factory import host_for
     from gpudoctor.inventory import load_inventory
+    from gpudoctor.target import open_target
 
     inv = load_inventory(inventory)
     if camp.target not in inv.hosts:
         raise ConfigError(f"target {camp.target!r} is not a host of the inventory {inv.path} "
                           f"(hosts: {', '.join(sorted(inv.hosts)) or 'none'})", path=camp.path, line=camp.target_line)
-    host = host_for(inv.host(camp.target), host_key_policy=host_key_policy)
-    address = "local" if inv.host(camp.target).ssh.is_local else host.resolve().hostname
+    target = open_target(camp.target, inv, host_key_policy=host_key_policy)
+    host = target.host
+    address = host.resolve().hostname if target.remote else "local"
     aim_client(camp, address)
     connect = getattr(host, "connect", None)
     if connect is not None:
@@ -466,7 +467,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
         if camp.is_remote:
             host, inventory_path = open_campaign_target(camp, inventory, host_key_policy)
         else:
-            host = LocalHost()
+            host = local_host()
     try:
         return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path).run(resume)
     finally:

@@ -1,13 +1,16 @@
-"""A protocol-faithful SGLang stand-in: the native HTTP API with a known decode rate, accept length and TTFT.
+"""A protocol-faithful stand-in for SGLang 0.5.23 (or, with --flavor vllm, vLLM's OpenAI server) with a known truth.
 
-Run it as `python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 50 --accept-length 3 --ttft-ms 40`. It speaks
-/generate (streaming and not), /health, /health_generate, /ready, /model_info, /server_info, /flush_cache with SGLang's
-shapes (docs/bench.md lists the source it follows), logs SGLang-like lines, and can fail on purpose (--fail-mode) so the
-benchmark's crash handling is tested against a real process. Unknown SGLang flags are accepted and shown in /server_info,
-so the stand-in can replace `python -m sglang.launch_server` in a campaign dry run.
+Run it as `python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 50 --accept-length 3 --ttft-ms 40`. SGLang
+flavor: /generate (streamed and not), /v1/completions, /v1/chat/completions, /v1/models, /health, /health_generate,
+/ready, /model_info, /server_info, /flush_cache with 0.5.23's fields and behaviour (gpudoctor/bench/apispec.py cites
+where each comes from): cumulative output_ids, abort chunks (HTTP 200) when --max-queued-requests is exceeded, timing
+fields only with --enable-metrics, health checks that take >= 1 s, idle keep-alive connections closed after 5 s.
+vLLM flavor: /v1/* and an instant /health only, vLLM's chunk and error shapes and log lines. It logs like the real
+server, can fail on purpose (--fail-mode), and accepts (and shows in /server_info) any other flag, so it can replace
+`python -m sglang.launch_server` or `vllm serve` in a campaign dry run.
 
-Timing truth, per request: the first step is written TTFT after the request arrives; later steps are written so that the
-tokens after the first step arrive at exactly --decode-tok-s tokens/s. With --accept-length A, step k carries
+Timing truth, per request: the first step is written --ttft-ms after the request arrives; later steps are written so
+that the tokens after the first step arrive at exactly --decode-tok-s tokens/s. With --accept-length A, step k carries
 floor(k*A) - floor((k-1)*A) tokens and the final chunk reports spec_verify_ct = number of steps.
 """
 
@@ -15,65 +18,106 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
+import socket
 import sys
 import time
 
+from gpudoctor.bench import apispec
+from gpudoctor.bench import standin_wire as wire
+
 READY_LINE = "The server is fired up and ready to roll!"
+VLLM_READY_LINE = "Application startup complete."
 FAIL_MODES = ("none", "die-mid-level", "hang", "http500", "error-chunk", "never-ready", "die-at-start")
-WORDS = ("the", "model", "decodes", "tokens", "while", "drafts", "are", "verified", "in", "one", "step", "and")
+_TRIGGERED = ("die-mid-level", "hang", "http500", "error-chunk")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m gpudoctor.bench.standin", description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default=None, help="vLLM flavor: `vllm serve MODEL`'s positional model")
+    p.add_argument("--flavor", choices=("sglang", "vllm"), default="sglang")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port", type=int, default=None, help="default 30000 (sglang), 8000 (vllm)")
     p.add_argument("--decode-tok-s", type=float, default=50.0, help="tokens/s per request after the first step; 0 = instant")
     p.add_argument("--accept-length", type=float, default=None, help="tokens per verify step; turns speculation on")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--ttft-ms", type=float, default=0.0)
-    p.add_argument("--max-running", type=int, default=0, help="requests decoded at once; the rest queue (0 = no limit)")
-    p.add_argument("--context-length", type=int, default=131072)
+    p.add_argument("--max-running", "--max-running-requests", dest="max_running", type=int, default=0,
+                   help="requests decoded at once; the rest queue (0 = no limit)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="SGLang's limit: a request that would queue beyond it is aborted (HTTP 200, abort chunk)")
+    p.add_argument("--enable-metrics", action="store_true", help="SGLang: add the timing fields to meta_info")
+    p.add_argument("--incremental-streaming-output", action="store_true", help="SGLang: per-chunk text/output_ids")
+    p.add_argument("--no-tcp-nodelay", action="store_true",
+                   help="not SGLang: a server without TCP_NODELAY that writes headers and the first chunk apart "
+                        "(Nagle + delayed ACK add ~40 ms)")
+    p.add_argument("--context-length", "--max-model-len", dest="context_length", type=int, default=131072)
     p.add_argument("--startup-s", type=float, default=0.0, help="seconds of 'model loading' before ready")
-    p.add_argument("--health-timeout-s", type=float, default=20.0, help="like SGLANG_HEALTH_CHECK_TIMEOUT")
+    p.add_argument("--health-timeout-s", type=float, default=None,
+                   help="like SGLANG_HEALTH_CHECK_TIMEOUT (default: that variable, else 20)")
     p.add_argument("--fail-mode", choices=FAIL_MODES, default="none")
-    p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many /generate requests arrived")
+    p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--death-log", default=None, metavar="FILE",
+                   help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
+                        " server's traceback, instead of the built-in one")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
-    p.add_argument("--model-path", default="standin/model")
-    p.add_argument("--tp-size", "--tp", type=int, default=1)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     p.add_argument("--speculative-algorithm", default=None)
-    return p.parse_known_args(argv)
+    args, extra = p.parse_known_args(argv)
+    args.model_path = args.model_path or args.model or "standin/model"
+    args.served_model_name = args.served_model_name or args.model_path
+    if args.port is None:
+        args.port = 8000 if args.flavor == "vllm" else 30000
+    if args.health_timeout_s is None:
+        args.health_timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", apispec.HEALTH_TIMEOUT_S))
+    return args, extra
 
 
 class Log:
-    """SGLang-like log lines: `[YYYY-mm-dd HH:MM:SS] message`, flushed at once so a crash loses nothing."""
+    """Log lines in the server's own format, flushed at once so a crash loses nothing."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, flavor: str):
         self.fh = open(path, "a", buffering=1) if path else sys.stderr
+        self.flavor = flavor
 
-    def __call__(self, msg: str) -> None:
-        self.fh.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+    def __call__(self, msg: str, level: str = "INFO", where: str = "api_server.py:1") -> None:
+        if self.flavor == "vllm":
+            line = f"{level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}"
+        else:
+            line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
+        self.fh.write(line + "\n")
+        self.fh.flush()
+
+    def raw(self, text: str) -> None:
+        self.fh.write(text if text.endswith("\n") else text + "\n")
         self.fh.flush()
 
 
 class StandIn:
-    """The server's state: readiness, request counters, fault injection."""
+    """The server's state: readiness, the scheduler's queue, counters, fault injection."""
 
     def __init__(self, args: argparse.Namespace, extra: list[str]):
         self.a, self.extra = args, extra
-        self.log = Log(args.log_file)
+        self.flavor = args.flavor
+        self.log = Log(args.log_file, args.flavor)
         self.ready = False
         self.hung = asyncio.Event()
         self.failing = False  # http500 / error-chunk switched on
         self.n_requests = 0
         self.running = 0
+        self.waiting = 0
         self.sem = asyncio.Semaphore(args.max_running) if args.max_running > 0 else None
+        acc = args.accept_length
+        self.spec = wire.Spec(acc, args.speculative_num_draft_tokens or max(2, math.ceil(acc))) if acc else None
         self.accept_sum = 0.0
         self.accept_n = 0
         self.last_gen_throughput = 0.0
+        self.last_output = time.time()  # the detokenizer's last_receive_tstamp
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def trip(self) -> None:
@@ -88,61 +132,186 @@ class StandIn:
         elif mode in ("http500", "error-chunk"):
             self.failing = True
 
+    def last_words(self) -> bool:
+        """--death-log's lines, raw (a real traceback is printed without the logger's prefix); False without one."""
+        if not self.a.death_log:
+            return False
+        with open(self.a.death_log, encoding="utf-8", errors="replace") as fh:
+            self.log.raw(fh.read())
+        return True
+
     def die(self) -> None:
-        self.log("Scheduler hit an exception: Traceback (most recent call last):")
-        self.log('  File "sglang/srt/managers/scheduler.py", line 2214, in run_scheduler_process')
-        self.log("    scheduler.event_loop_overlap()")
-        self.log(f"RuntimeError: {self.a.death_message}")
-        self.log("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below"
-                 " might be incorrect.")
-        self.log("Received sigquit from a child process. It usually means the child failed.")
+        if self.last_words():
+            os._exit(1)
+        msg = self.a.death_message
+        if self.flavor == "vllm":
+            self.log("EngineCore encountered a fatal error.", "ERROR", "core.py:718")
+            self.log.raw("Traceback (most recent call last):")
+            self.log.raw('  File "vllm/v1/engine/core.py", line 709, in run_engine_core')
+            self.log.raw(f"RuntimeError: {msg}")
+            self.log("AsyncLLM output_handler failed.", "ERROR", "async_llm.py:480")
+            self.log.raw("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+                         "trace (above) for the root cause.")
+        else:
+            self.log("Scheduler hit an exception: Traceback (most recent call last):")
+            self.log('  File "sglang/srt/managers/scheduler.py", line 2214, in run_scheduler_process')
+            self.log("    scheduler.event_loop_overlap()")
+            self.log(f"RuntimeError: {msg}")
+            self.log("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+                     "below might be incorrect.")
+            self.log("Received sigquit from a child process. It usually means the child failed.")
         os._exit(1)
 
     def on_request(self) -> None:
         self.n_requests += 1
-        if self.n_requests == 1 and self.a.fail_after_s > 0 and self.a.fail_mode in (
-                "die-mid-level", "hang", "http500", "error-chunk"):
+        mode = self.a.fail_mode
+        if self.n_requests == 1 and self.a.fail_after_s > 0 and mode in _TRIGGERED:
             asyncio.get_running_loop().call_later(self.a.fail_after_s, self.trip)
         n = self.a.fail_after_requests
-        if self.a.fail_mode in ("die-mid-level", "hang", "http500", "error-chunk") and n and self.n_requests >= n:
-            if self.a.fail_mode == "die-mid-level":
+        if mode in _TRIGGERED and n and self.n_requests >= n:
+            if mode == "die-mid-level":
                 # Die a moment later so streams already running are cut mid-way, as a real crash does.
                 asyncio.get_running_loop().call_later(0.05, self.die)
             else:
                 self.trip()
 
-    # ---- handlers -----------------------------------------------------------------------------------------------
+    # ---- the scheduler --------------------------------------------------------------------------------------------
+    def new_state(self, request, prompt_tokens: int, max_new: int, rid: str | None) -> wire.ReqState:
+        received = getattr(request.protocol, "rx_first", None) or time.time()
+        return wire.ReqState(rid=rid or f"{os.getpid():x}{self.n_requests:08x}", prompt_tokens=prompt_tokens,
+                             max_new=max_new, received=received)
+
+    def queue_full(self) -> bool:
+        """Scheduler._abort_on_queued_limit: would this request wait in a queue already at its limit?"""
+        q = self.a.max_queued_requests
+        return q is not None and self.sem is not None and self.sem.locked() and self.waiting + 1 > q
+
+    async def steps(self, st: wire.ReqState):
+        """Advance `st` on the known schedule, yielding after each step (the first after TTFT)."""
+        a = self.a
+        loop = asyncio.get_running_loop()
+        if self.sem is not None:
+            self.waiting += 1
+            try:
+                await self.sem.acquire()
+            finally:
+                self.waiting -= 1
+        self.running += 1
+        st.forward_entry = time.time()
+        try:
+            t0 = loop.time()
+            acc, rate = a.accept_length, a.decode_tok_s
+            first = None
+            while st.done < st.max_new:
+                k = st.steps + 1
+                n = (math.floor(k * acc) - math.floor((k - 1) * acc)) if acc else 1
+                n = max(1, min(n, st.max_new - st.done))
+                first = n if first is None else first
+                due = t0 + a.ttft_ms / 1000.0 + ((st.done + n - first) / rate if rate > 0 else 0.0)
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif rate <= 0 and a.ttft_ms <= 0:
+                    await asyncio.sleep(0)
+                if self.hung.is_set():
+                    await asyncio.Event().wait()  # stop sending, keep the connection open
+                st.advance(n)
+                self.last_output = time.time()
+                if st.finished is not None:
+                    if self.spec is not None and st.rid != "HEALTH_CHECK":
+                        self.accept_sum += st.done / st.steps
+                        self.accept_n += 1
+                    dt = loop.time() - t0
+                    self.last_gen_throughput = st.done / dt if dt > 0 else 0.0
+                yield st
+        finally:
+            self.running -= 1
+            if self.sem is not None:
+                self.sem.release()
+
+    def check(self, prompt_tokens: int, max_new: int) -> str | None:
+        """Why the tokenizer manager would refuse this request (a ValueError in SGLang), or None."""
+        if self.failing and self.a.fail_mode == "error-chunk":
+            return "stand-in fault: error-chunk"
+        ctx = self.a.context_length
+        if prompt_tokens >= ctx:
+            return f"The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens)."
+        if prompt_tokens + max_new > ctx:
+            return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You "
+                    f"requested a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens from the input "
+                    f"messages and {max_new} tokens for the completion.")
+        return None
+
+    # ---- HTTP plumbing ---------------------------------------------------------------------------------------------
+    async def open_stream(self, request):
+        from aiohttp import web
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if self.a.no_tcp_nodelay:
+            await resp.write(b"")  # headers leave as their own segment; the first chunk must wait for their ACK
+        return resp
+
+    def _json(self, obj, status: int = 200):
+        from aiohttp import web
+
+        return web.Response(body=wire.dumps(obj), status=status, content_type="application/json")
+
+    def http500(self):
+        from aiohttp import web
+
+        self.log("Exception in ASGI application: Traceback (most recent call last): ... RuntimeError: "
+                 "stand-in fault http500")
+        return web.Response(status=500, text="Internal Server Error")
+
+    # ---- native endpoints -----------------------------------------------------------------------------------------
     async def health(self, request):
+        """http_server.py health_generate: 503 while starting; else a one-token generation polled once a second."""
         from aiohttp import web
 
         if not self.ready:
             return web.Response(status=503)
-        if self.hung.is_set():
-            await asyncio.sleep(self.a.health_timeout_s)
-            self.log(f"Health check failed. Server couldn't get a response from detokenizer for last "
-                     f"{self.a.health_timeout_s:g} seconds.")
-            return web.Response(status=503)
-        return web.Response(status=200)
+        if self.flavor == "vllm" or request.path == "/ready":
+            return web.Response(status=200)
+        if request.path == "/health" and os.environ.get(
+                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in ("0", "false", "no"):
+            return web.Response(status=200)
+        tic = time.time()
+        probe = asyncio.ensure_future(self._health_generation())
+        try:
+            while time.time() < tic + self.a.health_timeout_s:
+                await asyncio.sleep(apispec.HEALTH_POLL_S)
+                if self.last_output > tic:
+                    return web.Response(status=200)
+        finally:
+            probe.cancel()
+        self.log(f"Health check failed. Server couldn't get a response from detokenizer for last "
+                 f"{self.a.health_timeout_s:g} seconds.")
+        return web.Response(status=503)
+
+    async def _health_generation(self) -> None:
+        st = wire.ReqState(rid="HEALTH_CHECK", prompt_tokens=1, max_new=1, received=time.time())
+        async for _ in self.steps(st):
+            pass
 
     async def model_info(self, request):
-        from aiohttp import web
-
-        return web.json_response({"model_path": self.a.model_path, "tokenizer_path": self.a.model_path,
-                                  "is_generation": True, "preferred_sampling_params": None, "weight_version": "default"})
+        return self._json({"model_path": self.a.model_path, "tokenizer_path": self.a.model_path,
+                           "is_generation": True, "preferred_sampling_params": None, "weight_version": "default"})
 
     async def server_info(self, request):
-        from aiohttp import web
-
         a = self.a
         avg = self.accept_sum / self.accept_n if self.accept_n else None
         state = {"last_gen_throughput": self.last_gen_throughput}
         if a.accept_length:
             state["avg_spec_accept_length"] = avg
-        return web.json_response({
-            "model_path": a.model_path, "tp_size": a.tp_size, "context_length": a.context_length,
+        return self._json({
+            "model_path": a.model_path, "served_model_name": a.served_model_name, "tp_size": a.tp_size,
+            "context_length": a.context_length, "enable_metrics": a.enable_metrics,
             "speculative_algorithm": a.speculative_algorithm or ("EAGLE" if a.accept_length else None),
-            "max_running_requests": a.max_running or None, "max_req_input_len": a.context_length - 1,
-            "max_total_num_tokens": 500000, "internal_states": [state], "version": "0.0.0+gpudoctor.standin",
+            "speculative_num_draft_tokens": self.spec.num_draft_tokens if self.spec else None,
+            "max_running_requests": a.max_running or None, "max_queued_requests": a.max_queued_requests,
+            "max_req_input_len": a.context_length - 1, "max_total_num_tokens": 500000, "internal_states": [state],
+            "version": f"{apispec.SGLANG_VERSION}+gpudoctor.standin",
             "standin": {"decode_tok_s": a.decode_tok_s, "accept_length": a.accept_length, "ttft_ms": a.ttft_ms,
                         "extra_args": self.extra},
         })
@@ -155,123 +324,149 @@ class StandIn:
         self.accept_sum, self.accept_n = 0.0, 0
         return web.Response(text="Cache flushed.\n")
 
-    def _prompt_tokens(self, body: dict) -> int:
+    def _prompt_tokens(self, body: dict, key: str = "text") -> int:
         from gpudoctor.bench.tokens import approx_tokens
 
-        if isinstance(body.get("input_ids"), list):
-            return len(body["input_ids"])
-        return approx_tokens(str(body.get("text") or ""))
+        value = body.get("input_ids") if key == "text" else body.get(key)
+        if isinstance(value, list) and all(isinstance(x, int) for x in value):
+            return len(value)
+        if key == "messages" and isinstance(value, list):
+            return sum(approx_tokens(str(m.get("content") or "")) for m in value if isinstance(m, dict)) + 3
+        return approx_tokens(str(body.get(key) or ""))
 
     async def generate(self, request):
-        from aiohttp import web
-
-        received = getattr(request.protocol, "rx_first", None) or time.time()
         body = await request.json()
         self.on_request()
         if self.failing and self.a.fail_mode == "http500":
-            self.log("Exception in ASGI application: Traceback (most recent call last): ... RuntimeError: "
-                     "stand-in fault http500")
-            return web.Response(status=500, text="Internal Server Error")
+            return self.http500()
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         prompt_tokens = self._prompt_tokens(body)
-        error = None
-        if self.failing:
-            error = "stand-in fault: error-chunk"
-        elif prompt_tokens >= self.a.context_length:
-            error = (f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                     f"({self.a.context_length} tokens).")
-        elif prompt_tokens + max_new > self.a.context_length:
-            error = (f"Requested token count exceeds the model's maximum context length of {self.a.context_length} "
-                     f"tokens. You requested a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens from "
-                     f"the input messages and {max_new} tokens for the completion.")
-        rid = body.get("rid") or f"{os.getpid():x}{self.n_requests:08x}"
+        error = self.check(prompt_tokens, max_new)
+        st = self.new_state(request, prompt_tokens, max_new, body.get("rid"))
+        a = self.a
+        opts = {"metrics": a.enable_metrics, "spec": self.spec, "incremental": a.incremental_streaming_output}
         if not body.get("stream"):
             if error:
-                return web.json_response({"error": {"message": error}}, status=400)
-            last = None
-            async for out in self._outputs(rid, prompt_tokens, max_new, received):
-                last = out
-            return web.json_response(last)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+                self.log(f"[http_server] Error: {error}")
+                return self._json({"error": {"message": error}}, status=400)
+            if self.queue_full():
+                return self._json({"detail": apispec.QUEUE_FULL_MESSAGE}, status=apispec.QUEUE_FULL_STATUS)
+            async for _ in self.steps(st):
+                pass
+            return self._json(wire.native_chunk(st, stream=False, **opts))
+        resp = await self.open_stream(request)
         if error:
             self.log(f"[http_server] Error: {error}")
-            await resp.write(b"data: " + json.dumps({"error": {"message": error}}).encode() + b"\n\n")
+            await resp.write(wire.sse(wire.native_stream_error(error)))
+        elif self.queue_full():
+            await resp.write(wire.sse(wire.native_abort(st, apispec.QUEUE_FULL_MESSAGE, apispec.QUEUE_FULL_STATUS)))
         else:
-            stamps: dict = {}
-            try:
-                async for out in self._outputs(rid, prompt_tokens, max_new, received, stamps):
-                    await resp.write(b"data: " + json.dumps(out, separators=(",", ":")).encode() + b"\n\n")
-                    if "first_written" not in stamps:
-                        stamps["first_written"] = time.time()
-            except (ConnectionResetError, asyncio.CancelledError):
-                raise
-        await resp.write(b"data: [DONE]\n\n")
+            async for _ in self.steps(st):
+                await resp.write(wire.sse(wire.native_chunk(st, stream=True, **opts)))
+        await resp.write(wire.DONE)
         await resp.write_eof()
         return resp
 
-    async def _outputs(self, rid: str, prompt_tokens: int, max_new: int, received: float, stamps: dict | None = None):
-        """Yield SGLang-shaped outputs on the known schedule (cumulative text and completion_tokens)."""
-        a = self.a
-        loop = asyncio.get_running_loop()
-        if self.sem is not None:
-            await self.sem.acquire()
-        self.running += 1
+    # ---- OpenAI-compatible endpoints --------------------------------------------------------------------------------
+    async def models(self, request):
+        return self._json(wire.model_list(self.a.served_model_name, self.a.context_length, self.flavor))
+
+    async def completions(self, request):
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request):
+        return await self._openai(request, chat=True)
+
+    def _bad_request(self, message: str, status: int = 400):
+        err_type = "BadRequestError" if status == 400 else "NotFoundError"
+        return self._json(wire.openai_error(message, err_type, status, self.flavor), status=status)
+
+    async def _openai(self, request, chat: bool):
         try:
-            t0 = loop.time()
-            acc = a.accept_length
-            rate = a.decode_tok_s
-            pieces: list[str] = []
-            done = steps = 0
-            first_tokens = None
-            first_ts = None
-            while done < max_new:
-                steps += 1
-                n = (math.floor(steps * acc) - math.floor((steps - 1) * acc)) if acc else 1
-                n = max(1, min(n, max_new - done))
-                if first_tokens is None:
-                    first_tokens = n
-                due = t0 + a.ttft_ms / 1000.0 + ((done + n - first_tokens) / rate if rate > 0 else 0.0)
-                delay = due - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                elif rate <= 0 and a.ttft_ms <= 0:
-                    await asyncio.sleep(0)
-                if self.hung.is_set():
-                    await asyncio.Event().wait()  # stop sending, keep the connection open
-                for i in range(done, done + n):
-                    pieces.append(" " + WORDS[i % len(WORDS)])
-                done += n
-                if first_ts is None:
-                    first_ts = time.time()
-                meta = {"id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens, "weight_version": "default",
-                        "total_retractions": 0, "completion_tokens": done, "cached_tokens": 0}
-                if done >= max_new:
-                    meta["finish_reason"] = {"type": "length", "length": max_new}
-                    meta["e2e_latency"] = time.time() - received
-                    meta["request_received_ts"] = received
-                    # When the first chunk reached the socket (streaming), else when it was produced.
-                    meta["prefill_finished_ts"] = (stamps or {}).get("first_written", first_ts)
-                    meta["decode_finished_ts"] = time.time()
-                    if acc:
-                        drafts = steps * max(1, math.ceil(acc) - 1)
-                        meta.update({"spec_verify_ct": steps, "spec_accept_length": done / steps,
-                                     "spec_accept_rate": min(1.0, (done - steps) / drafts) if drafts else 0.0,
-                                     "spec_accept_token_num": done - steps, "spec_draft_token_num": drafts})
-                        self.accept_sum += done / steps
-                        self.accept_n += 1
-                    dt = loop.time() - t0
-                    self.last_gen_throughput = done / dt if dt > 0 else 0.0
-                yield {"text": "".join(pieces), "output_ids": list(range(done - n, done)), "meta_info": meta}
-        finally:
-            self.running -= 1
-            if self.sem is not None:
-                self.sem.release()
+            body = await request.json()
+        except ValueError:
+            return self._bad_request("Invalid JSON body")
+        self.on_request()
+        if self.failing and self.a.fail_mode == "http500":
+            return self.http500()
+        fl = self.flavor
+        req = wire.read_openai(body, chat, fl)
+        req.model = req.model or self.a.served_model_name
+        if req.model and req.model != self.a.served_model_name:
+            return self._bad_request(f"The model `{req.model}` does not exist.", 404)
+        max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        prompt_tokens = self._prompt_tokens(body, "messages" if chat else "prompt")
+        if not chat and not body.get("prompt"):
+            return self._bad_request("Prompt cannot be empty")
+        st = self.new_state(request, prompt_tokens, max_new, body.get("rid"))
+        error = self.check(prompt_tokens, max_new)
+        if error and not (self.failing and fl == "sglang"):
+            self.log(f"Error in request: {error}", "ERROR", "serving_engine.py:1")
+            return self._bad_request(error)
+        if not body.get("stream"):
+            async for _ in self.steps(st):
+                pass
+            return self._json(self._openai_full(st, req))
+        gen = self._openai_chunks(st, req, error)
+        resp = None
+        if fl == "vllm":  # vLLM's StreamingResponse starts at once; SGLang kick-starts the generator first
+            resp = await self.open_stream(request)
+        async for chunk in gen:
+            if resp is None:
+                resp = await self.open_stream(request)
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def _openai_chunks(self, st: wire.ReqState, req: wire.OpenAIReq, error: str | None):
+        fl = self.flavor
+        if error:  # only the error-chunk fault gets here: an error after the stream started
+            yield wire.sse(wire.openai_stream_error(error, "BadRequestError", 400, fl))
+        elif fl == "sglang" and self.queue_full():
+            yield wire.sse(wire.openai_stream_error(apispec.QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE",
+                                                    apispec.QUEUE_FULL_STATUS, fl))
+        else:
+            async for _ in self.steps(st):
+                if req.chat and st.steps == 1:
+                    yield wire.sse(wire.openai_role_chunk(st, req, fl))
+                yield wire.sse(wire.openai_chunk(st, req, fl))
+        for tail in wire.openai_tail(st, req, fl, self.spec):
+            yield wire.sse(tail)
+        yield wire.DONE
+
+    def _openai_full(self, st: wire.ReqState, req: wire.OpenAIReq) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": "length"}
+        if req.chat:
+            choice["message"] = {"role": "assistant", "content": st.text()}
+        else:
+            choice["text"] = st.text()
+        out = {"id": st.rid, "object": "chat.completion" if req.chat else "text_completion", "created": req.created,
+               "model": req.model or self.a.served_model_name, "choices": [choice],
+               "usage": wire.usage(st.prompt_tokens, st.done, self.flavor, final=True)}
+        if req.spec_details and self.spec is not None:
+            out["sglext"] = {"spec_tokens_details": self.spec.meta(st)}
+        return out
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     async def become_ready(self) -> None:
         a = self.a
+        if self.flavor == "vllm":
+            self.log("vLLM API server version 0.0.0+gpudoctor.standin", where="api_server.py:1839")
+            self.log(f"non-default args: {{'model': '{a.model_path}', 'tensor_parallel_size': {a.tp_size}}}",
+                     where="utils.py:233")
+            if a.fail_mode == "never-ready":
+                return
+            await asyncio.sleep(a.startup_s)
+            self.log("Model loading took 39.27 GiB and 10.0 seconds", where="gpu_model_runner.py:1892")
+            self.log("GPU KV cache size: 500,000 tokens", where="kv_cache_utils.py:1013")
+            self.log(f"Maximum concurrency for {a.context_length} tokens per request: 3.81x",
+                     where="kv_cache_utils.py:1017")
+            self.log(f"Starting vLLM API server 0 on http://{a.host}:{a.port}", where="api_server.py:1880")
+            self.ready = True
+            self.log.raw("INFO:     Waiting for application startup.")
+            self.log.raw(f"INFO:     {VLLM_READY_LINE}")
+            return
         self.log("Load weight begin. avail mem=139.27 GB")
         if a.fail_mode == "never-ready":
             return
@@ -285,13 +480,21 @@ class StandIn:
         self.log(READY_LINE)
 
 
-def _stamp_request_arrival() -> None:
-    """Make aiohttp note when a request's first bytes were read, so request_received_ts is the arrival, not the
-    moment the handler ran (this process serves only the stand-in, so patching its handler class is contained)."""
+def _patch_protocol(nodelay: bool) -> None:
+    """Make aiohttp note when a request's first bytes were read (request_received_ts is the arrival, not the moment
+    the handler ran) and, with --no-tcp-nodelay, turn Nagle's algorithm back on. This process serves only the
+    stand-in, so patching its handler class is contained."""
     from aiohttp import web_protocol, web_server
 
     class Stamping(web_protocol.RequestHandler):
         rx_first: float | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if not nodelay:
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
 
         def data_received(self, data: bytes) -> None:
             if data[:4] in (b"POST", b"PUT ", b"GET "):  # a request line: no pipelining, so a new request
@@ -305,17 +508,23 @@ def build_app(state: StandIn):
     from aiohttp import web
 
     app = web.Application()
-    app.router.add_get("/health", state.health)
-    app.router.add_get("/health_generate", state.health)
-    app.router.add_get("/ready", state.health)
+    r = app.router
+    r.add_get("/health", state.health)
+    r.add_get("/v1/models", state.models)
+    r.add_post("/v1/completions", state.completions)
+    r.add_post("/v1/chat/completions", state.chat)
+    if state.flavor == "vllm":
+        return app
+    r.add_get("/health_generate", state.health)
+    r.add_get("/ready", state.health)
     for path in ("/model_info", "/get_model_info"):
-        app.router.add_get(path, state.model_info)
+        r.add_get(path, state.model_info)
     for path in ("/server_info", "/get_server_info"):
-        app.router.add_get(path, state.server_info)
-    app.router.add_route("GET", "/flush_cache", state.flush_cache)
-    app.router.add_route("POST", "/flush_cache", state.flush_cache)
-    app.router.add_route("POST", "/generate", state.generate)
-    app.router.add_route("PUT", "/generate", state.generate)
+        r.add_get(path, state.server_info)
+    r.add_route("GET", "/flush_cache", state.flush_cache)
+    r.add_route("POST", "/flush_cache", state.flush_cache)
+    r.add_route("POST", "/generate", state.generate)
+    r.add_route("PUT", "/generate", state.generate)
     return app
 
 
@@ -323,22 +532,36 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     from aiohttp import web
 
     state = StandIn(args, extra)
-    state.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, host='{args.host}', "
-              f"port={args.port}, speculative_algorithm={args.speculative_algorithm!r}, extra={extra!r})")
+    if args.flavor == "sglang":
+        state.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, "
+                  f"host='{args.host}', port={args.port}, speculative_algorithm={args.speculative_algorithm!r}, "
+                  f"enable_metrics={args.enable_metrics}, extra={extra!r})")
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
-    if args.fail_mode == "die-at-start":
-        state.log("Traceback (most recent call last):")
-        state.log('  File "sglang/srt/server_args.py", line 1021, in __post_init__')
-        state.log("AssertionError")
+    if args.fail_mode == "die-at-start" and state.last_words():
         raise SystemExit(1)
-    _stamp_request_arrival()
-    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
+    if args.fail_mode == "die-at-start":
+        if args.flavor == "vllm":
+            state.log.raw("Traceback (most recent call last):")
+            state.log.raw('  File "vllm/engine/arg_utils.py", line 1100, in create_engine_config')
+            state.log.raw("ValueError: Total number of attention heads (6) must be divisible by tensor parallel "
+                          "size (4).")
+        else:
+            state.log("Traceback (most recent call last):")
+            state.log('  File "sglang/srt/server_args.py", line 1021, in __post_init__')
+            state.log("AssertionError")
+        raise SystemExit(1)
+    _patch_protocol(nodelay=not args.no_tcp_nodelay)
+    keep_alive = float(os.environ.get("SGLANG_TIMEOUT_KEEP_ALIVE", apispec.KEEP_ALIVE_S))
+    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False, keepalive_timeout=keep_alive)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
     await site.start()
-    state.log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    if args.flavor == "vllm":
+        state.log.raw(f"INFO:     Started server process [{os.getpid()}]")
+    else:
+        state.log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
     await state.become_ready()
     await asyncio.Event().wait()
 

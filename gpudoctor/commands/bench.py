@@ -63,12 +63,28 @@ class Display:
             self._line(f"   {data['text']}")
 
 
+def _float_list(value: str, flag: str) -> list[float]:
+    try:
+        out = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"{flag} wants comma-separated numbers, got {value!r}") from None
+    if not out or any(not v > 0 for v in out):
+        raise InputError(f"{flag} wants positive numbers, got {value!r}")
+    return out
+
+
 def _level_line(r: dict) -> str:
-    head = f"{r['label']} {r['workload']} c={r['concurrency']}"
+    load = f"rate={r['request_rate']:g}/s" if r.get("request_rate") else f"c={r['concurrency']}"
+    head = f"{r['label']} {r['workload']} {load}"
     if r["status"] == "ok":
         acc = f" accept {r['accept_length']:.2f}" if r.get("accept_length") else ""
-        return (f"{head}: ok {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
-                f"ITL p50 {r['itl_ms_p50'] or 0:.2f} ms{acc}")
+        good = f", goodput {r['goodput_req_per_s']:.2f} req/s" if r.get("goodput_req_per_s") is not None else ""
+        line = (f"{head}: ok {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
+                f"ITL p50 {r['itl_ms_p50'] or 0:.2f} ms{acc}{good}")
+        for extra in (r.get("error"), r.get("transport_note")):
+            if extra:
+                line += f"\n   note: {extra}"
+        return line
     return f"{head}: {r['status'].upper()} {r['error']}"
 
 
@@ -89,7 +105,23 @@ def bench():
 
 @bench.command("load")
 @click.option("--server-url", required=True, help="Base URL of a running SGLang server, e.g. http://127.0.0.1:30000.")
-@click.option("--concurrency", "concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
+@click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
+              help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
+                   "(SGLang, vLLM, ...).")
+@click.option("--concurrency", "concurrency", default=None,
+              help="Comma-separated closed-loop levels [default: 1,4,16; with --request-rate: a cap on requests in "
+                   "flight, one value].")
+@click.option("--request-rate", default=None,
+              help="Comma-separated open-loop levels in requests/s (e.g. 2,8,32): requests start on schedule "
+                   "whatever is in flight.")
+@click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson", show_default=True,
+              help="Open loop: Poisson (exponential gaps) or constant arrivals.")
+@click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Stop a level once more than this fraction of its requests failed (0: at the first failure).")
+@click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Goodput SLO: time to first token, ms.")
+@click.option("--slo-itl-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
 @click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
 @click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
               help="Requests per level [default: max(8, 4 x concurrency)].")
@@ -107,14 +139,19 @@ def bench():
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
-def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_set, tokenizer_dir, context_limit,
-         label, server_log, stall_timeout, ready_timeout, warmup, out_dir, json_out):
-    """Drive a running server with streamed /generate requests, one level per concurrency.
+def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
+         num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
+         ready_timeout, warmup, out_dir, json_out):
+    """Drive a running server with streamed requests, one level per concurrency or request rate.
 
     \b
-    Example:
+    Examples:
       gpudoctor bench load --server-url http://127.0.0.1:30000 --concurrency 1,4,16 \\
           --max-tokens 256 --context-len 3000 --label eagle3-tp4 --server-log sglang.log --out runs/a
+      gpudoctor bench load --server-url http://127.0.0.1:8000 --api completions --request-rate 4,16,64 \\
+          --max-tokens 256 --slo-ttft-ms 500 --slo-itl-ms 50 --max-error-rate 0.01 --out runs/vllm
+    Every request is greedy (temperature 0) with ignore_eos, so it produces exactly --max-tokens tokens; OpenAI
+    requests ask for per-chunk usage (stream_options.continuous_usage_stats), so speculative chunks count right.
     Exit codes: 0 every level ok, 2 a level crashed, errored or was skipped, 3 bad input.
     """
     import asyncio
@@ -124,9 +161,15 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
     from gpudoctor.bench.load import LevelSpec
     from gpudoctor.bench.prompts import build, load_source, misfit
     from gpudoctor.bench.results import ResultStore
-    from gpudoctor.bench.tokens import load_counter
+    from gpudoctor.bench.tokens import Counter, load_counter
 
-    levels_c = _int_list(concurrency, "--concurrency")
+    rates = _float_list(request_rate, "--request-rate") if request_rate else [None]
+    if request_rate is None:
+        levels_c = _int_list(concurrency or "1,4,16", "--concurrency")
+    else:
+        levels_c = _int_list(concurrency, "--concurrency") if concurrency else [None]
+        if len(levels_c) > 1:
+            raise InputError("with --request-rate, --concurrency is one cap on requests in flight, not a list")
     base = server_url.rstrip("/")
     questions = load_source(prompt_set)
     counter = load_counter(tokenizer_dir)
@@ -134,11 +177,16 @@ def load(server_url, concurrency, max_tokens, num_prompts, context_len, prompt_s
     limit = context_limit or asyncio.run(server_context_limit(base))
     levels = []
     for c in levels_c:
-        n = num_prompts or max(8, 4 * c)
-        spec = LevelSpec(label=label, workload=workload_name(set_name, context_len, max_tokens), concurrency=c,
-                         max_tokens=max_tokens, num_prompts=n, context_len=context_len)
-        prompts = build(n, questions, counter, context_len, seed=c)
-        levels.append(Level(spec, prompts, misfit(prompts, max_tokens, limit)))
+        for rate in rates:
+            n = num_prompts or (max(8, 4 * c) if rate is None else max(16, int(rate * 10)))
+            spec = LevelSpec(label=label, workload=workload_name(set_name, context_len, max_tokens), concurrency=c,
+                             max_tokens=max_tokens, num_prompts=n, context_len=context_len, api=api,
+                             request_rate=rate, arrival=arrival, max_error_rate=max_error_rate,
+                             slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms)
+            # Chat messages are text: token-id prompts only go to /generate and /v1/completions.
+            prompts = build(n, questions, counter if api != "chat" else Counter(), context_len,
+                            seed=c if rate is None else int(rate * 1000))
+            levels.append(Level(spec, prompts, misfit(prompts, max_tokens, limit)))
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; context limit: {limit or 'unknown'}")

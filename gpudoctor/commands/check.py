@@ -16,48 +16,14 @@ def _console():
     return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
 
 
-def build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout):
-    """(Host, GatherContext) for the local machine or an inventory host; for an LXC guest the context carries its
-    Proxmox node (ctx.proxmox, ctx.vmid, config_dir, pct), so the boundary layer is read from there over SSH.
+def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
+                      deep_python=None):
+    """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
+    from gpudoctor.target import open_target
 
-    Both connections are opened here, before anything runs: an unknown or changed host key on either refuses the
-    whole run (HostKeyError, exit 3)."""
-    from gpudoctor.gather.context import GatherContext
-
-    if host_name and host_name not in ("local", "localhost"):
-        from gpudoctor.fleet import open_check_target
-        from gpudoctor.host.factory import connect_all
-
-        host, ctx = open_check_target(host_name, inventory, timeout)
-        try:
-            connect_all(host, ctx.proxmox)
-        except BaseException:
-            _close(host, ctx)
-            raise
-    else:
-        from gpudoctor.host.local import LocalHost
-
-        host, ctx = LocalHost(), GatherContext(name=_hostname())
-    if expect_gpus is not None:
-        ctx.expect_gpus = expect_gpus
-    if models:
-        ctx.model_paths = list(models)
-    if sglang_url:
-        ctx.sglang_url = sglang_url
-    ctx.timeout = timeout
-    return host, ctx
-
-
-def _close(host, ctx) -> None:
-    host.close()
-    if ctx.proxmox is not None:
-        ctx.proxmox.close()
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
+    policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
+    return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
+                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy)
 
 
 _common = [
@@ -119,26 +85,14 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
         if snapshot_path or host_name:
             raise InputError("--all/--group check inventory hosts; they do not combine with --snapshot or --host")
         raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path))
-    from gpudoctor.diagnose import diagnose
+    from gpudoctor.pipeline import check_host
 
-    if snapshot_path:
-        from gpudoctor import snapshot
-
-        facts = snapshot.facts_of(snapshot.load(snapshot_path))
-        if expect_gpus is not None:
-            facts["meta"]["context"]["expect_gpus"] = expect_gpus
-    else:
-        from gpudoctor.gather import gather
-
+    if not snapshot_path:
         _warm_imports(as_json)
-        host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-        if deep:
-            ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
-        try:
-            facts = gather(host, ctx)
-        finally:
-            _close(host, ctx)
-    d = diagnose(facts, set(only) or None)
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
+                           deep_python) as target:
+        d = check_host(target, set(only) or None)
+    facts = d.facts
     if prom_path:
         import time
 
@@ -154,8 +108,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     else:
         from gpudoctor.report import render
 
-        remote = host_name if host_name and host_name not in ("local", "localhost") and not snapshot_path else None
-        render(d, _console(), verbose=show_all, host=remote)
+        render(d, _console(), verbose=show_all, host=target.name if target.remote else None)
     raise SystemExit(d.exit_code)
 
 
@@ -217,7 +170,8 @@ def _explain(check_id: str) -> int:
     c = specs[check_id]
     click.echo(f"{c.id}  (layer {c.layer})\n\n{c.summary}\n\n{c.doc}")
     if c.depends_on:
-        click.echo(f"\nA failure of {', '.join(c.depends_on)} makes this finding a symptom, not a root cause.")
+        click.echo(f"\nIts findings can be symptoms of: {', '.join(c.depends_on)} — each finding only of those its evidence "
+                   f"can follow from (a missing tool or library is its own cause).")
     if c.remedy:
         click.echo(f"\nRemedy: gpudoctor fix --only {c.remedy}")
     return 0
@@ -239,13 +193,10 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor import snapshot as snap
     from gpudoctor.atomic import atomic_write
 
-    host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-    if deep:
-        ctx.policy = {**ctx.policy, "deep": True, **({"torch_python": deep_python} if deep_python else {})}
-    try:
-        doc = snap.take(host, ctx)
-    finally:
-        _close(host, ctx)
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
+                           deep_python=deep_python) as target:
+        target.connect()
+        doc = snap.take(target.host, target.context)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)

@@ -127,7 +127,12 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
                store=StateStore(state_path), notifier=Notifier(), metrics=metrics, xid_watcher_factory=xid_factory)
     d.load()
     if once:
-        raise SystemExit(d.run_once())
+        code = d.run_once()
+        from gpudoctor.report import daemon_cycle_lines
+
+        for line in daemon_cycle_lines(d.found):
+            click.echo(line)
+        raise SystemExit(code)
     server = MetricsServer(metrics_addr, metrics, d.health) if serve else None
     d.install_signals()
     if server is not None:

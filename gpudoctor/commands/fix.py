@@ -1,15 +1,14 @@
-"""`gpudoctor fix`: plan guarded fixes for failing checks (dry run), apply them with --apply. Also the renderers
-that `gpudoctor lxc fix` shares."""
+"""`gpudoctor fix`: plan guarded fixes for failing checks (dry run), apply them with --apply; the options and the
+flow wrapper that `gpudoctor lxc fix` shares. The flow is gpudoctor.remedy.fix, the text gpudoctor.report."""
 
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
 import click
 
-from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
+from gpudoctor.errors import InputError
 
 FIX_EXIT_DOC = """\b
 Exit codes:
@@ -17,71 +16,6 @@ Exit codes:
   1  changes planned but not applied (dry run), or a reboot is still pending
   2  a remedy refused, failed, or was rolled back after a failed verification; or the lock is held
   3  bad input (unreadable or malformed file, bad flag)"""
-
-
-def render_plan(plan, *, apply: bool) -> str:
-    lines = []
-    for c in plan.changes:
-        lines.append(f"PLAN  {c.remedy} on {c.host}: {c.summary}")
-        lines.append(f"      risk {c.risk}" + ("; needs a restart to take effect" if c.needs_reboot else ""))
-        for cmd in c.commands:
-            lines.append(f"      then: {cmd}")
-        for why in (c.data or {}).get("skipped") or []:
-            lines.append(f"      not touching: {why}")
-        for cmd in (c.data or {}).get("preview") or []:
-            lines.append(f"      preview (writes nothing; --apply runs it first): {cmd}")
-        if c.diff:
-            lines.append("")
-            lines.extend("      " + ln if ln else "" for ln in c.diff.rstrip("\n").split("\n"))
-            lines.append("")
-    for r in plan.refusals:
-        lines.append(f"REFUSED  {r.remedy}: {r.reason}")
-    if not plan.changes and not plan.refusals:
-        lines.append("nothing to fix")
-    if plan.changes and not apply:
-        lines.append("dry run: nothing was changed; re-run with --apply to make these changes")
-    return "\n".join(lines)
-
-
-def render_outcomes(outcomes) -> str:
-    lines = []
-    for o in outcomes:
-        tag = {"applied": "APPLIED", "unchanged": "UNCHANGED", "rolled_back": "ROLLED BACK",
-               "rollback_failed": "ROLLBACK FAILED", "failed": "FAILED"}[o.result]
-        lines.append(f"{tag}  {o.change.remedy} on {o.change.host}: {o.detail}")
-        if o.applied.get("backup"):
-            lines.append(f"      backup: {o.applied['backup']}")
-        if o.reboot is not None:
-            lines.append(("      restarted: " if o.reboot.done else "      not restarted: ") + o.reboot.message)
-        elif o.ok and o.change.needs_reboot:
-            cmd = next((c for c in o.change.commands if "reboot" in c), "a restart")
-            lines.append(f"      restart pending: {cmd} (or re-run with --reboot)")
-    return "\n".join(lines)
-
-
-def exit_code_for(plan, outcomes, *, apply: bool) -> int:
-    if plan.refusals or any(not o.ok for o in outcomes):
-        return EXIT_FAIL
-    if not apply:
-        return EXIT_WARN if plan.changes else EXIT_OK
-    if any(o.change.needs_reboot and not (o.reboot and o.reboot.done) for o in outcomes):
-        return EXIT_WARN
-    return EXIT_OK
-
-
-def run_engine(engine, facts: dict, *, apply: bool, as_json: bool) -> int:
-    """Plan, show, apply when asked, show outcomes; return the exit code (shared by `fix` and `lxc fix`)."""
-    plan = engine.plan(facts)
-    outcomes = engine.apply(plan) if apply and plan.changes else []
-    if as_json:
-        click.echo(json.dumps({"schema": "gpudoctor.fix/1", "apply": apply, "plan": plan.to_json(),
-                               "outcomes": [o.to_json() for o in outcomes],
-                               "exit_code": exit_code_for(plan, outcomes, apply=apply)}, indent=2, sort_keys=True))
-    else:
-        click.echo(render_plan(plan, apply=apply))
-        if outcomes:
-            click.echo(render_outcomes(outcomes))
-    return exit_code_for(plan, outcomes, apply=apply)
 
 
 def engine_options(f):
@@ -106,18 +40,33 @@ def engine_options(f):
     return f
 
 
-def make_engine(remedies, hosts: dict, *, backup_dir, audit_log, lock_dir, reboot: bool):
-    from gpudoctor.remedy import AuditLog, Engine, RemedyContext
+def run_fix(target, remedies, *, apply, as_json, yes=True, backup_dir, audit_log, lock_dir, reboot, timeout=10.0,
+            options=None, facts=None) -> int:
+    """The remedy engine's fix flow on a Target, rendered; returns the exit code (shared by `fix` and `lxc fix`)."""
+    from gpudoctor import report
+    from gpudoctor.remedy import AuditLog, RemedyContext
+    from gpudoctor.remedy import fix as fix_flow
 
-    ctx = RemedyContext(hosts=hosts, backup_dir=backup_dir, reboot=reboot)
-    return Engine(remedies, ctx, audit_log=AuditLog(audit_log), lock_dir=lock_dir)
+    rctx = RemedyContext(backup_dir=backup_dir, reboot=reboot, timeout=timeout, options=options or {})
+    show = None if as_json else (lambda run: click.echo("\n".join(report.fix_plan_lines(run))))
+    run = fix_flow(target, remedies, rctx, apply=apply, facts=facts, on_plan=show, audit_log=AuditLog(audit_log),
+                   lock_dir=lock_dir, confirm=lambda plan: _confirm(plan, yes))
+    if run.declined:
+        click.echo("nothing was changed", err=as_json)
+    elif as_json:
+        click.echo(report.fix_json(run))
+    else:
+        lines = report.fix_result_lines(run)
+        if lines:
+            click.echo("\n".join(lines))
+    return run.exit_code
 
 
 GPUDOCTOR_FIX_EXIT_DOC = """\b
 Exit codes, dry run (like `terraform plan -detailed-exitcode`, in gpudoctor's Nagios numbering):
   0  nothing to change: no failing or warning finding has a remedy that would act
   1  changes are planned (drift gpudoctor can repair): re-run with --apply to make them
-  2  a remedy refused (its reason is printed): a human has to act
+  2  a remedy refused, or the host fails and nothing can be changed (reasons printed): a human must act
   3  bad input (flag, inventory, snapshot), or the host could not be reached
 \b
 Exit codes with --apply: the verdict of `gpudoctor check` re-run after the changes:
@@ -158,88 +107,15 @@ def _model_sources(values) -> dict:
     return out
 
 
-def _open_target(host_name, inventory, models, timeout, mrrs):
-    """(Host, {name: Host}, GatherContext) for this machine or an inventory host (and its Proxmox node)."""
-    from gpudoctor.gather.context import GatherContext, policy_from_inventory
-
-    if host_name and host_name not in ("local", "localhost"):
-        from gpudoctor.host.factory import open_target
-        from gpudoctor.inventory import load_inventory
-
-        inv = load_inventory(inventory)
-        t = open_target(host_name, inv)
-        ctx = t.gather_context(policy=policy_from_inventory(inv.policy, mrrs=mrrs), timeout=timeout)
-        hosts = {t.name: t.host}
-        if t.proxmox is not None:
-            hosts[t.proxmox.name] = t.proxmox
-        host = t.host
-    else:
-        from gpudoctor.host.local import LocalHost
-
-        inv_policy = None
-        if inventory:
-            from gpudoctor.inventory import load_inventory
-
-            inv_policy = load_inventory(inventory).policy
-        host = LocalHost()
-        name = socket.gethostname()
-        ctx = GatherContext(name=name, policy=policy_from_inventory(inv_policy, mrrs=mrrs), timeout=timeout)
-        hosts = {"localhost": host, name: host}
-    if models:
-        ctx.model_paths = list(models)
-    return host, hosts, ctx
-
-
-def _close(hosts: dict) -> None:
-    for h in {id(h): h for h in hosts.values()}.values():
-        try:
-            h.close()
-        except Exception:  # noqa: BLE001 - closing must not hide the result
-            pass
-
-
-def _confirm(n: int, names: list[str], yes: bool) -> bool:
+def _confirm(plan, yes: bool) -> bool:
     if yes:
         return True
     if not sys.stdin.isatty():
         raise InputError("--apply without --yes asks for confirmation, but stdin is not a terminal: add --yes to "
                          "apply unattended (nothing was changed)")
-    return click.confirm(f"Apply {n} change(s) to {', '.join(names)}?", default=False, err=True)  # stdout: --json
-
-
-def render_unremedied(d, plan, chosen_ids) -> list[str]:
-    """The bad findings this run does not act on, and why: no remedy exists, or --only left it out."""
-    from gpudoctor import remedies
-
-    lines = []
-    unknown = sorted({f.remedy for f in d.findings if f.bad and f.remedy and f.remedy not in remedies.REMEDIES})
-    for rid in unknown:
-        lines.append(f"NO REMEDY  {rid} is named by a check but not available in this build")
-    left_out = sorted({f.remedy for f in d.findings if f.bad and f.remedy in remedies.REMEDIES
-                       and f.remedy not in chosen_ids})
-    if left_out:
-        lines.append(f"left out by --only: {', '.join(left_out)}")
-    human = [f for f in d.findings if f.bad and not f.blocked_by and not f.remedy]
-    if human:
-        lines.append(f"no remedy: {len(human)} other root cause(s) need a human (gpudoctor check): "
-                     + ", ".join(f.key for f in human[:6]) + (" ..." if len(human) > 6 else ""))
-    return lines
-
-
-def render_verdict(before, after, *, changed: bool) -> list[str]:
-    if changed:
-        lines = [f"NEW VERDICT {after.host}: {after.verdict.value.upper()} (exit {after.exit_code}; was "
-                 f"{before.verdict.value.upper()})"]
-    else:
-        lines = [f"VERDICT {after.host}: {after.verdict.value.upper()} (exit {after.exit_code}; nothing was changed)"]
-    rc = after.root_cause
-    if rc:
-        lines.append(f"      root cause: {rc.key}: {rc.summary}")
-    still = [f for f in after.findings if f.bad]
-    if still:
-        lines.append(f"      still bad: {len(still)} finding(s): " + ", ".join(f.key for f in still[:8])
-                     + (" ..." if len(still) > 8 else ""))
-    return lines
+    names = sorted({c.host for c in plan.changes})
+    return click.confirm(f"Apply {len(plan.changes)} change(s) to {', '.join(names)}?", default=False,
+                         err=True)  # stdout: --json
 
 
 @click.command("fix", epilog=GPUDOCTOR_FIX_EXIT_DOC)
@@ -289,98 +165,24 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
       gpudoctor fix --model /dev/shm/Qwen3 --model-source /data/models/Qwen3 --apply
       gpudoctor fix --facts snap.json             plan from a saved snapshot
     """
-    from gpudoctor.diagnose import diagnose
-    from gpudoctor.remedy import AuditLog, Engine, RemedyContext
+    from gpudoctor.target import open_target
 
     if reboot and not apply:
         raise click.UsageError("--reboot needs --apply")
     chosen = select_remedies(only)
     options = {"allow": list(allow), "model_sources": _model_sources(model_sources)}
-    if facts_path:
-        facts = _load_facts(facts_path)
-        if host_name:
-            host, hosts, _ = _open_target(host_name, inventory, (), timeout, None)
-        else:
-            from gpudoctor.host.local import LocalHost
-
-            host = LocalHost()
-            hosts = {"localhost": host}  # a snapshot names its host: applying to this machine takes --host
-        ctx = None
-    else:
-        host, hosts, ctx = _open_target(host_name, inventory, models, timeout, int(mrrs) if mrrs else None)
-    try:
-        if host_name and host_name not in ("local", "localhost"):
-            from gpudoctor.host.factory import connect_all
-
-            # both connections first: an unknown or changed host key refuses the run before anything runs anywhere
-            connect_all(host, next((h for h in hosts.values() if h is not host), None))
-        if ctx is not None:
-            from gpudoctor.gather import gather
-
-            facts = gather(host, ctx)
-            b = facts.get("boundary") or {}
-            if b.get("proxmox") and ctx.proxmox is not None:
-                hosts.setdefault(b["proxmox"], ctx.proxmox)
-        before = diagnose(facts)
-        rctx = RemedyContext(hosts=hosts, backup_dir=backup_dir, reboot=reboot, timeout=timeout, options=options)
-        engine = Engine(chosen, rctx, audit_log=AuditLog(audit_log), lock_dir=lock_dir)
-        plan = engine.plan(facts)
-        if not as_json:
-            click.echo(render_plan(plan, apply=apply))
-            for ln in render_unremedied(before, plan, {r.id for r in chosen}):
-                click.echo(ln)
-        outcomes, after = [], None
-        if apply and plan.changes:
-            missing = sorted({c.host for c in plan.changes if c.host not in hosts})
-            if missing:
-                raise InputError(f"the plan changes {', '.join(missing)}, which this run cannot reach (a snapshot of "
-                                 f"another machine?): re-run with --host {missing[0]}; nothing was changed")
-            if not _confirm(len(plan.changes), sorted({c.host for c in plan.changes}), yes):
-                click.echo("nothing was changed", err=as_json)
-                raise SystemExit(EXIT_WARN)
-            outcomes = engine.apply(plan)
-            if ctx is not None:
-                from gpudoctor.gather import gather
-
-                after = diagnose(gather(host, ctx))
-        elif apply and ctx is not None:
-            after = before  # nothing to change: the verdict stands
-        code = fix_exit_code(plan, outcomes, after, apply=apply)
-        if as_json:
-            click.echo(json.dumps({
-                "schema": "gpudoctor.fix/1", "host": before.host, "apply": apply,
-                "before": {"verdict": before.verdict.value, "exit_code": before.exit_code},
-                "plan": plan.to_json(), "outcomes": [o.to_json() for o in outcomes],
-                "after": None if after is None else {
-                    "verdict": after.verdict.value, "exit_code": after.exit_code,
-                    "root_cause": after.root_cause.to_json() if after.root_cause else None,
-                    "still_bad": [f.key for f in after.findings if f.bad]},
-                "exit_code": code}, indent=2, sort_keys=True))
-        else:
-            if outcomes:
-                click.echo(render_outcomes(outcomes))
-            if after is not None:
-                click.echo("\n".join(render_verdict(before, after, changed=bool(outcomes))))
-            elif apply and outcomes:
-                click.echo("planned from a snapshot: nothing was re-checked; run `gpudoctor check` on the host")
-        raise SystemExit(code)
-    finally:
-        _close(hosts)
-
-
-def fix_exit_code(plan, outcomes, after, *, apply: bool) -> int:
-    """Dry run: 0 nothing to do, 1 changes planned, 2 a refusal. --apply: the re-checked verdict (at least 2 when a
-    change failed or was rolled back); --apply from a snapshot (no re-check): the outcomes' code."""
-    if not apply or after is None:
-        return exit_code_for(plan, outcomes, apply=apply)
-    code = after.exit_code
-    if any(not o.ok for o in outcomes) and code < EXIT_FAIL:
-        code = EXIT_FAIL
-    return code
+    # a snapshot names its host: its plan applies to this machine only as "localhost", elsewhere with --host
+    with open_target(host_name or ("local" if facts_path else None), inventory,
+                     snapshot=_load_facts(facts_path) if facts_path else None, models=() if facts_path else models,
+                     timeout=timeout,
+                     mrrs=int(mrrs) if mrrs else None) as target:
+        code = run_fix(target, chosen, apply=apply, as_json=as_json, yes=yes, backup_dir=backup_dir,
+                       audit_log=audit_log, lock_dir=lock_dir, reboot=reboot, timeout=timeout, options=options)
+    raise SystemExit(code)
 
 
 def _load_facts(path: str) -> dict:
-    """Facts from a snapshot file (gpudoctor snapshot) or a bare facts document."""
+    """A snapshot document (gpudoctor snapshot) from a file that holds one or a bare facts document."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
@@ -391,13 +193,9 @@ def _load_facts(path: str) -> dict:
     except ValueError as exc:
         raise InputError(f"not JSON: {getattr(exc, 'msg', exc)}", path=path, line=getattr(exc, "lineno", None)) from None
     schema = str(doc.get("schema", "")) if isinstance(doc, dict) else ""
-    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("transcript"), dict):
-        from gpudoctor import snapshot
-
-        return snapshot.facts_of(doc)  # re-gathered from its raw reads through today's code, as `check --snapshot`
-    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("facts"), dict):
-        return doc["facts"]
+    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("transcript") or doc.get("facts"), dict):
+        return doc  # a transcript is re-gathered through today's code, as `check --snapshot` does
     if schema.startswith("gpudoctor.facts/"):
-        return doc
+        return {"schema": "gpudoctor.snapshot/1", "host": (doc.get("meta") or {}).get("host"), "facts": doc}
     raise InputError("not a gpudoctor snapshot or facts document (no \"schema\": \"gpudoctor.snapshot/1\")",
                      path=path, line=1)

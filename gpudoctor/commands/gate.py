@@ -3,51 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 import click
 
-from gpudoctor.commands.check import build_target, common
-from gpudoctor.errors import GpudoctorError, HostError, InputError
-
-
-def find_inventory(path: str | None) -> str | None:
-    """The inventory to read profiles from: the given path, ./inventory.yaml, or ~/.config/gpudoctor/inventory.yaml."""
-    if path:
-        if not Path(path).is_file():
-            raise InputError("inventory file not found", path=path)
-        return path
-    for cand in (Path("inventory.yaml"), Path.home() / ".config" / "gpudoctor" / "inventory.yaml"):
-        if cand.is_file():
-            return str(cand)
-    return None
-
-
-def inventory_profiles(path: str | None) -> dict:
-    """The inventory's `profiles:` (gate profile name -> check-id patterns); bad input is one line with file:line."""
-    if not path:
-        return {}
-    from gpudoctor.inventory import load_inventory
-
-    return dict(load_inventory(path).profiles)
-
-
-def diagnose_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path):
-    """A Diagnosis of a snapshot, the local machine, or an inventory host."""
-    from gpudoctor.diagnose import diagnose
-
-    if snapshot_path:
-        from gpudoctor import snapshot
-
-        facts = snapshot.facts_of(snapshot.load(snapshot_path))
-        if expect_gpus is not None:
-            facts["meta"]["context"]["expect_gpus"] = expect_gpus
-        return diagnose(facts)
-    from gpudoctor.gather import gather
-
-    host, ctx = build_target(host_name, inventory, expect_gpus, models, sglang_url, timeout)
-    with host:
-        return diagnose(gather(host, ctx))
+from gpudoctor.commands.check import common, open_check_target
+from gpudoctor.errors import GpudoctorError, HostError
 
 
 @click.command("gate")
@@ -89,9 +48,9 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     action = None
     if slurm:
         from gpudoctor import slurm as slurm_mode
-        from gpudoctor.host.local import LocalHost
+        from gpudoctor.target import local_host
 
-        action = slurm_mode.apply(result, LocalHost(), node=node)
+        action = slurm_mode.apply(result, local_host(), node=node)
     if as_json:
         import json
 
@@ -110,14 +69,18 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
+    """The gate's verdict on the target; the profiles come from the same inventory as the target's policy."""
     from gpudoctor.gate import evaluate, resolve_profile, unreachable
+    from gpudoctor.pipeline import check_host
 
-    inv = find_inventory(inventory)
-    prof = resolve_profile(profile, inventory_profiles(inv), path=inv)
-    try:
-        diag = diagnose_target(host_name, inv, expect_gpus, models, sglang_url, timeout, snapshot_path)
-    except HostError as exc:
-        return unreachable(host_name or "localhost", prof.name, exc.one_line())
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
+        inv = target.inventory
+        prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
+                               path=str(inv.path) if inv is not None else None)
+        try:
+            diag = check_host(target)
+        except HostError as exc:
+            return unreachable(target.name, prof.name, exc.one_line())
     return evaluate(diag, prof)
 
 

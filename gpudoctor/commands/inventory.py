@@ -78,8 +78,8 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpudoctor.host.factory import host_for
     from gpudoctor.inventory import load_inventory
+    from gpudoctor.target import host_for
 
     inv = load_inventory(inventory_path)
     entries = inv.select(",".join(specs) if specs else "all")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, make_engine, run_engine
+from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, run_fix
 from gpudoctor.errors import ConfigError, InputError
 
 AUDIT_EXIT_DOC = """\b
@@ -27,7 +27,7 @@ def lxc():
     """
 
 
-def _target(vmid, config_path, host_name=None, devices_path=None, running_path=None):
+def _check_args(vmid, config_path, host_name=None, devices_path=None, running_path=None):
     if host_name is not None:
         if config_path or devices_path or running_path:
             raise click.UsageError("--host reads the Proxmox host's own files: --config, --devices and --running "
@@ -40,13 +40,15 @@ def _target(vmid, config_path, host_name=None, devices_path=None, running_path=N
 def _facts(vmid, config_path, devices_path, running_path) -> dict:
     """Boundary facts from this machine, validated: an unusable input is one line and exit 3."""
     from gpudoctor.gather.boundary import gather_lxc
-    from gpudoctor.host.local import LocalHost
     from gpudoctor.proxmox.audit import vmid_from_path
+    from gpudoctor.target import local_host
 
     on_host = vmid is not None
     vm = vmid if on_host else vmid_from_path(config_path)
-    b = gather_lxc(LocalHost(), vm, config=config_path, devices=devices_path or "/proc/devices",
+    b = gather_lxc(local_host(), vm, config=config_path, devices=devices_path or "/proc/devices",
                    running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host)
+    if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
+        b["offline"] = {"config": config_path, "devices": devices_path}
     return {"boundary": _validated(b, running_given=running_path is not None)}
 
 
@@ -79,31 +81,30 @@ def _validated(b: dict, *, running_given: bool, where: str = "") -> dict:
 
 
 def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
-    """(facts, Proxmox Host) for --host: an inventory LXC guest (its Proxmox node; its VMID from the inventory, the
+    """(facts, Target) for --host: an inventory LXC guest (its Proxmox node; its VMID from the inventory, the
     VMID argument, or `pct list` by its name) or an inventory Proxmox host with a VMID. Connects before reading."""
     from gpudoctor.errors import InventoryError
     from gpudoctor.gather.boundary import gather_lxc
-    from gpudoctor.host.factory import host_for
     from gpudoctor.inventory import load_inventory
     from gpudoctor.proxmox import pct
+    from gpudoctor.target import open_target
 
     inv = load_inventory(inventory)
-    if host_name in inv.hosts:
-        entry = inv.hosts[host_name]
-        if entry.lxc is None:
-            raise InventoryError(f"host {host_name} is not an LXC guest (it has no lxc: {{proxmox: NAME}}); give its "
-                                 f"Proxmox host and the VMID instead: --host PROXMOX VMID", path=inv.path,
-                                 line=entry.line or None)
-        pxe, guest = entry.lxc.proxmox, entry.name
-        vmid = vmid if vmid is not None else entry.lxc.vmid
-    elif host_name in inv.proxmox:
-        pxe, guest = inv.proxmox[host_name], None
-        if vmid is None:
-            raise click.UsageError(f"{host_name} is a Proxmox host: give the container's VMID too")
-    else:
+    if host_name not in inv.hosts and host_name not in inv.proxmox:
         known = ", ".join(sorted([*inv.hosts, *inv.proxmox])) or "none"
         raise InventoryError(f"no host or proxmox host named {host_name!r} (known: {known})", path=inv.path)
-    px = host_for(pxe)
+    t = open_target(host_name, inv, timeout=timeout)
+    pxe, guest = t.proxmox_entry, None
+    if t.entry is not pxe:  # an inventory guest
+        if pxe is None:
+            raise InventoryError(f"host {host_name} is not an LXC guest (it has no lxc: {{proxmox: NAME}}); give its "
+                                 f"Proxmox host and the VMID instead: --host PROXMOX VMID", path=inv.path,
+                                 line=t.entry.line or None)
+        guest = t.name
+        vmid = vmid if vmid is not None else t.vmid
+    elif vmid is None:
+        raise click.UsageError(f"{host_name} is a Proxmox host: give the container's VMID too")
+    px = t.proxmox
     try:
         connect = getattr(px, "connect", None)
         if connect is not None:
@@ -114,9 +115,9 @@ def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
                 raise InputError(f"cannot find the VMID of {guest} on {pxe.name}: {ev}; put lxc: {{vmid: N}} in the "
                                  f"inventory or pass the VMID", path=inv.path)
         b = gather_lxc(px, int(vmid), name=guest, timeout=timeout, config_dir=pxe.config_dir, pct_cmd=pxe.pct)
-        return {"boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, px
+        return {"boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, t
     except BaseException:
-        px.close()
+        t.close()
         raise
 
 
@@ -163,10 +164,10 @@ def audit(vmid, config_path, devices_path, running_path, as_json, host_name, inv
     from gpudoctor.proxmox.audit import audit as run_audit
     from gpudoctor.proxmox.audit import input_from_facts
 
-    _target(vmid, config_path, host_name, devices_path, running_path)
+    _check_args(vmid, config_path, host_name, devices_path, running_path)
     if host_name:
-        facts, px = _remote(host_name, inventory, vmid)
-        px.close()
+        facts, t = _remote(host_name, inventory, vmid)
+        t.close()
     else:
         facts = _facts(vmid, config_path, devices_path, running_path)
     inp = input_from_facts(facts["boundary"])
@@ -224,19 +225,18 @@ def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir
     """
     from gpudoctor.remedies.lxc_cgroup import LxcCgroupAllow
 
-    _target(vmid, config_path, host_name, devices_path, running_path)
+    _check_args(vmid, config_path, host_name, devices_path, running_path)
     if reboot and not apply:
         raise click.UsageError("--reboot needs --apply")
     if host_name:
-        facts, host = _remote(host_name, inventory, vmid)
+        facts, target = _remote(host_name, inventory, vmid)
     else:
-        from gpudoctor.host.local import LocalHost
+        from gpudoctor.target import open_target
 
-        facts, host = _facts(vmid, config_path, devices_path, running_path), LocalHost()
-    try:
-        engine = make_engine([LxcCgroupAllow()], {host.name: host}, backup_dir=backup_dir, audit_log=audit_log,
-                             lock_dir=lock_dir, reboot=reboot)
-        code = run_engine(engine, facts, apply=apply, as_json=as_json)
-    finally:
-        host.close()
+        facts, target = _facts(vmid, config_path, devices_path, running_path), open_target("local", search=False)
+    with target:
+        # the edit goes to the Proxmox node: it is the one host of this run
+        target.host = target.proxmox or target.host
+        code = run_fix(target, [LxcCgroupAllow()], facts=facts, apply=apply, as_json=as_json, backup_dir=backup_dir,
+                       audit_log=audit_log, lock_dir=lock_dir, reboot=reboot)
     raise SystemExit(code)

@@ -1,4 +1,4 @@
-"""`gpudoctor sglang validate`: check sglang.launch_server arguments before a long model load."""
+"""`gpudoctor sglang validate` checks launch arguments before a long model load; `sglang explain` reads a failed log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpudoctor.errors import InputError
 
 @click.group("sglang")
 def sglang():
-    """SGLang helpers: validate launch arguments before a 10-minute model load."""
+    """SGLang helpers: validate launch arguments before a 10-minute model load; explain why a server failed."""
 
 
 def _num(name: str, raw: str | None, kind=int, minimum=0):
@@ -34,6 +34,9 @@ def _num(name: str, raw: str | None, kind=int, minimum=0):
 @click.option("--draft-config", "draft_config", metavar="PATH",
               help="The draft model's config.json or directory (default: a local --speculative-draft-model-path).")
 @click.option("--gpu-mem-gib", default="141", show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
+@click.option("--gpu", "gpu", default=None, metavar="NAME",
+              help="The GPU model (h200, h100, b200, rtx_pro_6000, a100_80g, l40s): its nvidia-smi memory replaces "
+                   "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows.")
 @click.option("--gpus", default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
 @click.option("--input-len", default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
 @click.option("--output-len", default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
@@ -44,7 +47,7 @@ def _num(name: str, raw: str | None, kind=int, minimum=0):
               help="A Python where `import sglang` works: also resolve the arguments with SGLang itself and compare.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, output_len, fork_algorithms, sglang_version,
+def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, output_len, fork_algorithms, sglang_version,
                  resolver_python, as_json, args):
     """Validate sglang.launch_server ARGS (after --) without loading the model.
 
@@ -60,8 +63,13 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, outpu
     \b
     Checks: argparse (abbreviations, ambiguous prefixes, unknown flags), speculative
     steps/topk/draft-token combinations, page size vs attention backend, DFlash block
-    size, draft path, algorithm names, TP vs attention/KV/linear heads, context length,
-    input + output vs context, and a memory plan (weights, KV cache, max_running_requests).
+    size and window, draft path and the draft's context length (which SGLang checks only
+    after the target has loaded), rejection sampling, block verification, speculation x
+    attention DP, algorithm names, TP vs attention/KV/linear heads, attention-DP layout,
+    page size vs chunked prefill, quantization vs the checkpoint and the CUDA registry,
+    KV cache dtype vs the GPU's SM, all of check_server_args, context length (read as
+    transformers rewrites the config), input + output vs context, and a memory plan
+    (SGLang's mem_fraction_static default, weights, KV cache, max_running_requests).
     Every finding names the SGLang source file and function that enforces it, and the fix.
 
     \b
@@ -75,7 +83,8 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpus, input_len, outpu
         list(args), model_config, draft_config,
         gpu_mem_gib=_num("--gpu-mem-gib", gpu_mem_gib, float, 1), gpus=_num("--gpus", gpus, int, 1),
         input_len=_num("--input-len", input_len), output_len=_num("--output-len", output_len),
-        fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version)
+        fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version,
+        gpu=gpu)
     comparison = None
     if resolver_python is not None or _sglang_importable():
         from gpudoctor.sglang.resolver import compare, resolve_with_sglang
@@ -121,3 +130,52 @@ def _render(result) -> None:
         click.echo(f"memory: {m['weights_per_gpu_gib']:.1f} GiB weights/GPU, {m['max_total_num_tokens']} KV tokens, "
                    f"max_running_requests {m['max_running_requests']} (mem_fraction_static {m['mem_fraction_static']})")
     click.echo(f"verdict: {result.verdict} (exit {result.exit_code})")
+
+
+@sglang.command("explain")
+@click.argument("log", metavar="LOG")
+@click.option("--engine", type=click.Choice(["sglang", "vllm", "any"]), default="any", show_default=True,
+              help="Whose messages to look for.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain_cmd(log, engine, as_json):
+    """Name why a server failed, from its log: the cause, the fix, and the lines that matter.
+
+    LOG is a server log file (`journalctl -u sglang > sglang.log`, the launch log a campaign keeps in its --out
+    directory) or - for standard input. Only its last 8 MiB are read.
+
+    \b
+    Knows SGLang 0.5.23's failures and those of the libraries under it: max_running_request
+    is zero (and the hybrid-model state-cache trap), Not enough memory / CUDA OOM, illegal
+    instruction / illegal memory access (kernel bugs, not measurements), CUDA unknown error
+    999 (-> gpudoctor check), NCCL timeouts and errors, the speculative-argument assert and
+    TypeError, a draft model shorter than the target's context, mismatched dependencies,
+    the port in use, a model or tokenizer path that does not exist.
+
+    \b
+    Exit codes: 0 nothing in the log looks like a failure, 1 a failure no known pattern
+    explains (its lines are shown), 2 a known failure named, 3 the log cannot be read.
+    """
+    from gpudoctor.bench import logscan
+    from gpudoctor.errors import _printable
+
+    text = logscan.read_log(log)
+    found = logscan.diagnose(text, None if engine == "any" else engine)
+    code = 0 if found is None else 2 if found.known else 1
+    if as_json:
+        click.echo(json.dumps({"log": log, "exit_code": code, "failure": found.to_json() if found else None}, indent=2))
+        raise SystemExit(code)
+    if found is None:
+        click.echo(f"{_printable(log)}: no failure found ({len(text.splitlines())} lines read)")
+        raise SystemExit(0)
+    click.echo(f"{_printable(log)}:{found.line_no}: {_printable(found.line)}")
+    if found.known:
+        click.echo(f"cause: {found.cause}")
+        click.echo(f"fix:   {found.fix}")
+        click.echo(f"       (known failure {found.id}; raised in {found.source})")
+    else:
+        click.echo("cause: not a known failure — the lines below are the ones that matter")
+    click.echo("lines that matter:")
+    width = len(str(found.lines[-1][0])) if found.lines else 1
+    for no, line in found.lines:
+        click.echo(f"  {no:>{width}}: {_printable(line)}")
+    raise SystemExit(code)

@@ -105,27 +105,20 @@ class PipelineEngine:
         self._targets = {}
 
     def _target(self, name: str):
-        """(Host, GatherContext), built once per host and kept: SSH connections are reused across cycles."""
+        """The host's Target, opened once and kept: SSH connections are reused across cycles."""
         if name not in self._targets:
-            if name == self.local_host:
-                from gpudoctor.gather.context import GatherContext
-                from gpudoctor.host.local import LocalHost
+            from gpudoctor.target import open_target
 
-                self._targets[name] = (LocalHost(), GatherContext(name=name))
-            else:
-                from gpudoctor.fleet import open_check_target
-
-                self._targets[name] = open_check_target(name, self.inventory, self.cfg.timeout)
-        host, ctx = self._targets[name]
-        ctx.timeout = min(ctx.timeout or self.cfg.timeout, self.cfg.timeout)
-        return host, ctx
+            # only the inventory given with -i: a healing policy is never picked up implicitly
+            self._targets[name] = open_target(None if name == self.local_host else name, self.inventory,
+                                              timeout=self.cfg.timeout, search=False)
+        return self._targets[name]
 
     def check(self, host: str):
         from gpudoctor.pipeline import check_host
 
-        h, ctx = self._target(host)
         try:
-            return check_host(h, ctx)
+            return check_host(self._target(host))
         except Exception:
             self._drop(host)  # a broken transport is rebuilt at the next cycle
             raise
@@ -135,12 +128,10 @@ class PipelineEngine:
         from gpudoctor import remedies
         from gpudoctor.remedy import AuditLog, Engine, RemedyContext, default_paths
 
-        h, ctx = self._target(host)
-        hosts = {host: h, getattr(h, "name", host): h}
-        if getattr(ctx, "proxmox", None) is not None:
-            hosts[ctx.proxmox.name] = ctx.proxmox
+        target = self._target(host)
         paths = default_paths(self.cfg.state_dir)
-        rctx = RemedyContext(hosts=hosts, backup_dir=paths["backup_dir"], reboot=reboot, timeout=self.cfg.timeout)
+        rctx = RemedyContext(hosts={host: target.host, **target.hosts()}, backup_dir=paths["backup_dir"],
+                             reboot=reboot, timeout=self.cfg.timeout)
         return Engine(remedies.all_remedies(), rctx, audit_log=AuditLog(paths["audit_log"]),
                       lock_dir=paths["lock_dir"])
 
@@ -167,14 +158,9 @@ class PipelineEngine:
         return Outcome(ok=ok, message=msg)
 
     def _drop(self, name: str) -> None:
-        pair = self._targets.pop(name, None)
-        if pair is not None:
-            for h in (pair[0], getattr(pair[1], "proxmox", None)):
-                try:
-                    if h is not None:
-                        h.close()
-                except Exception:  # noqa: BLE001
-                    pass
+        target = self._targets.pop(name, None)
+        if target is not None:
+            target.close()
 
     def close(self) -> None:
         for name in list(self._targets):

@@ -65,6 +65,7 @@ class Daemon:
         self.engine = None
         self.policy = HealPolicy()
         self.reload_error: str | None = None
+        self.found: dict[str, dict] = {}  # the last cycle, per host: verdict, root causes, error, remedy actions
         self._lock = threading.RLock()  # state is touched by the XID thread and the HTTP thread too
         self._wake = threading.Event()
         self._stop = False
@@ -195,6 +196,8 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.observe_host(name, verdict, findings, now, duration)
         log.info("daemon.checked", verdict=verdict, root_cause=hs.root_cause, duration_s=round(duration, 3))
+        self.found[name] = {"verdict": verdict, "root_causes": [f for f in root if f.bad], "error": None,
+                            "actions": []}
         if verdict in BAD and self.policy.allow:
             self._heal(name, hs, diag, now)
         if self.metrics is not None:
@@ -210,6 +213,7 @@ class Daemon:
             self.metrics.observe_host(name, status, [], now, time.monotonic() - t0)
             self.metrics.observe_breaker(name, hs.breaker.state, hs.breaker.times_opened)
         self.log.warning("daemon.host_" + status, host=name, error=msg)
+        self.found[name] = {"verdict": status, "root_causes": [], "error": msg, "actions": []}
         return EXIT_UNKNOWN
 
     def _settle_pending(self, name, hs, now) -> None:
@@ -229,6 +233,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.skipped.labels(name, action.remedy, reason).inc()
         self.log.info("remedy.skipped", host=name, remedy=action.remedy, reason=reason, **kw)
+        self.found.get(name, {}).setdefault("actions", []).append((action.remedy, f"skipped ({reason})"))
 
     def _heal(self, name, hs, diag, now) -> None:
         try:
@@ -280,6 +285,8 @@ class Daemon:
                 self.metrics.applied.labels(name, action.remedy, "ok" if out.ok else "failed").inc()
             self.log.warning("remedy.applied" if out.ok else "remedy.failed", host=name, remedy=action.remedy,
                              message=out.message)
+            self.found.get(name, {}).setdefault("actions", []).append(
+                (action.remedy, ("applied: " if out.ok else "failed: ") + out.message))
             if action.reboot and out.ok:
                 return  # the host is rebooting: judge it at the next check
             if hs.breaker.state == OPEN:

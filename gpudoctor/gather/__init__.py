@@ -20,6 +20,8 @@ SUBSYSTEMS = {
     "fabric": "gpudoctor.gather.fabric:gather",
     "workload": "gpudoctor.gather.workload:gather",
     "boundary": "gpudoctor.gather.boundary:gather",
+    "platform": "gpudoctor.gather.platform:gather",
+    "cdi": "gpudoctor.gather.cdi:gather",
     "model": "gpudoctor.gather.model:gather",
     "deep": "gpudoctor.gather.deep:gather",
     "tools": "gpudoctor.gather.tools:gather",

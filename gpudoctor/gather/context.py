@@ -17,6 +17,8 @@ class GatherContext:
     pct: list[str] = field(default_factory=lambda: ["pct"])  # how to run pct there (inventory: pct)
     policy: dict = field(default_factory=dict)
     sglang_url: str | None = None
+    units: list[str] = field(default_factory=list)  # systemd units whose device policy to audit (check --unit)
+    cdi_dirs: list[str] = field(default_factory=list)  # CDI spec directories (default /etc/cdi, /var/run/cdi)
     timeout: float = 10.0  # deadline of one command or read
 
     def to_json(self) -> dict:

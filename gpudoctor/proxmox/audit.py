@@ -163,6 +163,11 @@ def ct_label(vmid: int | None, name: str | None, path: str | None) -> str:
     return os.path.basename(path or "container")
 
 
+def restart_cmd(vmid: int | None) -> str:
+    """How to restart the container: the exact command when its VMID is known, in words when it is not."""
+    return f"pct reboot {vmid}" if vmid is not None else "`pct reboot` with the container's VMID"
+
+
 def vmid_from_path(path: str | None) -> int | None:
     m = re.search(r"(?:^|/)(\d+)\.conf$", path or "")
     return int(m.group(1)) if m else None
@@ -184,10 +189,33 @@ class AuditInput:
     vmid: int | None = None
     name: str | None = None
     host_nodes: dict | None = None  # path -> StatResult JSON on the Proxmox host, when gathered
+    offline: dict | None = None  # {"config", "devices"} as given to `lxc audit/fix --config` (devices None: this
+    #                              machine's /proc/devices, which need not be the Proxmox node's)
 
     @property
     def label(self) -> str:
         return ct_label(self.vmid, self.name, self.cfg.path)
+
+    @property
+    def config_label(self) -> str:
+        """"ct200's config" when the container is known by name or VMID; else the file's name ("h200.conf")."""
+        if self.name or self.vmid is not None:
+            return f"{self.label}'s config"
+        return os.path.basename(self.cfg.path or "the container config")
+
+    @property
+    def devices_unsure(self) -> bool:
+        """Offline without --devices: the majors come from this machine, which may not be the Proxmox node."""
+        return self.offline is not None and not self.offline.get("devices")
+
+    def fix_cmd(self, *extra: str) -> str:
+        """The `gpudoctor lxc fix` command for this container: the audit's own files offline, else by VMID."""
+        if self.offline is not None:
+            dev = self.offline.get("devices") or "<a copy of the Proxmox node's /proc/devices>"
+            target = f"--config {self.offline.get('config') or self.cfg.path} --devices {dev}"
+        else:
+            target = str(self.vmid) if self.vmid is not None else f"--config {self.cfg.path}"
+        return " ".join(["gpudoctor lxc fix", target, *extra])
 
     @property
     def running_applies(self) -> bool:
@@ -254,9 +282,11 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                 evidence=[f"host /proc/devices has no '{node.driver}' entry"
                           + ("" if procdev.text_ok else " (could not read /proc/devices)"),
                           f"{cfg.path}: {via} passes {node.path}"],
-                hint=("load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run"
+                hint=(("this machine's /proc/devices was read (no --devices): off the Proxmox node, pass a copy of "
+                       "the node's /proc/devices with --devices" if inp.devices_unsure else
+                       "load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run")
                       if procdev.text_ok else "read the Proxmox host's /proc/devices"),
-                data=base))
+                data={**base, "critical": node.critical}))
             continue
         base["major"] = major
         minor_s = "*" if node.minor is None else str(node.minor)
@@ -277,16 +307,17 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                     f"(edited, not restarted)", subject=need.guest_path,
                     evidence=[f"{cfg.path}: {by} allows {major}:{minor_s}",
                               f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
-                    hint=f"restart the container so LXC rebuilds its device cgroup: pct reboot {inp.vmid or 'VMID'} "
-                         f"(gpudoctor lxc fix {inp.vmid or 'VMID'} --apply --reboot checks no GPU job runs first)",
+                    hint=f"restart the container so LXC rebuilds its device cgroup: {restart_cmd(inp.vmid)} "
+                         f"({inp.fix_cmd('--apply', '--reboot')} checks no GPU job runs first)",
                     remedy=REMEDY_ID, data={**base, "restart_needed": True}))
                 continue
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
-                               f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {label}'s config",
+                               f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {inp.config_label}",
                                subject=need.guest_path, evidence=[f"{cfg.path}: {by}"], data=base))
             continue
         fix = allow_line(cfg, major)
-        evidence = [f"major {major} ({node.driver}) is not in {label}'s allow-list (has {have})"]
+        owner = f"{label}'s allow-list" if (inp.name or inp.vmid is not None) else f"the allow-list of {inp.config_label}"
+        evidence = [f"major {major} ({node.driver}) is not in {owner} (has {have})"]
         if live.by is not None:
             evidence = [f"{cfg.path}: {live.by.describe()} denies {major}:{minor_s} before any allow"]
         for p in live.partial:
@@ -297,11 +328,10 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
         where = f" (before line {first.no} `{first.text.strip()}`)" if first else ""
         out.append(Finding(
             "boundary.lxc.cgroup_allow", bad,
-            f"{node.path}: major {major} ({node.driver}) is not allowed by {label}'s config; opening it in the "
+            f"{node.path}: major {major} ({node.driver}) is not allowed by {inp.config_label}; opening it in the "
             f"container fails with EPERM", subject=need.guest_path, evidence=evidence,
-            hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then pct reboot "
-                  f"{inp.vmid or 'VMID'}; `gpudoctor lxc fix {inp.vmid or '--config ' + cfg.path} --apply` does this "
-                  f"safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
+            hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then {restart_cmd(inp.vmid)}; "
+                  f"`{inp.fix_cmd('--apply')}` does this safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
                   f"allows its live major at every start, so a driver update cannot break it again"),
             remedy=REMEDY_ID if live.by is None else None,
             data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
@@ -372,6 +402,13 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
     live_text = {ln.text.strip() for ln in cfg.live}
     live_majors = {ln.rule.major for ln in cfg.rules() if ln.key == ALLOW_KEY and ln.rule and not ln.error}
     gpu_majors = {m for m in procdev.char if procdev.is_nvidia(m)} | {NVIDIA_MAJOR}
+    rules, denied = live_rules(cfg), {}
+    for need in needed_nodes(cfg):
+        m = need.node.live_major(procdev)
+        if m is not None and need.passthrough is None:
+            dec = decide(rules, need.node, m)
+            if not dec.allowed and dec.by is None:  # missing, not explicitly denied: the remedy would add it
+                denied.setdefault(m, []).append(need.guest_path)
     out = []
     for section in cfg.sections[1:]:
         lines = []
@@ -384,6 +421,11 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                 lines.append(ln)
         if not lines:
             continue
+        # Allow rules stranded here for majors the live section lacks: adding them to the live section (the
+        # lxc.cgroup_allow remedy) clears this finding too, so it is context of those nodes' allow-list findings.
+        strays = [(ln.rule if ln.is_allow else ln.bare_rule) for ln in lines]
+        fixable = all(r is not None and r.major in denied for r in strays)
+        explained = tuple(f"boundary.lxc.cgroup_allow@{p}" for r in strays if fixable for p in denied[r.major])
         last = cfg.lines[-1].no if cfg.lines else 0
         name = "[pve:pending]" if section == PENDING else f"snapshot [{section}]"
         ev = [f"{cfg.path}:{ln.no} in {name}: {ln.text.strip()}" for ln in lines]
@@ -395,6 +437,7 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                            subject=section, evidence=ev,
                            hint="live settings go before the first [section] header; gpudoctor lxc fix inserts "
                                 "missing allow rules there and never edits snapshot sections",
+                           remedy=REMEDY_ID if fixable else None, explained_by=explained or None,
                            data={"config": cfg.path, "section": section, "lines": [ln.no for ln in lines]}))
     return out
 
@@ -419,8 +462,9 @@ def check_lock(inp: AuditInput) -> list[Finding]:
     return [Finding("boundary.lxc.lock", Status.WARN,
                     f"{inp.label} is locked ({lock}): an operation is running or was interrupted",
                     subject=inp.label, evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}"],
-                    hint=f"wait for the {lock} to finish; if it was interrupted, `pct unlock {inp.vmid or 'VMID'}`. "
-                         f"gpudoctor will not edit a locked config",
+                    hint=f"wait for the {lock} to finish; if it was interrupted, "
+                         + (f"`pct unlock {inp.vmid}`. " if inp.vmid is not None else "`pct unlock` with its VMID. ")
+                         + "gpudoctor will not edit a locked config",
                     data={"config": cfg.path, "lock": lock})]
 
 
@@ -443,12 +487,12 @@ def check_restart_pending(inp: AuditInput) -> list[Finding]:
                 missing.append(ln)
     if not missing:
         return []
-    vmid = inp.vmid or "VMID"
     return [Finding("boundary.lxc.restart_pending", Status.WARN,
-                    f"{inp.label}'s config was edited after it started: {len(missing)} device line(s) not in force",
+                    f"{inp.config_label} was edited after the container started: {len(missing)} device line(s) not "
+                    f"in force",
                     subject=inp.label,
                     evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()} — not in the running config" for ln in missing],
-                    hint=f"pct reboot {vmid} applies them (gpudoctor lxc fix {vmid} --apply --reboot reboots only "
+                    hint=f"{restart_cmd(inp.vmid)} applies them ({inp.fix_cmd('--apply', '--reboot')} reboots only "
                          f"when no GPU process runs)",
                     data={"config": cfg.path, "lines": [ln.no for ln in missing]})]
 
@@ -507,13 +551,13 @@ def input_from_facts(b: dict) -> AuditInput:
     st = (b.get("status") or {}).get("status")
     return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
                       vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
-                      name=b.get("name"), host_nodes=b.get("host_nodes"))
+                      name=b.get("name"), host_nodes=b.get("host_nodes"), offline=b.get("offline"))
 
 
 def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:
     cfg, label = inp.cfg, inp.label
     return [Finding("boundary.lxc.mount_entry", Status.WARN,
-                    f"{label}'s config passes no /dev/nvidia* node to the container", subject=None,
+                    f"{inp.config_label} passes no /dev/nvidia* node to the container", subject=None,
                     evidence=[f"{cfg.path}: no lxc.mount.entry or devN: names /dev/nvidia* in the live section"],
                     hint="pass the nodes with devN: entries (dev0: /dev/nvidia0, dev1: /dev/nvidiactl, "
                          "dev2: /dev/nvidia-uvm, dev3: /dev/nvidia-uvm-tools) or bind mounts plus allow rules",

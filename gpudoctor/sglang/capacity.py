@@ -21,13 +21,7 @@ TRUE = ("1", "true", "yes", "on")
 def parallel_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts | None, opt: Options) -> list[Finding]:
     out: list[Finding] = []
     tp, pp = a.get("tp_size") or 1, a.get("pp_size") or 1
-    nnodes, dp = a.get("nnodes") or 1, a.get("dp_size") or 1
-    if (tp * pp) % nnodes:
-        out.append(F("sglang.tp.nnodes", "fail", f"tp_size {tp} x pp_size {pp} is not divisible by nnodes {nnodes}",
-                     source="python/sglang/srt/arg_groups/validation_hook.py::check_server_args (called at launch, after resolve_once)",
-                     stage="launch",
-                     error="AssertionError: tp_size must be divisible by number of nodes",
-                     fix=f"choose --tp-size a multiple of {nnodes}"))
+    dp = a.get("dp_size") or 1
     if opt.gpus is not None and tp * pp * dp > opt.gpus:
         out.append(F("sglang.tp.gpus", "fail", f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} GPUs wanted, host has {opt.gpus}",
                      source="python/sglang/srt/entrypoints/engine.py (one scheduler process per GPU)", stage="load",
@@ -135,22 +129,86 @@ def context_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res:
 
 
 # ---------------------------------------------------------------- memory
-def default_mem_fraction(a: ParsedArgs, gpu_mib: float) -> float:
-    """memory_hook.py::handle_gpu_memory_settings default (no post-capture sizing, no DP attention, no VLM)."""
-    tp, pp = a.get("tp_size") or 1, a.get("pp_size") or 1
+def _prefill_graph_sizes(max_bs: int) -> list[int]:
+    """arg_groups/cuda_graph_hook.py::generate_prefill_cuda_graph_batch_sizes."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
+             + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
+    return [x for x in sizes if x <= max_bs]
+
+
+def resolve_memory_defaults(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> None:
+    """memory_hook.py::handle_gpu_memory_settings then parallel_hook.py::handle_data_parallelism, as resolved values.
+
+    Sets chunked_prefill_size (after the attention-DP split), cuda_graph_max_bs_decode, page_size and
+    mem_fraction_static (SGLang's default when not given) in res.values.
+    """
+    from gpudoctor.sglang.rules import effective_page_size
+
+    gpu_mib = opt.gpu_mem_gib * 1024
+    tp, pp = a.get("tp_size"), a.get("pp_size")
+    tp = tp if isinstance(tp, int) and tp >= 0 else 1  # --tp-size 0 resolves (reserve uses tp*pp = 0)
+    pp = pp if isinstance(pp, int) and pp >= 0 else 1
+    adp = a.get("attn_dp_size") or 1
+    if a.get("enable_dp_attention") and adp == 1:
+        adp = a.get("dp_size") or 1  # parallel_hook.py::handle_deprecated_dp_attention
     chunked = a.get("chunked_prefill_size")
+    tier = (2048 if gpu_mib < 20480 else 4096 if gpu_mib < 61440 else 8192 if gpu_mib < 163840 else 16384)
+    chunked_src = "--chunked-prefill-size"
     if chunked is None:
-        chunked = (2048 if gpu_mib < 20480 else 4096 if gpu_mib < 61440 else 8192 if gpu_mib < 163840 else 16384)
+        chunked, chunked_src = tier, f"SGLang's default for a {gpu_mib:.0f} MiB GPU"
     max_bs = a.get("cuda_graph_max_bs_decode")
     if max_bs is None:
         max_bs = (8 if gpu_mib < 20480 else (48 if tp < 4 else 160) if gpu_mib < 35840 else
                   (32 if tp < 4 else 160) if gpu_mib < 61440 else (256 if tp < 4 else 512) if gpu_mib < 163840 else 512)
-        if a.get("max_running_requests") is not None:
-            max_bs = min(max_bs, a.get("max_running_requests"))
-    reserved = 512 + max(chunked if chunked > 0 else 2048, 2048) * 1.5 + tp * pp / 8 * 1024 + max_bs * 2
-    if gpu_mib > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return round((gpu_mib - reserved) / gpu_mib, 3)
+        mrr = a.get("max_running_requests")
+        if mrr is not None and max_bs > mrr:
+            max_bs = mrr
+    mla = bool(model and model.is_mla)
+    disabled = bool(a.get("disable_cuda_graph"))
+    decode_on = not (disabled or a.get("disable_decode_cuda_graph") or a.get("cuda_graph_backend_decode") == "disabled")
+    prefill_on = not (disabled or a.get("disable_prefill_cuda_graph") or a.get("cuda_graph_backend_prefill") == "disabled")
+    disagg = a.get("disaggregation_mode") or "null"
+    frac = a.get("mem_fraction_static")
+    if frac is None:
+        if disagg == "decode":
+            activation = max((a.get("max_running_requests") or max_bs or 1) * (a.get("speculative_num_draft_tokens") or 1), 2048)
+        elif chunked > 0:
+            activation = max(chunked, 2048)
+        else:
+            activation = max(a.get("max_prefill_tokens") or 16384, 2048)
+        reserved = 512 + activation * 1.5 + tp * pp / 8 * 1024
+        graph = 0.0  # memory_hook.py::reserve_for_graph_mb
+        if disagg != "prefill" and decode_on:
+            graph += max_bs * 2
+        if adp > 1 and disagg != "prefill":
+            graph += max_bs * adp * 3 + (max_bs * adp * 1.5 if max_bs > 300 else 0)
+        if disagg != "decode" and prefill_on:
+            prefill_max = a.get("cuda_graph_max_bs_prefill") or (min(8192, chunked) if mla else chunked)
+            if a.get("max_total_tokens") is not None:
+                prefill_max = min(prefill_max, a.get("max_total_tokens"))
+            graph += 1536 if mla else len(_prefill_graph_sizes(prefill_max)) * 8
+        reserved += graph
+        if gpu_mib > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+        frac = round((gpu_mib - reserved) / gpu_mib, 3)
+        res.values["mem_fraction_source"] = (f"SGLang's default for a {gpu_mib:.0f} MiB GPU: reserved {reserved:.0f} MiB "
+                                             f"(activations {activation} x 1.5, tp x pp {tp * pp}, graphs {graph:.0f})")
+    if adp > 1 and chunked > 0:
+        chunked //= adp  # parallel_hook.py::handle_data_parallelism
+        chunked_src += f", divided by attention DP {adp}"
+    res.values.update(chunked_prefill_size=chunked, chunked_prefill_source=chunked_src, cuda_graph_max_bs_decode=max_bs,
+                      page_size=effective_page_size(a)[0], mem_fraction_static=frac)
+
+
+def default_mem_fraction(a: ParsedArgs, gpu_mib: float, model: ModelFacts | None = None) -> float:
+    """memory_hook.py::handle_gpu_memory_settings default mem_fraction_static (no VLM adjustment)."""
+    from gpudoctor.sglang.rules import Options, Resolved
+
+    res = Resolved()
+    b = ParsedArgs(values={k: v for k, v in a.values.items() if k != "mem_fraction_static"}, given=a.given,
+                   problems=a.problems, defaults=a.defaults)
+    resolve_memory_defaults(b, model, Options(gpu_mem_gib=gpu_mib / 1024), res)
+    return res.values["mem_fraction_static"]
 
 
 def _kv_dtype_bytes(a: ParsedArgs, m: ModelFacts) -> float:
@@ -198,8 +256,8 @@ def memory_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts |
     frac = a.get("mem_fraction_static")
     frac_src = "--mem-fraction-static"
     if frac is None:
-        frac = default_mem_fraction(a, opt.gpu_mem_gib * 1024)
-        frac_src = f"SGLang's default for a {opt.gpu_mem_gib:g} GiB GPU ({MEM_HOOK})"
+        frac = res.values.get("mem_fraction_static") or default_mem_fraction(a, opt.gpu_mem_gib * 1024, model)
+        frac_src = f"{res.values.get('mem_fraction_source', 'SGLang default')} ({MEM_HOOK})"
     res.values.setdefault("mem_fraction_static", frac)
     budget = gpu_b * frac
     w = model.weights_bytes / (tp * pp)

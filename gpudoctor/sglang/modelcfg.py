@@ -98,13 +98,41 @@ class ModelFacts:
         return self.full_attention_layers if self.is_hybrid else self.num_layers
 
 
+# transformers 5.x (modeling_rope_utils.py::RotaryEmbeddingConfigMixin.standardize_rope_params): rope_scaling becomes
+# rope_parameters; `type` is copied to `rope_type`; for these types original_max_position_embeddings is inserted
+# (= the top-level original_max_position_embeddings if the config has one, else max_position_embeddings).
+ROPE_TYPES_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
+
+
+def standardized_rope(cfg: dict) -> dict | None:
+    """The rope dict SGLang reads (getattr(config, 'rope_scaling')) after transformers 5.x rewrote the config."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(rope, dict):
+        return None
+    rope = dict(rope)
+    if any(isinstance(v, dict) for v in rope.values()):  # nested per layer type: not a scaling dict
+        return rope
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] in ROPE_TYPES_WITH_ORIGINAL:
+        if cfg.get("original_max_position_embeddings") is not None:
+            rope["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        elif cfg.get("max_position_embeddings") is not None:
+            rope.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    return rope
+
+
 def derive_context_length(cfg: dict) -> tuple[int, str]:
-    """utils/hf_transformers/common.py::get_context_length over a config dict."""
-    rope = cfg.get("rope_scaling") or None
+    """utils/hf_transformers/common.py::get_context_length over the config as transformers 5.x loads it."""
+    raw = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    rope = standardized_rope(cfg)
     factor = 1
-    if isinstance(rope, dict):
+    note = ""
+    if rope:
         factor = rope.get("factor", 1) or 1
         if "original_max_position_embeddings" in rope:
+            if isinstance(raw, dict) and "original_max_position_embeddings" not in raw and factor != 1:
+                note = (f" (rope {rope['rope_type']} factor {factor} ignored: transformers inserts "
+                        f"original_max_position_embeddings={rope['original_max_position_embeddings']})")
             factor = 1
         if rope.get("rope_type") == "llama3":
             factor = 1
@@ -115,9 +143,20 @@ def derive_context_length(cfg: dict) -> tuple[int, str]:
                 n = int(factor * val)
             except (TypeError, ValueError):
                 continue
-            src = key if factor == 1 else f"{key} {val} x rope_scaling.factor {factor}"
+            src = (key if factor == 1 else f"{key} {val} x rope_scaling.factor {factor}") + note
             return n, src
     return 2048, "no length key (SGLang's fallback 2048)"
+
+
+def mtp_layers(cfg: dict) -> int:
+    """Draft (MTP/NEXTN) layers the checkpoint declares: num_nextn_predict_layers / mtp_num_hidden_layers."""
+    t = _text_config(cfg)
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers"):
+        for c in (t, cfg):
+            v = c.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return 0
 
 
 def _text_config(cfg: dict) -> dict:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.findings import Finding, Status
 from gpudoctor.sglang.argparser import FlagTable, ParsedArgs
-from gpudoctor.sglang.modelcfg import ModelFacts
+from gpudoctor.sglang.modelcfg import ModelFacts, mtp_layers
 
 SPEC_HOOK = "python/sglang/srt/arg_groups/speculative_hook.py"
 SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
@@ -26,6 +26,14 @@ SELF_DRAFT_ARCHS = (
     "BailingMoeV2_5ForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "HYV3ForCausalLM",
     "HYV4ForCausalLM", "Qwen4ExpForConditionalGeneration",
 )
+# configs/model_config.py::ModelConfig._config_draft_model: targets whose checkpoint the draft worker rewrites to its
+# MTP/NEXTN form when no draft path is given (the draft worker falls back to --model-path).
+MTP_REWRITE_ARCHS = {
+    "Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP", "MiMoForCausalLM": "MiMoMTP", "Step3p5ForCausalLM": "Step3p5MTP",
+    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeForCausalLMMTP", "LongcatFlashForCausalLM": "LongcatFlashForCausalLMNextN",
+    "GigaChat35ForCausalLM": "GigaChat35ForCausalLMNextN", "BailingMoeV3ForCausalLM": "BailingMoeForCausalLMNextN",
+    "Glm5NextForConditionalGeneration": "Glm5NextForConditionalGenerationNextN",
+}
 # speculative_hook.py::_auto_choose_speculative_params
 AUTO_5_4_8_ARCHS = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
 # _handle_eagle_family: topk > 1 with page_size > 1 (0.5.23; older: ["flashinfer", "fa3"], oldest: flashinfer only)
@@ -49,6 +57,7 @@ class Options:
     fork_algorithms: tuple[str, ...] = ()
     gpus: int | None = None
     version: str = "0.5.23"
+    gpu: str | None = None  # a launch.GPUS key: the card's nvidia-smi memory and SM
 
 
 @dataclass
@@ -135,6 +144,7 @@ def spec_findings(a: ParsedArgs, table: FlagTable, model: ModelFacts | None, dra
     if algo == "NEXTN":
         algo = "EAGLE"  # spec_info.py::from_string, _RESERVED_ALIASES
     res.values["speculative_algorithm"] = algo
+    out += _common_spec(a, algo, res)
     if algo not in BUILTIN_ALGORITHMS:
         if algo in {x.upper() for x in opt.fork_algorithms}:
             out.append(F("sglang.spec.fork_algorithm", "info",
@@ -159,12 +169,71 @@ def spec_findings(a: ParsedArgs, table: FlagTable, model: ModelFacts | None, dra
     elif algo == "NGRAM":
         out += _ngram(a, table, opt, res)
     elif algo == "DSPARK":
-        out += _dspark(a, table, opt, res)
+        out += _dspark(a, table, model, draft, opt, res)
     elif algo == "UNO":
         out += _uno(a, table, res)
     elif algo == "FROZEN_KV_MTP":
         _max_running_48(a, res, out, "_handle_frozen_kv_mtp")
     return out
+
+
+def _common_spec(a: ParsedArgs, algo: str, res: Resolved) -> list[Finding]:
+    """speculative_hook.py::handle_speculative_decoding: checks made for every algorithm before its own handler."""
+    out: list[Finding] = []
+    fn = f"{SPEC_HOOK}::handle_speculative_decoding"
+    if a.get("speculative_use_block_verification"):
+        if algo not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK"):
+            out.append(F("sglang.spec.block_verification", "fail",
+                         f"--speculative-use-block-verification does not support {algo}", source=fn, stage="resolve",
+                         error="ValueError: --speculative-use-block-verification only supports EAGLE / EAGLE3 / NEXTN / DFLASH / DSPARK.",
+                         fix="drop --speculative-use-block-verification, or use EAGLE3/DFLASH"))
+        elif algo in ("EAGLE", "EAGLE3"):
+            res.values["speculative_use_rejection_sampling"] = True
+    win, sink = a.get("speculative_draft_window_size"), a.get("speculative_draft_sink_size")
+    if win is not None:
+        if win <= 0:
+            out.append(F("sglang.spec.draft_window", "fail", f"--speculative-draft-window-size must be positive (got {win})",
+                         source=fn, stage="resolve", error=f"ValueError: --speculative-draft-window-size must be positive, got {win}.",
+                         fix="drop --speculative-draft-window-size or give a positive window"))
+        elif algo not in ("EAGLE", "EAGLE3", "DFLASH"):
+            out.append(F("sglang.spec.draft_window_noop", "warn",
+                         f"--speculative-draft-window-size has no effect with {algo}", source=fn, stage="advice",
+                         fix="drop --speculative-draft-window-size (honoured by DFLASH and EAGLE/EAGLE3 drafts)"))
+    if sink is not None:
+        if sink < 0:
+            out.append(F("sglang.spec.draft_sink", "fail", f"--speculative-draft-sink-size must be non-negative (got {sink})",
+                         source=fn, stage="resolve", error=f"ValueError: --speculative-draft-sink-size must be non-negative, got {sink}.",
+                         fix="use --speculative-draft-sink-size 0 or more"))
+        if win is None:
+            out.append(F("sglang.spec.draft_sink_without_window", "fail",
+                         "--speculative-draft-sink-size needs --speculative-draft-window-size", source=fn, stage="resolve",
+                         error="ValueError: --speculative-draft-sink-size requires --speculative-draft-window-size.",
+                         fix="add --speculative-draft-window-size N or drop the sink size"))
+    return out
+
+
+def attn_dp_size(a: ParsedArgs) -> int:
+    """attn_dp_size after parallel_hook.py::handle_deprecated_dp_attention (--dp-size N --enable-dp-attention)."""
+    adp = a.get("attn_dp_size") or 1
+    if a.get("enable_dp_attention") and adp == 1:
+        adp = a.get("dp_size") or 1
+    return adp
+
+
+def _no_attn_dp(a: ParsedArgs, algo: str, fn: str, error: str) -> list[Finding]:
+    adp = attn_dp_size(a)
+    if adp > 1:
+        return [F("sglang.spec.attn_dp", "fail", f"{algo} speculative decoding does not support attention DP (attn_dp_size {adp})",
+                  source=fn, stage="resolve", error=error,
+                  fix=f"drop --attn-dp-size/--enable-dp-attention, or use EAGLE3 (or DFLASH with --enable-dp-lm-head)")]
+    return []
+
+
+def _dp_lm_head(a: ParsedArgs, algo: str, fn: str, error: str) -> list[Finding]:
+    if attn_dp_size(a) > 1 and not a.get("enable_dp_lm_head"):
+        return [F("sglang.spec.attn_dp_lm_head", "fail", f"{algo} with attention DP needs --enable-dp-lm-head",
+                  source=fn, stage="resolve", error=error, fix="add --enable-dp-lm-head")]
+    return []
 
 
 def _max_running_48(a: ParsedArgs, res: Resolved, out: list, fn: str) -> None:
@@ -203,6 +272,8 @@ def effective_page_size(a: ParsedArgs) -> tuple[int, str]:
 def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
     out: list[Finding] = []
     fn = f"{SPEC_HOOK}::_handle_eagle_family"
+    if algo == "STANDALONE":
+        out += _no_attn_dp(a, algo, fn, "ValueError: Currently standalone speculative decoding does not support dp attention.")
     _max_running_48(a, res, out, "_handle_eagle_family")
     arch = model.architecture if model else None
     # Draft model path
@@ -212,6 +283,14 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
             out.append(F("sglang.spec.draft_path_default", "info",
                          f"{arch} carries its own MTP layer: the draft path defaults to --model-path",
                          source=fn, stage="resolve"))
+        elif arch in MTP_REWRITE_ARCHS or (model is not None and mtp_layers(model.raw)):
+            out.append(F("sglang.spec.draft_path_default", "info",
+                         f"{arch} declares {mtp_layers(model.raw) or 'its own'} MTP layer(s): without a draft path the draft "
+                         f"worker loads the target checkpoint in its MTP form"
+                         + (f" ({MTP_REWRITE_ARCHS[arch]})" if arch in MTP_REWRITE_ARCHS else ""),
+                         source="python/sglang/srt/configs/model_config.py::ModelConfig._config_draft_model "
+                                "(draft ModelConfig.from_server_args(model_path=None) falls back to --model-path)",
+                         stage="resolve"))
         elif arch is None:
             out.append(F("sglang.spec.draft_path_missing", "warn",
                          f"{algo} without --speculative-draft-model-path, and no model config to tell whether the target carries its own draft layer",
@@ -255,6 +334,10 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
                      f"(num_steps, eagle_topk, num_draft_tokens) auto-selected: {note}",
                      source=f"{SPEC_HOOK}::_auto_choose_speculative_params", stage="resolve",
                      fix=f"pass {steps_f}, {topk_f} and {draft_f} together to choose them"))
+    if adaptive and steps is None:
+        # num_steps = the middle of the adaptive config's candidate steps (speculative/adaptive_spec_params.py): not predicted
+        res.values.update(speculative_num_steps=None, speculative_eagle_topk=topk, speculative_num_draft_tokens=None)
+        return out
     if steps is not None and topk is None:
         out.append(F("sglang.spec.steps_without_topk", "fail",
                      f"{steps_f} set but {topk_f} unset: SGLang compares None > 1 and crashes",
@@ -270,6 +353,25 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
                      source=fn, stage="resolve",
                      error="ValueError: trtllm_mha backend only supports topk = 1 for speculative decoding.",
                      fix=f"set {topk_f} 1, or choose another --attention-backend (fa3, flashinfer, triton)"))
+    rejection = a.get("speculative_use_rejection_sampling") or res.values.get("speculative_use_rejection_sampling")
+    if rejection:
+        rs = "--speculative-use-rejection-sampling" + ("" if a.get("speculative_use_rejection_sampling")
+                                                       else " (turned on by --speculative-use-block-verification)")
+        if algo not in ("EAGLE", "EAGLE3"):
+            out.append(F("sglang.spec.rejection_sampling", "fail", f"{rs} supports only EAGLE / EAGLE3 / NEXTN, not {algo}",
+                         source=fn, stage="resolve",
+                         error=f"NotImplementedError: --speculative-use-rejection-sampling is only supported for EAGLE / EAGLE3 / NEXTN, not speculative_algorithm={algo}.",
+                         fix="drop --speculative-use-rejection-sampling"))
+        elif topk != 1:
+            out.append(F("sglang.spec.rejection_sampling_topk", "fail", f"{rs} needs {topk_f} 1 (got {topk})",
+                         source=fn, stage="resolve",
+                         error="ValueError: --speculative-use-rejection-sampling requires --speculative-eagle-topk=1.",
+                         fix=f"use {topk_f} 1 (rejection sampling verifies a linear chain)"))
+        if (a.get("speculative_accept_threshold_single") or 1.0) != 1.0 or (a.get("speculative_accept_threshold_acc") or 1.0) != 1.0:
+            out.append(F("sglang.spec.rejection_sampling_thresholds", "fail",
+                         f"{rs} ignores the accept thresholds and refuses them", source=fn, stage="resolve",
+                         error="ValueError: --speculative-use-rejection-sampling is incompatible with --speculative-accept-threshold-single / --speculative-accept-threshold-acc; rejection sampling ignores the accept thresholds.",
+                         fix="drop --speculative-accept-threshold-single/--speculative-accept-threshold-acc"))
     if topk == 1 and ndraft != steps + 1:
         if ndraft is None:
             out.append(F("sglang.spec.draft_forced", "info",
@@ -317,6 +419,11 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
 def _dflash(a, table, draft, opt, res) -> list[Finding]:
     out: list[Finding] = []
     fn = f"{SPEC_HOOK}::_handle_dflash"
+    out += _dp_lm_head(a, "DFLASH", fn, "ValueError: DFLASH with dp attention requires --enable-dp-lm-head.")
+    if attn_dp_size(a) > 1 and (a.get("attn_cp_size") or 1) != 1:
+        out.append(F("sglang.spec.attn_dp_cp", "fail", "DFLASH with attention DP does not support context parallel",
+                     source=fn, stage="resolve", error="ValueError: DFLASH with dp attention does not support context parallel.",
+                     fix="drop --attn-cp-size"))
     if (a.get("pp_size") or 1) != 1:
         out.append(F("sglang.spec.dflash_pp", "fail", "DFLASH supports only pp_size 1", source=fn, stage="resolve",
                      error="ValueError: Currently DFLASH speculative decoding only supports pp_size == 1.",
@@ -361,6 +468,13 @@ def _dflash(a, table, draft, opt, res) -> list[Finding]:
         out.append(F("sglang.spec.dflash_block_vs_draft", "warn",
                      f"DFLASH block size {resolved} differs from the draft's trained block_size {draft_block}",
                      source=fn, stage="advice", fix=f"use {bf} {draft_block}"))
+    win = a.get("speculative_draft_window_size")
+    if win is not None and win > 0 and isinstance(resolved, int) and win < resolved:
+        out.append(F("sglang.spec.dflash_window", "fail",
+                     f"--speculative-draft-window-size {win} is smaller than the DFLASH block size {resolved}",
+                     source=fn, stage="resolve",
+                     error=f"ValueError: --speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). window_size={win}, block_size={resolved}.",
+                     fix=f"use --speculative-draft-window-size {resolved} or more"))
     _max_running_48(a, res, out, "_handle_dflash")
     res.values.update(speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=resolved)
     return out
@@ -381,26 +495,92 @@ def _ngram(a, table, opt, res) -> list[Finding]:
                      source=fn, stage="resolve", evidence=[f"page_size {page} ({page_src})"],
                      error="ValueError: speculative_eagle_topk > 1 with page_size > 1 is unstable ... only supported for the 'flashinfer' backend.",
                      fix="use --page-size 1 or --attention-backend flashinfer"))
+    out += _no_attn_dp(a, "NGRAM", fn, "ValueError: Currently ngram speculative decoding does not support dp attention.")
     res.values.update(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndraft)
     return out
 
 
-def _dspark(a, table, opt, res) -> list[Finding]:
+DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
+DEFAULT_DSPARK_GAMMA = 7  # speculative/dspark_components/dspark_config.py
+
+
+def _dspark(a, table, model, draft, opt, res) -> list[Finding]:
+    import os
+
     out: list[Finding] = []
     fn = f"{SPEC_HOOK}::_handle_dspark"
+    if attn_dp_size(a) > 1:
+        out += _dp_lm_head(a, "DSpark", fn, "ValueError: DSpark with dp attention requires --enable-dp-lm-head.")
+        if (a.get("attn_cp_size") or 1) > 1:
+            out.append(F("sglang.spec.attn_dp_cp", "fail", "DSpark with attention DP does not support context parallel",
+                         source=fn, stage="resolve", error="ValueError: DSpark with dp attention does not support context parallel",
+                         fix="drop --attn-cp-size"))
+    if (a.get("pp_size") or 1) != 1 and (a.get("disaggregation_mode") or "null") != "prefill":
+        out.append(F("sglang.spec.dspark_pp", "fail", "DSpark pipeline parallelism needs PD prefill (--disaggregation-mode prefill)",
+                     source=fn, stage="resolve",
+                     error="ValueError: DSpark pipeline parallelism requires PD prefill; decode and non-disaggregated serving require pp_size == 1.",
+                     fix="drop --pp-size"))
+    draft_cfg = draft.raw if draft is not None else None
     if a.get("speculative_draft_model_path") is None:
-        out.append(F("sglang.spec.draft_path_missing", "warn",
-                     "DSPARK without --speculative-draft-model-path: works only if the target checkpoint bundles the draft (or has a dspark/ subfolder)",
-                     source=fn, stage="resolve", fix="add --speculative-draft-model-path DRAFT_DIR"))
+        mp = a.get("model_path") or ""
+        bundled = model is not None and any(model.raw.get(k) is not None for k in DSPARK_BUNDLE_KEYS)
+        sub = os.path.join(mp, "dspark", "config.json")
+        if bundled:
+            out.append(F("sglang.spec.draft_path_default", "info", "DSpark draft bundled in the target checkpoint: draft path = --model-path",
+                         source=f"{fn} (dspark_config.py::checkpoint_bundles_dspark_draft)", stage="resolve"))
+            draft_cfg = model.raw
+        elif os.path.isfile(sub):
+            out.append(F("sglang.spec.draft_path_default", "info", f"DSpark draft found in {os.path.dirname(sub)}",
+                         source=f"{fn} (_target_checkpoint_dspark_subfolder)", stage="resolve"))
+            try:
+                from gpudoctor.sglang.modelcfg import read_json
+                draft_cfg = read_json(sub)
+            except Exception:  # noqa: BLE001 - an unreadable sub-config only loses the gamma default
+                draft_cfg = None
+        elif model is None and os.path.isdir(mp) is False:
+            out.append(F("sglang.spec.draft_path_missing", "warn",
+                         "DSPARK without --speculative-draft-model-path: SGLang needs the target checkpoint to bundle the draft "
+                         "(dspark_* keys) or carry a dspark/ subfolder; no local model config to check",
+                         source=fn, stage="resolve", fix="add --speculative-draft-model-path DRAFT_DIR"))
+        else:
+            out.append(F("sglang.spec.draft_path_missing", "fail",
+                         "DSPARK without --speculative-draft-model-path, and the target checkpoint neither bundles a DSpark draft "
+                         "(no dspark_* keys in config.json) nor has a dspark/ subfolder",
+                         source=fn, stage="resolve",
+                         error="ValueError: DSpark dense speculative decoding requires setting --speculative-draft-model-path.",
+                         fix="add --speculative-draft-model-path DSPARK_DRAFT_DIR"))
+            return out
     gamma = a.get("speculative_dspark_block_size")
     ndraft = a.get("speculative_num_draft_tokens")
-    if gamma is not None and ndraft is not None and ndraft != gamma + 1:
-        out.append(F("sglang.spec.dspark_window", "fail", f"DSPARK needs num_draft_tokens = gamma + 1 = {gamma + 1} (got {ndraft})",
-                     source=fn, stage="resolve", error="ValueError: DSpark speculative_num_draft_tokens must equal gamma + 1",
+    if gamma is not None and gamma <= 0:
+        out.append(F("sglang.spec.dspark_block_size", "fail", f"--speculative-dspark-block-size must be positive (got {gamma})",
+                     source=fn, stage="resolve",
+                     error=f"ValueError: DSpark requires --speculative-dspark-block-size to be positive, got {gamma}.",
+                     fix="drop --speculative-dspark-block-size (gamma comes from the draft config)"))
+        return out
+    if gamma is None and isinstance(draft_cfg, dict):
+        for c in (draft_cfg, draft_cfg.get("dspark_config") if isinstance(draft_cfg.get("dspark_config"), dict) else {}):
+            for k in ("dspark_block_size", "block_size", "gamma"):
+                if isinstance(c.get(k), int) and c.get(k) > 0:
+                    gamma = c[k]
+                    break
+            if gamma is not None:
+                break
+    if gamma is None and ndraft is None:
+        gamma = DEFAULT_DSPARK_GAMMA
+    if gamma is not None:
+        if ndraft is not None and ndraft != gamma + 1:
+            out.append(F("sglang.spec.dspark_window", "fail", f"DSPARK needs num_draft_tokens = gamma + 1 = {gamma + 1} (got {ndraft})",
+                         source=fn, stage="resolve",
+                         error=f"ValueError: DSpark speculative_num_draft_tokens must equal gamma + 1 (= {gamma + 1} for gamma={gamma}), but got speculative_num_draft_tokens={ndraft}.",
+                         fix="drop --speculative-num-draft-tokens"))
+        ndraft = gamma + 1
+    if ndraft is not None and ndraft < 2:
+        out.append(F("sglang.spec.dspark_window", "fail", f"DSPARK needs num_draft_tokens >= 2 (got {ndraft})", source=fn,
+                     stage="resolve", error=f"ValueError: DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1), got {ndraft}.",
                      fix="drop --speculative-num-draft-tokens"))
     _max_running_48(a, res, out, "_handle_dspark")
-    res.values.update(speculative_num_steps=1, speculative_eagle_topk=1,
-                      speculative_num_draft_tokens=(gamma + 1) if gamma is not None else ndraft)
+    res.values.update(speculative_num_steps=1, speculative_eagle_topk=1, speculative_num_draft_tokens=ndraft)
     return out
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
 from gpudoctor.findings import Finding, Status, worst
-from gpudoctor.sglang import argparser, capacity, rules
+from gpudoctor.sglang import argparser, capacity, launch, rules
 from gpudoctor.sglang.modelcfg import ModelFacts, estimate_weights, facts_from_config, load_model
 
 
@@ -74,13 +74,19 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
              gpu_mem_gib: float = 141.0, input_len: int | None = None, output_len: int | None = None,
              env: dict | None = None, fork_algorithms=(), extra_flags: list[dict] | None = None,
              gpus: int | None = None, sglang_version: str = "0.5.23", weights_bytes: int | None = None,
-             auto_configs: bool = True) -> ValidationResult:
+             auto_configs: bool = True, gpu: str | None = None) -> ValidationResult:
     """Check sglang.launch_server arguments the way SGLang would, plus what SGLang only finds after the load.
 
     model_config / draft_config: a parsed config.json dict, a path (file or model directory), or None. With
     auto_configs, a local --model-path / --speculative-draft-model-path directory is read when not given.
+    gpu: a launch.GPUS key (h200, b200, rtx_pro_6000, ...): its nvidia-smi memory replaces gpu_mem_gib and its SM
+    decides the KV cache dtypes and kernels SGLang allows.
     Raises InputError for unreadable configs (CLI: one line, exit 3).
     """
+    if gpu is not None:
+        if gpu not in launch.GPUS:
+            raise InputError(f"unknown --gpu {gpu!r} (known: {', '.join(sorted(launch.GPUS))})")
+        gpu_mem_gib = launch.GPUS[gpu].memory_mib / 1024
     try:
         table = argparser.load_table(sglang_version)
     except KeyError as exc:
@@ -94,7 +100,7 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     parsed = table.parse(argv)
     opt = rules.Options(gpu_mem_gib=gpu_mem_gib, input_len=input_len, output_len=output_len,
                         env=dict(os.environ if env is None else env), fork_algorithms=forks, gpus=gpus,
-                        version=sglang_version)
+                        version=sglang_version, gpu=gpu)
     findings = rules.parse_findings(parsed, table)
     if model_config is None and auto_configs:
         mp = parsed.get("model_path")
@@ -114,13 +120,17 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
                                 "no model config.json: head split, context length and memory are not checked",
                                 source="gpudoctor", fix="pass --model-config MODEL_DIR (or a local --model-path)"))
     # Even when argparse would stop (exit 2), the rules below report what would fail next.
+    findings += launch.tp_zero_findings(parsed)
+    capacity.resolve_memory_defaults(parsed, model, opt, res)
+    findings += launch.resolve_findings(parsed, model, opt, res)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)
+    findings += launch.launch_findings(parsed, model, opt, res)
+    findings += launch.draft_context_findings(parsed, model, draft, opt, res)
     mem_findings, plan = capacity.memory_findings(parsed, model, draft, opt, res)
     findings += mem_findings
     res.values.setdefault("tp_size", parsed.get("tp_size"))
-    res.values.setdefault("page_size", rules.effective_page_size(parsed)[0])
     if res.values.get("speculative_algorithm") is None:
         res.values.setdefault("max_running_requests", parsed.get("max_running_requests"))
     return ValidationResult(argv=argv, findings=findings, resolved=res.values, memory=plan, sglang_version=table.version)

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.childenv import pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ def free_port() -> int:
 
 def env() -> dict:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = pythonpath(env=e)
     return e
 
 
@@ -52,7 +53,9 @@ class StandIn:
         self.log = tmp / f"standin-{self.port}.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "gpudoctor.bench.standin", "--port", str(self.port),
                                       "--log-file", str(self.log), *args], env=env())
-        status = wait_http(self.url + "/health_generate", want=200 if ready else None)
+        # /ready (SGLang) and vLLM's /health answer 200 at once when ready; /health_generate takes >= 1 s.
+        probe = "/health" if "vllm" in args else "/ready"
+        status = wait_http(self.url + probe, want=200 if ready else None)
         if ready and status != 200:
             self.stop()
             raise RuntimeError(f"stand-in did not become ready: {status}; log: {self.log.read_text()}")

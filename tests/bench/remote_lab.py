@@ -17,7 +17,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.bench.conftest import REPO, free_port
+from tests.bench.conftest import free_port
+from tests.childenv import pythonpath
 
 
 @dataclass
@@ -44,7 +45,7 @@ class RemoteLab:
             server:
               command: [{sys.executable}, -m, gpudoctor.bench.standin, --decode-tok-s, "{decode}", --ttft-ms, "{ttft}"]
               port: {port}
-              env: {{PYTHONPATH: "{REPO}"}}
+              env: {{PYTHONPATH: "{pythonpath(env={})}"}}
               remote_dir: {self.remote_dir}
             """) + textwrap.indent(textwrap.dedent(server_extra), "  ") + textwrap.dedent(f"""\
             gate:

@@ -13,13 +13,22 @@ from gpudoctor.host.local import LocalHost
 
 
 def fake_tools(tmp_path):
+    """A nvidia-smi that hangs; each one started writes its PID to tmp_path/pids (ours alone, not the machine's)."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     for tool in ("nvidia-smi",):
         p = bin_ / tool
-        p.write_text("#!/bin/sh\nexec sleep 600\n")
+        p.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'pids'}\nexec sleep 600\n")
         p.chmod(0o755)
     return bin_
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):
@@ -34,9 +43,9 @@ def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):
     assert doc["timings"]["driver"] < 2.5  # the probe itself was cut at its deadline
     f = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
     assert f["status"] == "unknown" and f["summary"] == "nvidia-smi did not answer in 1 s"
-    # and the sleeping process was killed, not left behind
-    left = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
-    assert left.stdout.strip() == ""
+    # and the sleeping process it started was killed, not left behind
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    assert pids and not [p for p in pids if alive(p)], pids
 
 
 def test_hung_read_becomes_timeout_result(tmp_path):

@@ -13,10 +13,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from tests.childenv import pythonpath
 
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 T0 = 1_700_000_000.0
 
 
@@ -85,7 +85,7 @@ class DaemonProc:
 
     def env(self, **extra):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = pythonpath(HERE, env=env)
         env["NOTIFY_SOCKET"] = self.notify_addr
         if self.watchdog_usec:
             env["WATCHDOG_USEC"] = str(self.watchdog_usec)

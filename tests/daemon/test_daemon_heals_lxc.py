@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 
 from tests.proxmox.conftest import fake_pct, install, pve_root  # noqa: F401 - fixtures
+from tests.childenv import pythonpath
 
-ROOT = Path(__file__).resolve().parents[2]
 FINDING = "boundary.lxc.cgroup_allow[/dev/nvidia-uvm]"
 
 
 def daemon_once(inv: Path, state: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpudoctor", "daemon", "--once", "--inventory", str(inv),
                            "--host", "ct200", "--state", str(state)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": pythonpath()})
 
 
 def test_daemon_fixes_the_seed_boundary_fault_and_restarts_once_per_hour(tmp_path, pve_root, fake_pct):  # noqa: F811

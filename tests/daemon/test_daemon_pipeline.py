@@ -11,15 +11,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from daemon_harness import scrape
+from tests.childenv import pythonpath
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_real_pipeline_daemon_matches_check_json(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     check = subprocess.run([sys.executable, "-m", "gpudoctor", "check", "--json"], capture_output=True, text=True,
                            env=env, timeout=120)
     expected = json.loads(check.stdout)
@@ -64,7 +63,7 @@ def test_real_pipeline_daemon_matches_check_json(tmp_path):
 
 
 def test_daemon_bad_input_is_one_line_exit_3(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     cases = [
         (["--metrics-addr", "localhost"], "--metrics-addr must be HOST:PORT"),
         (["--inventory", str(tmp_path / "none.yaml")], "none.yaml: inventory file not found"),
@@ -86,6 +85,6 @@ def test_metrics_port_in_use_is_one_line(tmp_path):
     port = busy.getsockname()[1]
     r = subprocess.run([sys.executable, "-m", "gpudoctor", "daemon", "--state", str(tmp_path / "s.json"),
                         "--metrics-addr", f"127.0.0.1:{port}", "--no-xid"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+                       env={**os.environ, "PYTHONPATH": pythonpath()}, timeout=60)
     busy.close()
     assert r.returncode == 3 and f"cannot listen on 127.0.0.1:{port}" in r.stderr

@@ -1,5 +1,5 @@
-"""Cut the SSH connection to the Proxmox host at many points of `gpudoctor lxc fix --host ct200 --apply` (a real
-sshd behind a loopback proxy that cuts after N bytes; tests/sshd.py CutProxy). After every cut the config is the
+"""On the LXC lab (tests/lxclab.py): cut the SSH connection to the Proxmox node at many points of `gpudoctor lxc fix --host ct200 --apply` (a real
+node sshd behind a loopback proxy that cuts after N bytes; tests/sshd.py CutProxy). After every cut the config is the
 original or the fully fixed file, never anything else; a fixed file always has its backup; the next run finishes
 the job; a run after that changes nothing. The edit is gpudoctor.edit over the SSH Host: backup, temp file beside
 the config, read back, validate, rename."""
@@ -13,7 +13,7 @@ import random
 import pytest
 
 from gpudoctor.cli import main
-from tests.e2e.lab import SEED_CONFIG, SEED_FIXED
+from tests.lxclab import fixed
 from tests.sshd import CutProxy
 
 RUNS_GATHER = 8  # cuts while the plan's facts are read (handshake, config, /proc/devices, pct status, stat)
@@ -21,15 +21,12 @@ RUNS_APPLY = 44  # cuts while the edit is made and verified
 
 
 @pytest.fixture
-def proxied(lab, sshd, tmp_path):
-    """An inventory whose kpro6 is reached through a CutProxy in front of the shared sshd."""
-    proxy = CutProxy(sshd.port, None)
+def proxied(seed_lab, tmp_path):
+    """An inventory whose kpro6 is reached through a CutProxy in front of the node's sshd."""
+    proxy = CutProxy(seed_lab.node_port, None)
     kh = tmp_path / "known_hosts"
-    kh.write_text(sshd.known_hosts_line(proxy.port) + lab.ct.sshd.known_hosts_line())
-    text = lab.inventory_text().replace(f"    port: {sshd.port}\n", f"    port: {proxy.port}\n")
-    text = text.replace(f"  known_hosts: \"{lab.known_hosts}\"\n", f"  known_hosts: \"{kh}\"\n")
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(text)
+    kh.write_text(seed_lab.node_known_hosts_line(proxy.port) + seed_lab.ct_known_hosts_line())
+    inv = seed_lab.write_inventory(tmp_path / "inventory.yaml", known_hosts=kh, node_port=proxy.port)
     yield proxy, inv
     proxy.close()
 
@@ -46,9 +43,9 @@ def run(inv, tmp_path, capsys, *, apply=True) -> tuple[int, str, str]:
 
 
 def reset(px) -> None:
-    px.write_config(SEED_CONFIG)
+    px.write_config(px.seed)
     for name in px.temps():
-        os.unlink(px.config_file().parent / name)
+        os.unlink(px.config_file.parent / name)
     for b in px.backups():
         b.unlink()
 
@@ -62,11 +59,12 @@ def measure(proxy, inv, tmp_path, capsys, px, *, apply) -> int:
 
 
 def test_cut_connection_leaves_original_or_fixed_config(seed_lab, proxied, tmp_path, capsys):
-    px = seed_lab.px
+    px = seed_lab
     proxy, inv = proxied
+    SEED_CONFIG, SEED_FIXED = px.seed, fixed(px.seed)
     plan_bytes = measure(proxy, inv, tmp_path, capsys, px, apply=False)
     total = measure(proxy, inv, tmp_path, capsys, px, apply=True)
-    assert px.config_file().read_bytes() == SEED_FIXED and total > plan_bytes
+    assert px.config_file.read_bytes() == SEED_FIXED and total > plan_bytes
     rng = random.Random(int(os.environ.get("GPUDOCTOR_FAULT_SEED", "5")))
     cuts = [rng.uniform(0, plan_bytes) for _ in range(RUNS_GATHER)]
     span = (total - plan_bytes) / RUNS_APPLY  # one cut in each slice of the apply phase
@@ -81,9 +79,9 @@ def test_cut_connection_leaves_original_or_fixed_config(seed_lab, proxied, tmp_p
         code, out, err = run(inv, tmp_path, capsys)
         seen["stayed down"] += stay_down
         codes[code] += 1
-        now = px.config_file().read_bytes()
+        now = px.config_file.read_bytes()
         assert now in (SEED_CONFIG, SEED_FIXED), f"cut {i} after {n} bytes left a half-edited config"
-        assert oct(px.config_file().stat().st_mode & 0o777) == "0o640"
+        assert oct(px.config_file.stat().st_mode & 0o777) == "0o640"
         backups = [b.read_bytes() for b in px.backups()]
         if now == SEED_FIXED:
             assert SEED_CONFIG in backups, f"cut {i} after {n} bytes: fixed without its backup"
@@ -103,18 +101,19 @@ def test_cut_connection_leaves_original_or_fixed_config(seed_lab, proxied, tmp_p
         seen["followed up"] += 1
         proxy.cut_after, proxy.stay_down = None, False
         code2, out2, err2 = run(inv, tmp_path, capsys)
-        assert px.config_file().read_bytes() == SEED_FIXED, out2 + err2
+        assert px.config_file.read_bytes() == SEED_FIXED, out2 + err2
         assert px.temps() == [], f"cut {i}: a temp file survived a finished run"
         assert SEED_CONFIG in [b.read_bytes() for b in px.backups()]
         if now == SEED_CONFIG:
             assert code2 == 1 and "APPLIED  lxc.cgroup_allow on kpro6" in out2, out2 + err2
-        else:
-            assert code2 == 2 and "already allows every GPU node" in out2, out2 + err2
+        else:  # the same state the first run reported: edit in place, restart pending (exit 1, not a refusal)
+            assert code2 == 1 and "already allows every GPU node" in out2 and "UNCHANGED" in out2, out2 + err2
+            assert "REFUSED" not in out2 and "restart pending" in out2, out2
         if i % 12 == 0:  # and a run after that changes nothing: same bytes, same inode, no new backup
-            st, nb = px.config_file().stat(), len(px.backups())
+            st, nb = px.config_file.stat(), len(px.backups())
             code3, out3, err3 = run(inv, tmp_path, capsys)
-            st3 = px.config_file().stat()
-            assert code3 == 2 and "already allows every GPU node" in out3 and "APPLIED" not in out3
+            st3 = px.config_file.stat()
+            assert code3 == 1 and "already allows every GPU node" in out3 and "APPLIED" not in out3
             assert (st3.st_ino, st3.st_mtime_ns) == (st.st_ino, st.st_mtime_ns) and len(px.backups()) == nb
     with capsys.disabled():
         print(f"\nSSH fault injection: {len(cuts)} cut runs (plan {plan_bytes} B, whole apply {total} B through the "

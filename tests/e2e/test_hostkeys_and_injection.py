@@ -1,4 +1,4 @@
-"""Through the real CLI against the lab: an unknown or changed SSH host key, of the container or of its Proxmox
+"""Through the real CLI against the LXC lab (tests/lxclab.py): an unknown or changed SSH host key, of the container or of its Proxmox
 host, refuses `check --host`, `lxc fix --host` and `fix --host` with one line and exit 3, and nothing runs on
 either machine; inventory values carrying shell (`;`, `$()`, backticks, quotes, newlines) reach the hosts as
 literal arguments and paths, and run nothing extra."""
@@ -10,7 +10,6 @@ import shlex
 
 import pytest
 
-from tests.e2e.lab import SEED_CONFIG
 from tests.e2e.test_seed_over_ssh import gd
 from tests.sshd import keygen, pub_key_fields
 
@@ -33,10 +32,7 @@ COMMANDS = {
 def inventory_with_known_hosts(lab, tmp_path, lines: str):
     kh = tmp_path / "known_hosts"
     kh.write_text(lines)
-    text = lab.inventory_text().replace(f"  known_hosts: \"{lab.known_hosts}\"\n", f"  known_hosts: \"{kh}\"\n")
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(text)
-    return inv, kh
+    return lab.write_inventory(tmp_path / "inventory.yaml", known_hosts=kh), kh
 
 
 @pytest.mark.parametrize("command,unknown", [("check", "ct200"), ("check", "kpro6"), ("fix --apply", "ct200"),
@@ -44,21 +40,21 @@ def inventory_with_known_hosts(lab, tmp_path, lines: str):
 def test_unknown_host_key_refuses_with_exit_3_and_runs_nothing(seed_lab, tmp_path, command, unknown):
     lab = seed_lab
     if unknown == "kpro6":
-        lines, port = lab.ct.sshd.known_hosts_line(), lab.px_sshd.port
+        lines, where = lab.ct_known_hosts_line(), f"[127.0.0.1]:{lab.node_port}"
     else:
-        lines, port = lab.px_sshd.known_hosts_line(), lab.ct.sshd.port
+        lines, where = lab.node_known_hosts_line(), lab.ct_addr
     inv, kh = inventory_with_known_hosts(lab, tmp_path, lines)
-    sessions, calls = lab.ct.sessions(), lab.px.calls()
+    sessions, calls = lab.sessions(), lab.calls()
     r = gd(*COMMANDS[command](inv, tmp_path))
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"gpudoctor: {unknown}: unknown SSH host key for "
-                                                             f"[127.0.0.1]:{port}")
+                                                             f"{where}"), r.stderr
     assert "nothing was run" in r.stderr and "Traceback" not in r.stderr
     # nothing ran anywhere: no command or SFTP session in the container, no pct call, no file touched
-    assert lab.ct.sessions() == sessions
-    assert lab.px.calls() == calls
-    assert lab.px.config_file().read_bytes() == SEED_CONFIG and lab.px.backups() == []
+    assert lab.sessions() == sessions
+    assert lab.calls() == calls
+    assert lab.config_file.read_bytes() == lab.seed and lab.backups() == []
     assert kh.read_text() == lines  # strict: never written
     assert not (tmp_path / "audit.jsonl").exists()
 
@@ -66,12 +62,12 @@ def test_unknown_host_key_refuses_with_exit_3_and_runs_nothing(seed_lab, tmp_pat
 def test_changed_host_key_of_the_proxmox_host_is_refused(seed_lab, tmp_path):
     lab = seed_lab
     kind, b64 = pub_key_fields(keygen(tmp_path / "impostor").with_suffix(".pub"))
-    lines = lab.ct.sshd.known_hosts_line() + f"[127.0.0.1]:{lab.px_sshd.port} {kind} {b64}\n"
+    lines = lab.ct_known_hosts_line() + f"[127.0.0.1]:{lab.node_port} {kind} {b64}\n"
     inv, _ = inventory_with_known_hosts(lab, tmp_path, lines)
-    sessions = lab.ct.sessions()
+    sessions = lab.sessions()
     r = gd(*COMMANDS["fix --apply"](inv, tmp_path))
     assert r.returncode == 3 and "SSH host key for [127.0.0.1]" in r.stderr and "CHANGED" in r.stderr
-    assert lab.ct.sessions() == sessions and lab.px.config_file().read_bytes() == SEED_CONFIG
+    assert lab.sessions() == sessions and lab.config_file.read_bytes() == lab.seed
 
 
 def yq(s: str) -> str:
@@ -87,11 +83,11 @@ def test_shell_in_inventory_values_runs_nothing(seed_lab, tmp_path, payload):
     lab = seed_lab
     marker = tmp_path / "marker"
     p = payload.format(m=marker)
-    pct, config_dir, model = str(lab.px.pct) + p, "/etc/pve/lxc" + p, "/srv/models/Qwen3" + p
+    pct, config_dir, model = "pct" + p, "/etc/pve/lxc" + p, "/srv/models/Qwen3" + p
     inv = tmp_path / "inventory.yaml"
     inv.write_text(lab.inventory_text(vmid=None, host_extra=f"    description: {yq('ct' + p)}\n", pct=[pct])
                    .replace("    expect: {gpus: 1}\n", f"    expect: {{gpus: 1, model_paths: [{yq(model)}]}}\n"))
-    calls = lab.px.calls()
+    calls = lab.calls()
     r = gd("check", "--host", "ct200", "--inventory", str(inv), "--json")
     assert "Traceback" not in r.stderr
     d = json.loads(r.stdout)
@@ -99,7 +95,7 @@ def test_shell_in_inventory_values_runs_nothing(seed_lab, tmp_path, payload):
     cfg = next(f for f in d["findings"] if f["id"] == "boundary.lxc.config")
     assert cfg["status"] == "unknown"
     assert cfg["summary"].startswith(f"cannot find the container's VMID on kpro6: $ {shlex.quote(pct)} list → rc 127")
-    assert lab.px.calls() == calls  # the real pct stand-in never ran
+    assert lab.calls() == calls  # the node's pct never ran
     complete = next(f for f in d["findings"] if f["id"] == "workload.model.complete")
     assert complete["subject"] == model and complete["summary"] == f"model directory {model} does not exist"
     inv.write_text(lab.inventory_text(config_dir=config_dir))
@@ -112,7 +108,7 @@ def test_shell_in_inventory_values_runs_nothing(seed_lab, tmp_path, payload):
 
 def test_shell_in_the_address_is_refused_with_the_inventory_line(seed_lab, tmp_path):
     marker = tmp_path / "marker"
-    text = seed_lab.inventory_text().replace("  ct200:\n    address: 127.0.0.1\n",
+    text = seed_lab.inventory_text().replace(f"  ct200:\n    address: {seed_lab.ct_addr}\n",
                                              f"  ct200:\n    address: {yq('127.0.0.1; touch ' + str(marker))}\n")
     inv = tmp_path / "inventory.yaml"
     inv.write_text(text)

@@ -12,8 +12,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sshd import free_port
+from tests.childenv import pythonpath
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def inventory(sshd, tmp_path) -> Path:
@@ -30,7 +30,7 @@ def inventory(sshd, tmp_path) -> Path:
 
 
 def gpudoctor(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     env.pop("GPUDOCTOR_INVENTORY", None)
     return subprocess.run([sys.executable, "-m", "gpudoctor", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=240)

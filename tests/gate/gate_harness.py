@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.childenv import pythonpath
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -68,7 +70,7 @@ def run_gate(*args, cwd, env=None, path_prepend=None) -> subprocess.CompletedPro
     e = dict(os.environ)
     e.pop("GPUDOCTOR_INVENTORY", None)
     e["HOME"] = str(cwd)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
+    e["PYTHONPATH"] = pythonpath(env=e)
     if path_prepend:
         e["PATH"] = f"{path_prepend}{os.pathsep}{e['PATH']}"
     e.update(env or {})

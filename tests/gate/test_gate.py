@@ -82,7 +82,7 @@ def test_cli_prints_only_blockers_one_line_each(tmp_path):
     assert r.returncode == 2, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("BLOCK devices.node.major[/dev/nvidia-uvm]: /dev/nvidia-uvm is 509:0")
-    assert "— fix: Recreate the node: `mknod -m 666 /dev/nvidia-uvm c 238 0`" in lines[0]
+    assert "— fix: " in lines[0] and "`mknod -m 666 /dev/nvidia-uvm c 238 0`" in lines[0]
     assert all(line.startswith("BLOCK ") for line in lines)
     assert any("(symptom of devices.node.major[/dev/nvidia-uvm])" in line for line in lines[1:])
     ok = run_gate("--snapshot", str(SNAPS / "h200-healthy.json"), cwd=tmp_path)
@@ -119,7 +119,7 @@ HOSTS = "hosts:\n  ct200:\n    address: 127.0.0.1\n"
     ([], HOSTS + "profiles: [a, b]\n", "inventory.yaml:4: profiles must be a mapping"),
     ([], HOSTS + "profiles:\n  p: [\n", "inventory.yaml:6: YAML syntax error"),
     ([], "profiles: {}\n", "inventory.yaml:1: the inventory names no hosts"),
-    (["--inventory", "missing.yaml"], None, "missing.yaml: inventory file not found"),
+    (["--inventory", "missing.yaml"], None, "missing.yaml: no such inventory file"),
 ])
 def test_bad_input_is_one_line_exit_3(tmp_path, args, inv_text, expect):
     if inv_text is not None:

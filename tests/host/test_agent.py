@@ -30,6 +30,15 @@ def wait_for(cond, within: float) -> bool:
     return cond()
 
 
+def steady(section: dict) -> dict:
+    """Facts without what other processes on this machine change between two gathers (free bytes in /dev/shm)."""
+    out = dict(section)
+    vfs = (out.get("shm") or {}).get("statvfs")
+    if isinstance(vfs, dict):
+        out["shm"] = {**out["shm"], "statvfs": {k: v for k, v in vfs.items() if k not in ("free", "avail")}}
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -55,7 +64,7 @@ def test_a_whole_check_starts_one_remote_command_instead_of_one_per_probe(verbos
     assert counts[True] == 1, counts  # the agent; the commands it runs start no login shell
     assert counts[False] >= 10, counts
     for key in ("host", "devices", "workload"):
-        assert facts[True][key] == facts[False][key], key
+        assert steady(facts[True][key]) == steady(facts[False][key]), key
     assert facts[True]["tools"]["units"] == facts[False]["tools"]["units"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.errors import InventoryError
-from gpudoctor.host.factory import host_for, open_target
+from gpudoctor.target import host_for, open_target
 from gpudoctor.inventory import parse_inventory
 
 PAYLOADS = ["; touch {m}", "$(touch {m})", "`touch {m}`", "'; touch {m}; '", "\"; touch {m}; \"", "\ntouch {m}\n"]
@@ -82,7 +82,7 @@ def test_model_path_field(sshd, payload, tmp_path):
     mp = str(tmp_path / ("model" + payload))
     inv = parse_inventory(base(sshd, host_extra=f"    expect: {{model_paths: [{yq(mp)}]}}\n"), "inv.yaml")
     t = open_target("ct200", inv)
-    assert t.model_paths == [mp]
+    assert t.context.model_paths == [mp]
     assert t.host.stat(mp, timeout=30).exists is False and t.host.read_file(mp, timeout=30).error == "ENOENT"
     assert t.host.listdir(mp, timeout=30) == "ENOENT" and t.host.try_open_many([mp], timeout=30) == {mp: "ENOENT"}
     t.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.errors import InventoryError
-from gpudoctor.host.factory import host_for, open_host, open_target, proxmox_for
+from gpudoctor.target import host_for, open_target
 from gpudoctor.host.local import LocalHost
 from gpudoctor.host.ssh import SSHHost
 from gpudoctor.inventory import load_inventory, parse_inventory
@@ -160,15 +160,17 @@ def test_factory_builds_ssh_and_local_hosts_without_connecting(tmp_path):
                                                                   ["/opt/py/bin/python3"])
     assert ct.host_key_policy == "accept-new"
     assert host_for(inv.host("ct200"), host_key_policy="strict").host_key_policy == "strict"
-    px = proxmox_for(inv.host("ct200"))
+    t = open_target("ct200", inv)
+    px = t.proxmox
     assert isinstance(px, SSHHost) and (px.name, px.address, px.user, px.port) == ("kpro6", "kpro6.lab.example",
                                                                                    "admin", 2222)
-    assert proxmox_for(inv.host("bare")) is None
+    assert not px.connected and t.context.proxmox is px
+    assert open_target("bare", inv).proxmox is None
     assert isinstance(host_for(inv.host("bare")), LocalHost)
-    t = open_target("ct200", inv)
-    assert (t.name, t.vmid, t.expect_gpus, t.model_paths, t.proxmox_entry.name) == ("ct200", 200, 8,
+    c = t.context
+    assert (t.name, t.vmid, c.expect_gpus, c.model_paths, t.proxmox_entry.name) == ("ct200", 200, 8,
                                                                                       ["/mnt/tmpfs/m"], "kpro6")
-    assert isinstance(open_host("local"), LocalHost)  # no inventory needed
+    assert isinstance(open_target("local", search=False).host, LocalHost)  # no inventory needed
 
 
 def test_missing_identity_file_is_an_inventory_error_with_its_line(inv):

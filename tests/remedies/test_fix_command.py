@@ -98,8 +98,9 @@ def test_apply_yes_fixes_audits_and_returns_the_new_verdict(broken):
                                                           ("devices.node.mode", "unchanged"),
                                                           ("driver.persistence", "applied")]
     assert all(a["host"] == "gpu1" and a["commands"] for a in audit)
-    again = gd("fix", *r.state)  # idempotent: nothing left to do
-    assert again.returncode == 0 and "nothing to fix" in again.stdout
+    again = gd("fix", *r.state)  # idempotent: nothing left to change, but the host still fails (ENXIO): a human acts
+    assert again.returncode == 2 and "nothing gpudoctor can change: a human must act" in again.stdout
+    assert "PLAN" not in again.stdout
 
 
 def test_human_output_names_outcomes_and_verdict(broken):

@@ -1,0 +1,263 @@
+"""The stand-in's wire formats: SGLang 0.5.23's native and OpenAI chunks, and vLLM's, built from gpudoctor.bench.apispec.
+
+Pure functions from a request's state to the JSON a real server would send at that point of the stream; the server
+(gpudoctor.bench.standin) decides when. Key order follows the real servers (it matters to clients that scan bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+WORDS = ("the", "model", "decodes", "tokens", "while", "drafts", "are", "verified", "in", "one", "step", "and")
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else dumps(obj)) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class ReqState:
+    """One request as the stand-in's scheduler sees it; wall-clock stamps are time.time()."""
+
+    rid: str
+    prompt_tokens: int
+    max_new: int
+    received: float
+    forward_entry: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    sent_first: float | None = None  # response_sent_to_client_ts: set once, before the first chunk is written
+    done: int = 0  # tokens produced so far
+    steps: int = 0
+    step_tokens: int = 0  # tokens of the latest step
+    text_parts: list[str] = field(default_factory=list)
+    correct_per_step: list[int] = field(default_factory=list)  # accepted drafts of each verify step
+
+    def advance(self, n: int) -> None:
+        for i in range(self.done, self.done + n):
+            self.text_parts.append(" " + WORDS[i % len(WORDS)])
+        self.done += n
+        self.steps += 1
+        self.correct_per_step.append(n - 1)
+        self.step_tokens = n
+        now = time.time()
+        if self.first_token is None:
+            self.first_token = now
+        if self.done >= self.max_new:
+            self.finished = now
+
+    def text(self, delta: bool = False) -> str:
+        return "".join(self.text_parts[-self.step_tokens:] if delta else self.text_parts)
+
+    def output_ids(self, delta: bool = False) -> list[int]:
+        return list(range(self.done - self.step_tokens, self.done)) if delta else list(range(self.done))
+
+
+@dataclass
+class Spec:
+    """Speculative decoding as configured: accept length and --speculative-num-draft-tokens."""
+
+    accept_length: float
+    num_draft_tokens: int
+
+    def meta(self, st: ReqState) -> dict:
+        """_calculate_spec_decoding_metrics: proposed = verify_ct x (draft tokens - 1); correct excludes the bonus."""
+        proposed = st.steps * (self.num_draft_tokens - 1)
+        correct = st.done - st.steps
+        hist = [0] * self.num_draft_tokens
+        for c in st.correct_per_step:
+            hist[min(c, self.num_draft_tokens - 1)] += 1
+        return {"spec_accept_rate": correct / proposed if proposed else 0.0,
+                "spec_accept_length": st.done / st.steps, "spec_num_correct_drafts": correct,
+                "spec_num_proposed_drafts": proposed, "spec_verify_ct": st.steps,
+                "spec_correct_drafts_histogram": hist}
+
+
+# ---- SGLang native /generate ---------------------------------------------------------------------------------------
+def native_chunk(st: ReqState, *, metrics: bool, spec: Spec | None, incremental: bool, stream: bool) -> dict:
+    """One /generate output (apispec.META_FIELDS), text and output_ids cumulative unless incremental."""
+    finished = st.finished is not None
+    meta = {"id": st.rid, "finish_reason": {"type": "length", "length": st.max_new} if finished else None,
+            "prompt_tokens": st.prompt_tokens, "weight_version": "default", "num_retractions": 0}
+    if metrics:
+        meta.update(_scheduler_stats(st))
+    meta.update({"reasoning_tokens": 0, "completion_tokens": st.done, "cached_tokens": 0})
+    if finished:
+        meta["e2e_latency"] = st.finished - st.received
+        if spec is not None:
+            meta.update(spec.meta(st))
+        if metrics:
+            meta.update(_api_server_stats(st))
+    if st.sent_first is None:
+        st.sent_first = time.time()
+        meta["response_sent_to_client_ts"] = st.sent_first
+    delta = incremental and stream
+    return {"text": st.text(delta), "output_ids": st.output_ids(delta), "meta_info": meta}
+
+
+def _scheduler_stats(st: ReqState) -> dict:
+    out = {}
+    if st.forward_entry:
+        out["forward_entry_time"] = st.forward_entry
+    if st.first_token:
+        out["prefill_finished_time"] = st.first_token
+    out["queue_time"] = (st.forward_entry or st.received) - st.received
+    return out
+
+
+def _api_server_stats(st: ReqState) -> dict:
+    out = {"request_received_ts": st.received}
+    if st.first_token and st.first_token > st.received:
+        out["first_token_latency"] = st.first_token - st.received
+    out["api_server_dispatch_finish_ts"] = st.received
+    if st.sent_first:
+        out["response_sent_to_client_ts"] = st.sent_first
+    out["request_finished_ts"] = st.finished
+    if st.done > 1 and st.finished > st.first_token:
+        out["decode_throughput"] = (st.done - 1) / (st.finished - st.first_token)
+    return out
+
+
+def native_abort(st: ReqState, message: str, status: int) -> dict:
+    """TokenizerManager._handle_abort_req for a request aborted before its first token (apispec.ABORT_META)."""
+    meta = {"id": st.rid, "finish_reason": {"type": "abort", "message": message, "status_code": status,
+                                            "err_type": None},
+            "weight_version": "default", "e2e_latency": time.time() - st.received, "completion_tokens": st.done}
+    st.sent_first = time.time()
+    meta["response_sent_to_client_ts"] = st.sent_first  # _wait_one_response adds it to a finished output too
+    return {"text": st.text(), "output_ids": st.output_ids(), "meta_info": meta}
+
+
+def native_stream_error(message: str, code: int = 400) -> dict:
+    """serve_generate_request: a ValueError in a stream becomes one chunk (then [DONE], status 200)."""
+    return {"error": {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}}
+
+
+# ---- OpenAI-compatible (SGLang and vLLM) -------------------------------------------------------------------------------
+@dataclass
+class OpenAIReq:
+    """What an OpenAI request asked for, as the server reads it."""
+
+    chat: bool
+    model: str
+    include_usage: bool
+    continuous: bool
+    spec_details: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def read_openai(body: dict, chat: bool, flavor: str) -> OpenAIReq:
+    so = body.get("stream_options") or {}
+    include = bool(so.get("include_usage"))
+    continuous = bool(so.get("continuous_usage_stats"))
+    if flavor == "vllm":  # vLLM: continuous stats only together with include_usage
+        continuous = continuous and include
+    return OpenAIReq(chat=chat, model=str(body.get("model") or ""), include_usage=include, continuous=continuous,
+                     spec_details=bool(body.get("return_spec_tokens_details")) and flavor == "sglang")
+
+
+def usage(prompt: int, completion: int, flavor: str, final: bool = False) -> dict:
+    if flavor == "vllm":
+        return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+                "prompt_tokens_details": None}
+    u = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+         "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}
+    return {k: v for k, v in u.items() if v is not None} if final else u  # the final chunk is exclude_none
+
+
+def _choice(req: OpenAIReq, text: str | None, finish: str | None, flavor: str, role: bool = False) -> dict:
+    if req.chat:
+        delta = {"role": "assistant", "content": ""} if role else {"role": None, "content": text}
+        if flavor == "sglang":
+            delta["reasoning_content"] = None
+        else:
+            delta = {k: v for k, v in delta.items() if v is not None} or {"content": ""}
+        c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    if flavor == "sglang":
+        c["matched_stop"] = None
+    else:
+        c["stop_reason"] = None
+    return c
+
+
+def _envelope(st: ReqState, req: OpenAIReq, choices: list, flavor: str) -> dict:
+    prefix = ("chatcmpl-" if req.chat else "cmpl-") if flavor == "vllm" else ""
+    return {"id": prefix + st.rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+            "created": req.created, "model": req.model, "choices": choices}
+
+
+def openai_role_chunk(st: ReqState, req: OpenAIReq, flavor: str) -> dict:
+    """Chat's first chunk: the assistant role and empty content (serving_chat.py, vLLM alike)."""
+    out = _envelope(st, req, [_choice(req, "", None, flavor, role=True)], flavor)
+    if req.continuous:
+        out["usage"] = usage(st.prompt_tokens, 0, flavor)
+    elif flavor == "sglang":
+        out["usage"] = None
+    return out
+
+
+def openai_chunk(st: ReqState, req: OpenAIReq, flavor: str) -> dict:
+    """A content chunk: the step's text as a delta; per-chunk usage with continuous_usage_stats."""
+    finish = "length" if st.finished is not None else None
+    out = _envelope(st, req, [_choice(req, st.text(delta=True), finish, flavor)], flavor)
+    if req.continuous:
+        out["usage"] = usage(st.prompt_tokens, st.done, flavor)
+    elif flavor == "sglang":
+        out["usage"] = None
+    return out
+
+
+def openai_tail(st: ReqState, req: OpenAIReq, flavor: str, spec: Spec | None) -> list[dict]:
+    """After the last content chunk: sglext.spec_tokens_details (SGLang, when asked), then the usage chunk."""
+    tail = []
+    if req.spec_details and spec is not None and st.steps:
+        details = {k: 0.0 for k in ("spec_accept_rate", "spec_accept_length", "spec_cap_length",
+                                    "spec_block_accept_length")}
+        details.update({"spec_num_correct_drafts": 0, "spec_num_proposed_drafts": 0, "spec_verify_ct": 0,
+                        "spec_correct_drafts_histogram": [], "spec_cap_lens_histogram": []})
+        details.update(spec.meta(st))
+        ext = {"routed_experts": None, "cached_tokens_details": None, "spec_tokens_details": details,
+               "input_ids": None, "output_ids": None}
+        tail.append({**_envelope(st, req, [], flavor), "usage": None, "sglext": ext})
+    if req.include_usage:
+        tail.append({**_envelope(st, req, [], flavor), "usage": usage(st.prompt_tokens, st.done, flavor, True)})
+    return tail
+
+
+def openai_error(message: str, err_type: str, code: int, flavor: str) -> dict:
+    """ErrorResponse: SGLang's flat body (protocol.py), vLLM's nested {"error": {...}}."""
+    if flavor == "vllm":
+        return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def openai_stream_error(message: str, err_type: str, code: int, flavor: str) -> dict:
+    """create_streaming_error_response: {"error": ErrorResponse} (SGLang), vLLM's error body as is."""
+    if flavor == "vllm":
+        return openai_error(message, err_type, code, flavor)
+    return {"error": openai_error(message, err_type, code, flavor)}
+
+
+def model_list(model: str, context_len: int, flavor: str) -> dict:
+    """GET /v1/models: one card for the served model (apispec.MODEL_CARD_KEYS / VLLM_MODEL_CARD_KEYS)."""
+    card = {"id": model, "object": "model", "created": int(time.time()),
+            "owned_by": "vllm" if flavor == "vllm" else "sglang", "root": model, "parent": None,
+            "max_model_len": context_len}
+    if flavor == "vllm":
+        card["permission"] = [{"id": "modelperm-standin", "object": "model_permission", "created": card["created"],
+                               "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                               "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                               "organization": "*", "group": None, "is_blocking": False}]
+    return {"object": "list", "data": [card]}
+

@@ -1,0 +1,242 @@
+"""Open what a command looks at — this machine, an inventory host with its Proxmox node, or a snapshot — by one rule.
+
+    open_target(spec, inventory, ...) -> Target   every consumer: check, snapshot, fix, gate, daemon, fleet, lxc, bench
+    host_for(entry)                   -> Host     the transport of one inventory entry (host or Proxmox node)
+    local_host()                      -> Host     this machine, for commands gpudoctor runs here (slurm, bench client)
+
+The rule (the same for every consumer):
+  - the inventory is the one given (an Inventory or a path, e.g. --inventory / $GPUDOCTOR_INVENTORY), else the first
+    of ./inventory.yaml and $XDG_CONFIG_HOME/gpudoctor/inventory.yaml; an inventory host needs one, this machine and a
+    snapshot use it when there is one (`search=False`: only the given one);
+  - expectations come from the inventory entry, then the command line (--expect-gpus, --model);
+  - the policy is the snapshot's recorded policy, then the inventory's `policy:` (policy_from_inventory: its
+    `checks: fabric.pcie.mrrs: {expect: N}` becomes policy.pcie.mrrs), then the command line (--mrrs, --deep).
+Nothing connects here: connections open in Target.connect() (check_host calls it) or on first use, so building
+targets for 100 hosts is instant. No other module builds a Host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from gpudoctor.errors import HostUnreachable, InventoryError
+from gpudoctor.gather.context import GatherContext, policy_from_inventory
+from gpudoctor.host.base import Host
+
+LOCAL_NAMES = ("local", "localhost")
+
+
+@dataclass
+class Target:
+    """One thing to check: the Host its facts come from, its boundary host (Proxmox node), its context and policy."""
+
+    name: str  # what reports call it: the inventory name, this machine's host name, or the snapshot's host
+    host: Host | None  # the live host (None: a snapshot opened without --host, nothing to act on)
+    context: GatherContext
+    proxmox: Host | None = None  # the Proxmox node of an LXC guest (or the node itself for a Proxmox spec)
+    entry: object = None  # inventory.HostEntry (or ProxmoxEntry for a Proxmox spec), None for this machine
+    proxmox_entry: object = None  # inventory.ProxmoxEntry: config_dir, pct, config_path(vmid)
+    inventory: object = None  # the inventory.Inventory in effect, if any
+    snapshot: dict | None = None  # a loaded snapshot document: facts come from it, not from `host`
+    remote: bool = False  # reached over SSH through the inventory
+    local_names: tuple[str, ...] = ()  # further names this machine answers to in a remedy plan
+
+    @property
+    def vmid(self) -> int | None:
+        return self.context.vmid
+
+    def hosts(self) -> dict:
+        """Name -> Host for the remedy engine: the target under its names, and its Proxmox node."""
+        out = {}
+        if self.host is not None:
+            # a snapshot of another machine applies to this one only as "localhost"
+            own = (self.name,) if self.snapshot is None or self.remote else ()
+            for n in (*own, getattr(self.host, "name", None), *self.local_names):
+                if n:
+                    out.setdefault(n, self.host)
+        if self.proxmox is not None:
+            out.setdefault(self.proxmox.name, self.proxmox)
+        return out
+
+    def connect(self) -> None:
+        """Open the target's connection and its Proxmox node's before anything runs on either.
+
+        An unknown or changed host key on either raises HostKeyError, so nothing runs anywhere. An unreachable target
+        raises HostUnreachable; an unreachable Proxmox node does not: the boundary gather then reports it as "could
+        not probe" and every other layer is still checked. Hosts without connections (local, replay) are skipped."""
+        for h in (self.host, self.proxmox):
+            fn = getattr(h, "connect", None)
+            if fn is None:
+                continue
+            try:
+                fn()
+            except HostUnreachable:
+                if h is self.host:
+                    raise
+
+    def facts(self) -> dict:
+        """The target's facts: gathered from the host, or the snapshot's (re-gathered from its transcript)."""
+        from gpudoctor.gather import gather
+
+        if self.snapshot is not None:
+            return _snapshot_facts(self.snapshot, self.context)
+        return gather(self.host, self.context)
+
+    def close(self) -> None:
+        seen = set()
+        for h in (self.host, self.proxmox):
+            if h is not None and id(h) not in seen:
+                seen.add(id(h))
+                try:
+                    h.close()
+                except Exception:  # noqa: BLE001 - closing must not hide the result
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expect_gpus: int | None = None,
+                models=(), sglang_url: str | None = None, timeout: float = 10.0, policy: dict | None = None,
+                mrrs: int | None = None, host_key_policy: str | None = None, search: bool = True) -> Target:
+    """The Target for --host SPEC (None/"local": this machine), optionally planned from a snapshot (a path or a
+    loaded document). `policy` adds command-line policy (e.g. {"deep": True}); `mrrs` is `fix --mrrs`."""
+    from gpudoctor import snapshot as snap
+
+    doc = snap.load(snapshot) if isinstance(snapshot, (str, os.PathLike)) else snapshot
+    local = spec is None or spec in LOCAL_NAMES
+    inv = resolve_inventory(inventory, required=not local, search=search)
+    ctx = _recorded_context(doc) if doc is not None else GatherContext(name=socket.gethostname())
+    t = Target(ctx.name, None, ctx, inventory=inv, snapshot=doc)
+    if not local:
+        _attach_inventory_host(t, inv, spec, host_key_policy)
+    elif doc is None or spec is not None:
+        from gpudoctor.host.local import LocalHost
+
+        t.host = LocalHost()
+        t.local_names = ("localhost",)
+    if doc is None:
+        ctx.name = t.name
+    if inv is not None or mrrs is not None:
+        ctx.policy = {**ctx.policy, **policy_from_inventory(getattr(inv, "policy", None), mrrs=mrrs)}
+    ctx.policy.update(policy or {})
+    if expect_gpus is not None:
+        ctx.expect_gpus = expect_gpus
+    if models:
+        ctx.model_paths = list(models)
+    if sglang_url:
+        ctx.sglang_url = sglang_url
+    if doc is None:
+        ctx.timeout = timeout
+    return t
+
+
+def resolve_inventory(inventory, *, required: bool = True, search: bool = True):
+    """The inventory in effect (module docstring); None when none is needed and none is there."""
+    from gpudoctor.inventory import ENV_VAR, Inventory, default_locations, load_inventory
+
+    if isinstance(inventory, Inventory):
+        return inventory
+    if inventory is not None or required:
+        return load_inventory(inventory)
+    if search and (os.environ.get(ENV_VAR) or any(p.is_file() for p in default_locations())):
+        return load_inventory(None)
+    return None
+
+
+def _attach_inventory_host(t: Target, inv, spec: str, host_key_policy: str | None) -> None:
+    """An inventory host (with its Proxmox node), or a Proxmox node named directly (its own boundary host)."""
+    ctx = t.context
+    if spec not in inv.hosts and spec in getattr(inv, "proxmox", {}):
+        pxe = inv.proxmox_host(spec)
+        t.name, t.entry, t.proxmox_entry, t.remote = pxe.name, pxe, pxe, True
+        t.host = t.proxmox = host_for(pxe, host_key_policy=host_key_policy)
+        ctx.lxc_config_dir, ctx.pct = pxe.config_dir, list(pxe.pct)
+        return
+    entry = inv.host(spec)
+    t.name, t.entry, t.remote = entry.name, entry, not entry.ssh.is_local
+    t.host = host_for(entry, host_key_policy=host_key_policy)
+    if t.snapshot is None:
+        ctx.expect_gpus = entry.expect.gpus
+        ctx.model_paths = list(entry.expect.model_paths)
+    if entry.lxc is not None:
+        pxe = entry.lxc.proxmox
+        t.proxmox_entry = pxe
+        t.proxmox = host_for(pxe, host_key_policy=host_key_policy)
+        if t.snapshot is None:  # a snapshot replays the Proxmox node from its own transcript
+            ctx.proxmox, ctx.vmid = t.proxmox, entry.lxc.vmid
+            ctx.lxc_config_dir, ctx.pct = pxe.config_dir, list(pxe.pct)
+
+
+def host_for(entry, *, host_key_policy: str | None = None) -> Host:
+    """A Host for an inventory HostEntry or ProxmoxEntry. host_key_policy overrides the inventory (--accept-new-host-key)."""
+    s = entry.ssh
+    kw = {"python": list(s.python)} if s.python else {}
+    if s.is_local:
+        from gpudoctor.host.local import LocalHost
+
+        return LocalHost(name=entry.name, root=s.test_root, path_prepend=list(s.test_path), **kw)
+    from gpudoctor.host.ssh import SSHHost
+
+    for p in s.identity_files:
+        if not os.path.exists(p):
+            raise InventoryError(f"{entry.name}: identity_file {p} does not exist", path=entry.source or None,
+                                 line=entry.lines.get("identity_file"))
+    return SSHHost(name=entry.name, address=s.address, port=s.port, user=s.user,
+                   identity_files=list(s.identity_files), known_hosts=s.known_hosts,
+                   host_key_policy=host_key_policy or s.host_key_policy, connect_timeout=s.connect_timeout,
+                   ssh_config=s.ssh_config, root=s.test_root, path_prepend=list(s.test_path), **kw)
+
+
+def local_host() -> Host:
+    """This machine, for what gpudoctor runs where it runs (scontrol, a bench client, mirrored files)."""
+    from gpudoctor.host.local import LocalHost
+
+    return LocalHost()
+
+
+# --- snapshots --------------------------------------------------------------------------------------------------
+
+def _recorded_context(doc: dict) -> GatherContext:
+    """The GatherContext a snapshot was taken with (its Proxmox node replays from the Proxmox transcript)."""
+    meta = (doc.get("facts") or {}).get("meta") or {}
+    c = dict(doc.get("context") or meta.get("context") or {})
+    ctx = GatherContext(name=doc.get("host") or meta.get("host") or "snapshot", expect_gpus=c.get("expect_gpus"),
+                        model_paths=list(c.get("model_paths") or []), vmid=c.get("vmid"),
+                        policy=dict(c.get("policy") or {}), sglang_url=c.get("sglang_url"),
+                        timeout=c.get("timeout") or 10.0, units=list(c.get("units") or []),
+                        cdi_dirs=list(c.get("cdi_dirs") or []))
+    if c.get("lxc_config_dir"):
+        ctx.lxc_config_dir = c["lxc_config_dir"]
+    if c.get("pct"):
+        ctx.pct = list(c["pct"])
+    return ctx
+
+
+def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
+    """A snapshot's facts, re-gathered from its raw transcript through today's code when it has one."""
+    import copy
+
+    from gpudoctor.gather import gather
+    from gpudoctor.host.replay import ReplayHost
+
+    if not isinstance(doc.get("transcript"), dict):
+        facts = copy.deepcopy(doc["facts"])
+        meta = facts.setdefault("meta", {})
+        meta["context"] = {**(meta.get("context") or {}), "policy": dict(ctx.policy),
+                           "expect_gpus": ctx.expect_gpus, "model_paths": list(ctx.model_paths)}
+        return facts
+    rctx = GatherContext(**{k: getattr(ctx, k) for k in ctx.__dataclass_fields__ if k != "proxmox"})
+    if isinstance(doc.get("proxmox_transcript"), dict):
+        c = doc.get("context") or {}
+        rctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
+    facts = gather(ReplayHost(name=rctx.name, transcript=doc["transcript"]), rctx)
+    facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
+    facts["meta"]["replayed_from"] = doc.get("created")
+    return facts
+

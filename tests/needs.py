@@ -1,0 +1,60 @@
+"""Real components the tests need, and what happens when one is missing.
+
+`need("sshd")` returns the component's path. When it is missing: outside CI the test is skipped with ONE line naming
+the component and the command that installs it (pytest folds the identical skips of every test into one summary line,
+because they are all raised here); under CI=true it is a failure, never a skip: CI installs everything (.ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+# component -> (how to find it, what installs it)
+COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sshd": (("sshd", "/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd"),
+             "apt-get install openssh-server openssh-client"),
+    "ssh-keygen": (("ssh-keygen",), "apt-get install openssh-client"),
+    "gcc": (("gcc",), "apt-get install gcc libc6-dev"),
+    "systemd-analyze": (("systemd-analyze",), "apt-get install systemd"),
+    "unshare": (("unshare",), "apt-get install util-linux"),
+    "nsenter": (("nsenter",), "apt-get install util-linux"),
+    "lxc-start": (("lxc-start",), "apt-get install lxc"),
+    "bpftool": (("bpftool", "/usr/sbin/bpftool"), "apt-get install bpftool"),
+    "busybox": (("busybox", "/bin/busybox"), "apt-get install busybox-static"),
+}
+
+
+MARK = " (tests that need it are skipped)"  # tests/conftest.py folds these skips into one summary line each
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def find(name: str) -> str | None:
+    candidates, _ = COMPONENTS[name]
+    for c in candidates:
+        found = shutil.which(c) if "/" not in c else (c if os.access(c, os.X_OK) else None)
+        if found:
+            return found
+    return None
+
+
+def missing(name: str, what: str | None = None) -> None:
+    """Skip (or, under CI=true, fail) because `name` is not here."""
+    install = COMPONENTS[name][1] if name in COMPONENTS else "see .ci/run"
+    line = f"{what or name} is not installed{MARK}: {install}"
+    if in_ci():
+        pytest.fail(f"CI=true: {line} — .ci/run must install it", pytrace=False)
+    pytest.skip(line)
+
+
+def need(name: str) -> str:
+    """The path of a required real component; skips (outside CI) or fails (CI=true) when it is missing."""
+    path = find(name)
+    if path is None:
+        missing(name)
+    return path

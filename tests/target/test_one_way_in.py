@@ -1,0 +1,118 @@
+"""Acceptance for "one way in": check, gate, fix (plan), fleet and a daemon cycle see the same target the same way.
+
+Three targets, one inventory whose policy sets `checks.fabric.pcie.mrrs.expect: 512`:
+  - a local temp root (a HostRoot with the seed's stale nvidia-uvm node, stand-in tools first on PATH),
+  - the same root served over the tests' real sshd (an SSH host of the test lab),
+  - the H200 snapshot with the uvm node blocked (real config space: MaxReadReq 4096, so the policy turns
+    fabric.pcie.mrrs into a warning there).
+Every consumer runs as a user runs it (the CLI in a subprocess); each must report the same findings (key and
+status) and the same root cause, and the policy must be the one the inventory gives. Fleet and the daemon take
+inventory hosts only, so the snapshot is judged by check, gate and fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.childenv import pythonpath
+from tests.remedies.hostroot import HostRoot
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h200-uvm-blocked.json"
+POLICY = "policy:\n  checks:\n    fabric.pcie.mrrs:\n      expect: 512\n"
+
+
+def gd(*args, cwd: Path):
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "XDG_CONFIG_HOME": str(cwd / ".xdg")}  # no inventory of ours
+    env.pop("GPUDOCTOR_INVENTORY", None)
+    return subprocess.run([sys.executable, "-m", "gpudoctor", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=180)
+
+
+def doc(r) -> dict:
+    assert r.stdout.strip(), r.stderr
+    return json.loads(r.stdout)
+
+
+def statuses(findings) -> dict[str, str]:
+    return {(f"{f['id']}[{f['subject']}]" if f.get("subject") else f["id"]): f["status"] for f in findings}
+
+
+@pytest.fixture
+def seed_root(tmp_path, monkeypatch):
+    r = HostRoot(tmp_path, uvm_major=511).healthy_nodes(511)
+    r.node("/dev/nvidia-uvm", 509, 0)  # the seed's stale node: nvidia-uvm moved to 511
+    monkeypatch.setenv("GPUDOCTOR_STANDIN_ROOT", str(r.root))
+    monkeypatch.setenv("GPUDOCTOR_STANDIN_PYTHON", sys.executable)
+    return r
+
+
+def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
+    """Run every consumer on inventory host `host`; assert they agree; return check's document."""
+    check = doc(gd("check", "--json", "--inventory", inv, "--host", host, cwd=tmp_path))
+    want, root = statuses(check["findings"]), check["root_cause"]["key"]
+    assert check["verdict"] == "fail"
+    fleet = doc(gd("check", "--all", "--json", "--inventory", inv, cwd=tmp_path))
+    (rec,) = fleet["hosts"]
+    assert statuses(rec["check"]["findings"]) == want and rec["root_cause"]["key"] == root
+    gate = doc(gd("gate", "--json", "--inventory", inv, "--host", host, cwd=tmp_path))
+    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
+    assert gate["headline"] == check["root_cause"]["summary"]
+    fix = doc(gd("fix", "--json", "--inventory", inv, "--host", host, "--audit-log", tmp_path / "audit.jsonl",
+                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
+    assert fix["before"]["root_cause"] == root
+    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    state = tmp_path / "daemon.json"
+    r = gd("daemon", "--once", "--inventory", inv, "--host", host, "--state", state, "--no-xid", cwd=tmp_path)
+    assert r.returncode == check["exit_code"], r.stderr
+    hs = json.loads(state.read_text())["hosts"][host]
+    assert hs["findings"] == want and hs["root_cause"] == check["root_cause"]["summary"]
+    assert f"{check['root_cause']['key']}: {check['root_cause']['summary']}" in r.stdout  # --once says what it found
+    return check
+
+
+def test_a_local_temp_root(seed_root, tmp_path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"version: 1\nhosts:\n  gpu1:\n    address: local\n    test_root: {seed_root.root}\n"
+                   f"    test_path: [{seed_root.bin}]\n" + POLICY)
+    check = consumers_agree(tmp_path, inv, "gpu1")
+    assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
+
+
+def test_an_ssh_host_of_the_test_lab(seed_root, sshd, tmp_path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(sshd.inventory_yaml("gpu1", extra_host=f"    test_root: {seed_root.root}\n"
+                                                          f"    test_path: [{seed_root.bin}]\n") + POLICY)
+    check = consumers_agree(tmp_path, inv, "gpu1")
+    assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
+
+
+def test_a_snapshot(tmp_path):
+    plain = doc(gd("check", "--json", "--snapshot", SNAPSHOT, cwd=tmp_path))  # no inventory anywhere: no policy
+    inv = tmp_path / "inv" / "inventory.yaml"
+    inv.parent.mkdir()
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: 192.0.2.1\n" + POLICY)
+    check = doc(gd("check", "--json", "--snapshot", SNAPSHOT, "--inventory", inv, cwd=tmp_path))
+    want, root = statuses(check["findings"]), check["root_cause"]["key"]
+    assert check["verdict"] == "fail" and root == plain["root_cause"]["key"]
+    mrrs = {k: s for k, s in want.items() if k.startswith("fabric.pcie.mrrs")}
+    assert mrrs and set(mrrs.values()) == {"warn"}  # MaxReadReq 4096 ≠ policy 512
+    assert not any(s == "warn" for k, s in statuses(plain["findings"]).items() if k.startswith("fabric.pcie.mrrs"))
+    gate = doc(gd("gate", "--json", "--snapshot", SNAPSHOT, "--inventory", inv, cwd=tmp_path))
+    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
+    assert gate["headline"] == check["root_cause"]["summary"]
+    fix = doc(gd("fix", "--json", "--facts", SNAPSHOT, "--inventory", inv, "--audit-log", tmp_path / "a.jsonl",
+                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
+    assert fix["before"]["root_cause"] == root
+    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    # the policy reaches fix's planning too: fabric.pcie.mrrs plans (or refuses with its reason), never "nothing"
+    assert "fabric.pcie.mrrs" not in fix["plan"]["nothing_to_do"]
+    # and the inventory found by the one search (./inventory.yaml) is the same as the one given
+    found = doc(gd("check", "--json", "--snapshot", SNAPSHOT, cwd=inv.parent))
+    assert statuses(found["findings"]) == want
