@@ -109,3 +109,15 @@ def test_an_orphaned_server_beside_it_is_the_only_one_planned_for_stopping():
         b.key for b in g.blockers}
     change = StopOrphanServers().plan(facts, RemedyContext())
     assert [s["pid"] for s in change.data["servers"]] == [2110] and "left alone, not ours: 1551" in change.diff
+
+
+@pytest.mark.parametrize("name", ["h200-user-healthy", "h200-user-healthy-607fb59", "h200-root-healthy-kmsg",
+                                  "h200-uvm-ebpf-denied", "h200-ctl-ebpf-denied", "h200-busy-20g", "h200-busy-orphan",
+                                  "h200-model-truncated"])
+def test_every_rerun_diagnosis_fits_the_json_schema(name):
+    import json
+
+    import jsonschema
+
+    schema = json.loads((SNAPSHOTS.parents[2] / "gpudoctor" / "data" / "check.schema.json").read_text())
+    jsonschema.validate(_diag(name)[1].to_json(), schema)
