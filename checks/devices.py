@@ -102,13 +102,11 @@ def present(facts):
                 out.append(Finding("devices.node.present", Status.WARN, f"{p} was missing when probed; cuInit still "
                                    "succeeded (libcuda's nvidia-modprobe can recreate it where mknod is allowed)",
                                    subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}", "cuInit(0) → 0"],
-                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them.",
-                                   remedy="devices.node.create"))
+                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them."))
                 continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
                                hint=fix_text(facts, "missing", node=p),
-                               remedy="devices.node.create",
                                explained_by=_module_deps(p) + ("boundary.lxc.mount_entry", "boundary.cdi.*")))
         elif n.get("kind") != "char":
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
@@ -152,7 +150,7 @@ def major(facts):
             out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
                                f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
                                hint=fix_text(facts, "stale", node=p, major=want_major, minor=want_minor),
-                               remedy="devices.node.create", data={"have": have, "want": want},
+                               data={"have": have, "want": want},
                                explained_by=("boundary.cdi.*",)))  # a node made for another major (a stale CDI spec)
         else:
             out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
@@ -176,7 +174,7 @@ def mode(facts):
             out.append(Finding("devices.node.mode", Status.WARN, f"{p} has mode {m:04o}: users other than "
                                f"{'root' if n.get('uid') == 0 else n.get('uid')} cannot open it", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}, expected 0666"],
-                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m},
+                               hint=f"chmod 0666 {p}", data={"mode": m},
                                explained_by=()))
         else:
             out.append(Finding("devices.node.mode", Status.OK, f"{p} mode {m:04o}", subject=p,

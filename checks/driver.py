@@ -121,8 +121,6 @@ def _per_gpu(facts, fid, judge):
         f = Finding(fid, status, summary, subject=subject, evidence=ev)
         if rest:
             f.hint = rest[0]
-        if len(rest) > 1:
-            f.remedy = rest[1]
         out.append(f)
     return out
 
