@@ -168,8 +168,7 @@ def foreign_memory(facts):
         out.append(Finding("workload.gpu.foreign_memory", status, summary, subject=sub, evidence=ev, data=data,
                            hint="Stop what holds it before benchmarking (a server left by gpudoctor's bench: "
                                 "`gpudoctor fix --only workload.bench.orphan --apply`); never kill a stranger's job "
-                                "blindly.", remedy="workload.bench.orphan" if any(
-                                    (p["bench"] or {}).get("owner_alive") is False for p in mine) else None))
+                                "blindly."))
     return out
 
 
@@ -248,7 +247,7 @@ def bench_orphan(facts):
                                f"that is gone" + (f"; it holds {_gib(mem[pid])}" if mem.get(pid) else ""),
                                subject=f"pid {pid}", evidence=ev + ["its owner process is gone (or its PID was reused)"],
                                hint="gpudoctor fix --only workload.bench.orphan --apply (stops it: SIGTERM, then "
-                                    "SIGKILL)", remedy="workload.bench.orphan", data=data))
+                                    "SIGKILL)", data=data))
         else:
             why = ("its campaign is still running" if b.get("owner_alive") else
                    f"its campaign ran on {b['owner'].rsplit(':', 2)[0]}: cannot tell from here whether it is gone"

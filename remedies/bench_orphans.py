@@ -103,7 +103,7 @@ print(json.dumps(out))
 
 class StopOrphanServers(Remedy):
     id = ID
-    fixes = ("workload.bench.orphan", "workload.gpu.foreign_memory")
+    fixes = ("workload.bench.orphan",)
     summary = "stop inference servers gpudoctor's bench left running after their campaign ended"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:
