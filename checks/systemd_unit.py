@@ -76,8 +76,9 @@ def device_allow(facts):
         groups = sorted({g["group"] for g in missing})
         drop = SD.dropin_path(unit)
         hint = (f"Add a drop-in {drop} with " + ", ".join(f"`DeviceAllow=char-{g} rw`" for g in groups)
-                + f" — `gpudoctor fix --only {REMEDY}` writes it after `systemd-analyze verify` — then "
-                  f"`systemctl restart {unit}`.")
+                + f" — `gpudoctor fix --only {REMEDY}" + ("" if probe else f" --unit {unit}")
+                + "` writes it after `systemd-analyze verify` — then "
+                + f"`systemctl restart {unit}`.")
         for g in missing:
             detail = "; ".join(g["rules"]) or "no DeviceAllow= line"
             f_ev = ev + [f"{g['path']} is c {g['major']}:{g['minor']} ({g['source']} in /proc/devices): no rule "

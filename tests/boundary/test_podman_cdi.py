@@ -115,6 +115,8 @@ def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
         f"mkdir /proc/driver/nvidia && cp {tmp_path}/driver-version /proc/driver/nvidia/version\n"
         f"ls -ln /dev/nvidia-uvm > {tmp_path}/node.txt\n"
         f"cat /sys/fs/cgroup/devices/devices.list > {tmp_path}/devices.list 2>/dev/null || true\n"
+        f"env -i {' '.join(f'{k}={v}' for k, v in env.items())} {sys.executable} -m gpudoctor snapshot "
+        f"-o {tmp_path}/snapshot.json\n"
         f"exec env -i {' '.join(f'{k}={v}' for k, v in env.items())} {sys.executable} -m gpudoctor check --json "
         f"> {tmp_path}/check.json\n")
     mounts = sorted({str(tmp_path), str(Path(gpudoctor.__file__).resolve().parents[1]), str(REPO), sys.prefix})
@@ -145,6 +147,13 @@ def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
     assert by["cuda.init"]["blocked_by"] == rc["key"]
     assert by["host.platform"]["data"]["kind"] == "podman"
     assert "recreate" in rc["hint"].lower()
+    # a snapshot taken in the container replays, anywhere, to the same diagnosis
+    # (tests/fixtures/snapshots/podman-cdi-uvm-510.json, the sample in docs/boundaries.md, is one such snapshot)
+    from gpudoctor import snapshot
+    from gpudoctor.diagnose import diagnose
+
+    again = diagnose(snapshot.facts_of(snapshot.load(str(tmp_path / "snapshot.json"))))
+    assert again.root_cause.key == rc["key"] and again.root_cause.summary == rc["summary"]
 
 
 def test_host_reads_a_running_containers_device_rules_and_sees_a_reset(engine, tmp_path):
