@@ -10,22 +10,10 @@ facts["platform"].
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.gather.cgroup import evidence as cgroup_evidence
 from gpudoctor.platform import daemon_reload_fixes, detect, fix_text
 
 _FRONT = ("nvidia", "nvidiactl", "nvidia-frontend")
-
-
-def _cgroup_evidence(facts) -> list[str]:
-    """The cgroup the probe ran in and the device programs (or v1 devices.list) in effect there, when the devices
-    gather recorded them for an EPERM (gather/cgroup.py): the proof that the refusal is the cgroup's."""
-    cg = (facts.get("devices") or {}).get("cgroup")
-    if not cg:
-        return []
-    try:
-        from gpudoctor.gather.cgroup import evidence
-    except ImportError:  # a build without the cgroup reader
-        return []
-    return list(evidence(cg))
 
 
 def _denied(facts) -> list[tuple[str, dict]]:
@@ -58,7 +46,7 @@ def device_rules(facts):
                        evidence=ev + [f"open({p}) → {nodes[p].get('open')}" for p in sorted(opened)])
     ev += [f"open({p}) → EPERM although it is c {n.get('major')}:{n.get('minor')} mode {n.get('mode', 0):04o}"
            for p, n in denied]
-    ev += _cgroup_evidence(facts)
+    ev += cgroup_evidence((facts.get("devices") or {}).get("cgroup"))  # the probe's cgroup and its device programs
     majors = sorted({n.get("major") for _p, n in denied})
     paths = [p for p, _n in denied]
     data = {"platform": plat.kind, "cgroup": plat.cgroup, "cgroup_driver": plat.cgroup_driver, "denied": paths,
