@@ -382,11 +382,22 @@ class Runner:
                 argv += ["--inventory", self.inventory_path]
         return argv
 
+    def gate_argv(self, cfg: Config) -> list[str]:
+        """The gate command for one configuration. `gpudoctor gate` gets the models it serves as --model (the
+        campaign's model and the method's draft) unless it names its own: the benchmark profile requires
+        workload.model.*, which only runs for a model it is given, so without them a healthy host would block."""
+        argv = self.for_target(self.camp.gate_command)
+        if _is_gpudoctor(argv) and "gate" in argv and not _has_flag(argv, "--model"):
+            for model in (self.camp.model, cfg.method.draft_model):
+                if model:
+                    argv += ["--model", model]
+        return argv
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = self.for_target(camp.gate_command)
+        argv = self.gate_argv(cfg)
         res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
         if res.ok:
             self.emit("note", text=f"gate passed: {' '.join(argv)}")
