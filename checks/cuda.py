@@ -16,6 +16,19 @@ CUINIT = {
 }
 
 
+# cuInit's code → the findings that can produce it. 999 and 100 come from nodes CUDA opens (uvm for 999, the control
+# and GPU nodes for 100); a mismatch from the driver versions; codes about the environment are their own cause.
+_NODES_999 = ("devices.node.*@/dev/nvidia-uvm", "boundary.*@/dev/nvidia-uvm", "devices.node.*@/dev/nvidiactl",
+              "boundary.*@/dev/nvidiactl", "devices.node.*@/dev/nvidia[0-9]*", "boundary.*@/dev/nvidia[0-9]*")
+_CUINIT_CAUSES = {
+    999: ("host.*", "driver.version.match") + _NODES_999,
+    100: ("host.driver.loaded", "driver.nvml.init", "devices.node.*@/dev/nvidiactl", "devices.node.*@/dev/nvidia[0-9]*",
+          "boundary.*@/dev/nvidiactl", "boundary.*@/dev/nvidia[0-9]*"),
+    304: ("host.*",) + _NODES_999,
+    803: ("driver.version.match",), 804: (), 34: (), 3: (), 802: (),
+}
+
+
 @check("cuda.init", summary="cuInit(0) returns 0 in a fresh process, within its deadline.",
        depends_on=("host.*", "devices.node.*", "boundary.*", "driver.nvml.init", "driver.version.match"))
 def cuinit(facts):
@@ -25,12 +38,15 @@ def cuinit(facts):
         return None
     if c.get("timed_out"):
         return Finding("cuda.init", Status.UNKNOWN, f"cuInit did not answer in {c.get('timeout_s'):g} s",
-                       evidence=[f"{c['command']} → killed after {c.get('timeout_s'):g} s"])
+                       evidence=[f"{c['command']} → killed after {c.get('timeout_s'):g} s"],
+                       explained_by=("driver.nvml.init",))  # a wedged driver hangs both
     if c.get("dlopen_error"):
         return Finding("cuda.init", Status.FAIL, "libcuda.so.1 cannot be loaded", evidence=[c["dlopen_error"]],
-                       hint="Install the driver's user-space libraries (libcuda.so.1) or fix the container's library mounts.")
+                       hint="Install the driver's user-space libraries (libcuda.so.1) or fix the container's library mounts.",
+                       explained_by=())  # a missing library is its own cause
     if "cuinit" not in c:
-        return Finding("cuda.init", Status.UNKNOWN, "The cuInit probe failed to run", evidence=[c.get("probe_error", "")])
+        return Finding("cuda.init", Status.UNKNOWN, "The cuInit probe failed to run", evidence=[c.get("probe_error", "")],
+                       explained_by=())
     code = c["cuinit"]
     name, meaning = CUINIT.get(code, (c.get("cuinit_name") or f"code {code}", "cuInit failed"))
     lib = c.get("library")
@@ -42,7 +58,7 @@ def cuinit(facts):
         return Finding("cuda.init", Status.OK, f"cuInit ok: {c.get('device_count')} device(s), "
                        f"driver API {c.get('driver_api_version')}", evidence=ev, data={"code": 0})
     return Finding("cuda.init", Status.FAIL, f"cuInit → {code} {name}: {meaning}", evidence=ev,
-                   data={"code": code, "name": name})
+                   data={"code": code, "name": name}, explained_by=_CUINIT_CAUSES.get(code))
 
 
 @check("cuda.device_count", summary="CUDA sees as many devices as NVML.", depends_on=("cuda.init", "driver.*"))

@@ -10,7 +10,7 @@ from gpudoctor.platform import fix_text
 ERRNO_MEANING = {
     "EPERM": "the device cgroup denies it (even with mode 0666)",
     "EACCES": "file mode or ownership denies it",
-    "ENXIO": "no driver answers this major: the node is stale",
+    "ENXIO": "no driver answers for this node",
     "ENODEV": "no such device behind the node",
     "ENOENT": "the node is missing",
     "TIMEOUT": "open() did not answer within its deadline",
@@ -61,6 +61,25 @@ def _owner(live: dict, major: int) -> str | None:
 _HOST_DEPS = ("host.driver.loaded", "host.uvm.loaded")
 
 
+def _module_deps(path: str) -> tuple[str, ...]:
+    """The host findings that can explain a problem with this node: nvidia_uvm only explains the uvm nodes."""
+    return _HOST_DEPS if path.startswith("/dev/nvidia-uvm") else ("host.driver.loaded",)
+
+
+# What each open() errno can follow from (devices.node.open's evidence): the kernel checks the mode (EACCES), the
+# device cgroup (EPERM), then asks the driver (ENXIO/ENODEV); ENOENT is a missing node.
+def _open_causes(errno: str, path: str) -> tuple[str, ...]:
+    if errno == "EPERM":
+        return ("boundary.*",)  # an allow-list (subject: this node) or another device boundary
+    if errno == "EACCES":
+        return ("devices.node.mode",)
+    if errno in ("ENXIO", "ENODEV"):
+        return ("devices.node.major",) + _module_deps(path)
+    if errno == "ENOENT":
+        return ("devices.node.present", "boundary.lxc.mount_entry")
+    return ()
+
+
 @check("devices.node.present", summary="Each node CUDA needs exists and is a character device.", depends_on=_HOST_DEPS,
        remedy="devices.node.create")
 def present(facts):
@@ -83,18 +102,18 @@ def present(facts):
                 out.append(Finding("devices.node.present", Status.WARN, f"{p} was missing when probed; cuInit still "
                                    "succeeded (libcuda's nvidia-modprobe can recreate it where mknod is allowed)",
                                    subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}", "cuInit(0) → 0"],
-                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them.",
-                                   remedy="devices.node.create"))
+                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them."))
                 continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
                                hint=fix_text(facts, "missing", node=p),
-                               remedy="devices.node.create"))
+                               explained_by=_module_deps(p) + ("boundary.lxc.mount_entry", "boundary.cdi.*")))
         elif n.get("kind") != "char":
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
                                f"{p} is a {n.get('kind')}, not a character device", subject=p,
                                evidence=[f"stat {p} → type {n.get('kind')}"],
-                               hint="Remove it and recreate the node (a bind mount of a missing source creates a file)."))
+                               hint="Remove it and recreate the node (a bind mount of a missing source creates a file).",
+                               explained_by=("boundary.lxc.mount_entry",)))
         else:
             out.append(Finding("devices.node.present", Status.OK, f"{p} present", subject=p,
                                evidence=[f"stat {p} → char {n.get('major')}:{n.get('minor')}"]))
@@ -117,7 +136,8 @@ def major(facts):
         if want_major is None:
             if source:  # the driver registers no such device here
                 out.append(Finding("devices.node.major", Status.WARN, f"{p} exists but /proc/devices has no {source}",
-                                   subject=p, evidence=[f"{p} is {n['major']}:{n['minor']}", f"/proc/devices: no {source}"]))
+                                   subject=p, evidence=[f"{p} is {n['major']}:{n['minor']}", f"/proc/devices: no {source}"],
+                                   explained_by=_module_deps(p)))
             continue
         have = f"{n['major']}:{n['minor']}"
         want = f"{want_major}:{want_minor}"
@@ -130,7 +150,8 @@ def major(facts):
             out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
                                f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
                                hint=fix_text(facts, "stale", node=p, major=want_major, minor=want_minor),
-                               remedy="devices.node.create", data={"have": have, "want": want}))
+                               data={"have": have, "want": want},
+                               explained_by=("boundary.cdi.*",)))  # a node made for another major (a stale CDI spec)
         else:
             out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
                                evidence=[f"stat {p} → {have}", f"/proc/devices: {want_major} {source}"]))
@@ -153,7 +174,8 @@ def mode(facts):
             out.append(Finding("devices.node.mode", Status.WARN, f"{p} has mode {m:04o}: users other than "
                                f"{'root' if n.get('uid') == 0 else n.get('uid')} cannot open it", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}, expected 0666"],
-                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m}))
+                               hint=f"chmod 0666 {p}", data={"mode": m},
+                               explained_by=()))
         else:
             out.append(Finding("devices.node.mode", Status.OK, f"{p} mode {m:04o}", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}"]))
@@ -161,14 +183,15 @@ def mode(facts):
 
 
 @check("devices.node.open", summary="A real open() of each node succeeds; the errno names the layer that refuses.",
-       depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "boundary.lxc.cgroup_allow",
-                                "boundary.lxc.mount_entry", "boundary.cdi.*", "boundary.container.*",
-                                "boundary.systemd.*"))
+       depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "devices.node.mode", "boundary.*"))
 def opened(facts):
-    """EPERM = device cgroup (mode 0666 does not help), EACCES = mode/owner, ENXIO = stale major, ENOENT = missing."""
+    """EPERM = device cgroup (mode 0666 does not help; in an LXC guest boundary.lxc.cgroup_allow for this node is its
+    cause), EACCES = mode/owner (devices.node.mode), ENXIO = no driver answers (a stale major, devices.node.major, or
+    a live major whose device is absent), ENOENT = missing (devices.node.present)."""
     nodes = _nodes(facts)
     if nodes is None:
         return None
+    live = _live(facts)
     out = []
     for p, n in sorted(nodes.items()):
         if n.get("kind") != "char":
@@ -183,10 +206,20 @@ def opened(facts):
         elif r:
             why = ERRNO_MEANING.get(r, "refused")
             extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
+            ev = [f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"]
+            if r == "ENXIO":
+                want_major, _minor, source = expected_numbers(p, live)
+                if want_major is not None and n.get("major") == want_major:
+                    why = (f"no driver answers for this node (its major {want_major} is the live {source} major in "
+                           f"/proc/devices: the device behind it is not there or not initialised)")
+                    ev.append(f"/proc/devices: {want_major} {source}")
+                elif want_major is not None:
+                    why = f"no driver answers major {n.get('major')}: the node is stale (the live {source} major is " \
+                          f"{want_major})"
+                    ev.append(f"/proc/devices: {want_major} {source}")
             out.append(Finding("devices.node.open", Status.FAIL if essential else Status.WARN,
-                               f"open({p}) → {r}{extra}: {why}", subject=p,
-                               evidence=[f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"],
+                               f"open({p}) → {r}{extra}: {why}", subject=p, evidence=ev,
                                hint=(fix_text(facts, "denied", node=p, major=n.get("major"))
                                      if r == "EPERM" else None),
-                               data={"errno": r}))
+                               data={"errno": r}, explained_by=_open_causes(r, p)))
     return out

@@ -20,8 +20,13 @@ NVML_CODES = {
     999: ("UNKNOWN", "unknown NVML error"),
 }
 
-_BLOCKERS = ("host.driver.loaded", "devices.node.*", "boundary.lxc.cgroup_allow", "boundary.cdi.*",
-             "boundary.container.*", "boundary.systemd.*")
+_BLOCKERS = ("host.driver.loaded", "devices.node.*", "boundary.*")
+# NVML opens /dev/nvidiactl and /dev/nvidiaN, never the uvm nodes: only those nodes' problems explain its failure.
+_NVML_NODES = ("devices.node.*@/dev/nvidiactl", "devices.node.*@/dev/nvidia[0-9]*",
+               "boundary.*@/dev/nvidiactl", "boundary.*@/dev/nvidia[0-9]*")
+# nvidia-smi's exit code → what can explain it: () is its own cause (nothing gpudoctor checks makes it happen).
+_NVML_CAUSES = {9: ("host.driver.loaded",), 12: (), 13: (), 14: (), 15: (), 18: (), 2: (), 3: (),
+                17: ("host.driver.loaded",) + _NVML_NODES, 4: _NVML_NODES}
 
 
 def _smi(facts):
@@ -38,18 +43,25 @@ def nvml_init(facts):
     if d.get("timed_out"):
         return Finding("driver.nvml.init", Status.UNKNOWN, f"nvidia-smi did not answer in {d.get('timeout_s'):g} s",
                        evidence=[f"$ {d['command']} → no answer in {d.get('timeout_s'):g} s"],
-                       hint="A hung NVML usually means a wedged GPU or driver: look at `dmesg` for Xid errors.")
-    if d.get("rc") == 127:
+                       hint="A hung NVML usually means a wedged GPU or driver: look at `dmesg` for Xid errors.",
+                       explained_by=())
+    if d.get("rc") == 127:  # a missing tool is its own cause, whatever else is wrong
         return Finding("driver.nvml.init", Status.UNKNOWN, "nvidia-smi is not installed, so NVML was not probed",
-                       evidence=[f"$ {d['command']} → command not found"])
+                       evidence=[f"$ {d['command']} → command not found"], explained_by=())
     if d.get("rc") != 0:
-        name, meaning = NVML_CODES.get(d["rc"], (f"rc {d['rc']}", "nvidia-smi failed"))
-        return Finding("driver.nvml.init", Status.FAIL, f"NVML failed: {meaning} (NVML_ERROR_{name}, code {d['rc']})",
+        if d["rc"] in NVML_CODES:
+            name, meaning = NVML_CODES[d["rc"]]
+            summary = f"NVML failed: {meaning} (NVML_ERROR_{name}, code {d['rc']})"
+        else:  # not an NVML return code: say what nvidia-smi printed
+            name, said = None, (d.get("stderr") or d.get("stdout") or "").strip().splitlines()
+            summary = f"NVML failed: nvidia-smi exited {d['rc']}" + (f" ({said[0][:120]})" if said else "")
+        return Finding("driver.nvml.init", Status.FAIL, summary,
                        evidence=[f"$ {d['command']} → rc {d['rc']}: {d.get('stderr', '')[:200]}"],
-                       data={"nvml_code": d["rc"], "nvml_name": name})
+                       data={"nvml_code": d["rc"], "nvml_name": name},
+                       explained_by=_NVML_CAUSES.get(d["rc"], ("host.driver.loaded",) + _NVML_NODES))
     if d.get("parse_error"):
         return Finding("driver.nvml.init", Status.UNKNOWN, "nvidia-smi answered with XML we could not parse",
-                       evidence=[d["parse_error"]])
+                       evidence=[d["parse_error"]], explained_by=())
     n = len(d.get("gpus", []))
     return Finding("driver.nvml.init", Status.OK, f"NVML ok: driver {d.get('driver_version')}, CUDA {d.get('cuda_version')}, "
                    f"{n} GPU{'s' if n != 1 else ''}", evidence=[f"$ {d['command']} → rc 0 in {d.get('duration_s')} s"],
@@ -109,8 +121,6 @@ def _per_gpu(facts, fid, judge):
         f = Finding(fid, status, summary, subject=subject, evidence=ev)
         if rest:
             f.hint = rest[0]
-        if len(rest) > 1:
-            f.remedy = rest[1]
         out.append(f)
     return out
 

@@ -30,7 +30,7 @@ def driver_loaded(facts):
 
 
 @check("host.uvm.loaded", summary="The nvidia_uvm module is loaded (CUDA needs it; nvidia-smi does not).",
-       depends_on=("host.driver.loaded",))
+       depends_on=("host.driver.loaded",), remedy="devices.node.create")
 def uvm_loaded(facts):
     """nvidia-smi works without nvidia_uvm, CUDA does not: cuInit then fails with 999."""
     h = facts.get("host")
@@ -46,8 +46,7 @@ def uvm_loaded(facts):
         return None  # neither /proc/modules (a kernel without module support has none) nor /proc/devices tells
     return Finding("host.uvm.loaded", Status.FAIL, "nvidia_uvm is not loaded: CUDA cannot initialise",
                    evidence=["/proc/modules has no nvidia_uvm", "/proc/devices has no nvidia-uvm"],
-                   hint="Run `nvidia-modprobe -u -c 0` (loads nvidia_uvm and creates /dev/nvidia-uvm*) on the host.",
-                   remedy="devices.node.create")
+                   hint="Run `nvidia-modprobe -u -c 0` (loads nvidia_uvm and creates /dev/nvidia-uvm*) on the host.")
 
 
 @check("host.platform", summary="What the checker runs in: bare metal, VM, LXC or Docker container.")

@@ -12,6 +12,9 @@ from gpudoctor.findings import Finding, Status
 from gpudoctor.model import human_bytes
 
 
+# Problems that a wiped tmpfs or an interrupted stage leaves: files not there. Anything else (a short or damaged file
+# still present) cannot follow from a wipe.
+_GONE = ("missing", "metadata_only", "empty", "dangling_symlink")
 STAGE_REMEDY = "model.stage"  # remedies/model_stage.py: `gpudoctor fix` restages from the marker's/record's source
 MARKER = ".gpudoctor-staged.json"
 CGROUP_WARN_SHARE = 0.85  # the model's tmpfs pages above this share of the memory limit leave the server too little
@@ -40,8 +43,20 @@ def _short(bid) -> str:
 def _stage_hint(p: dict) -> str:
     rec = p.get("record") or {}
     marker = (p.get("verify") or {}).get("marker") or {}
-    src = rec.get("source") or marker.get("source") or "SRC"
+    src = rec.get("source") or marker.get("source")
+    if not src:
+        return (f"copy it again from its source (no marker or stage record names one), or stage it: "
+                f"gpudoctor model stage --from <source directory> --to {p['path']} --apply")
     return f"gpudoctor model stage --from {src} --to {p['path']} --apply"
+
+
+def _memory_hint(facts: dict, short: int, limit: int) -> str:
+    """Raise the limit by what is missing; the Proxmox command only where the container is known to be one."""
+    vmid = (facts.get("boundary") or {}).get("vmid")
+    more = f" by at least {human_bytes(short)}" if short > 0 else ""
+    mib = -(-(limit + max(short, 0)) // 2**20)
+    how = (f" (on its Proxmox node: `pct set {vmid} --memory {mib}`)" if vmid is not None else "")
+    return f"raise the container's memory limit{more}{how}, or stage to disk"
 
 
 def _tmpfs(p: dict) -> bool:
@@ -108,10 +123,10 @@ def check_complete(facts: dict):
         v = p.get("verify") or {}
         kind, path = v.get("kind"), p["path"]
         ev = []
-        if kind == "not_found":
+        if kind == "not_found":  # a reboot, a wipe or no stage at all explains a missing directory
             out.append(Finding("workload.model.complete", Status.FAIL, f"model directory {path} does not exist",
                                subject=path, evidence=[f"stat({path}) → {v.get('bad_input')}"],
-                               hint=_stage_hint(p), remedy=STAGE_REMEDY, data={"kind": kind}))
+                               hint=_stage_hint(p), data={"kind": kind}))
             continue
         if v.get("bad_input"):
             out.append(Finding("workload.model.complete", Status.FAIL, f"{path} is not a model: {v['bad_input']}",
@@ -137,9 +152,13 @@ def check_complete(facts: dict):
         ev = [_problem_line(pr, base) for pr in probs[:12]]
         if len(probs) > 12:
             ev.append(f"... and {len(probs) - 12} more")
+        # Files that are gone follow from a wiped tmpfs or an interrupted stage; a truncated or damaged file that is
+        # still there does not (a reboot takes everything): that is its own fault, whatever the provenance.
+        gone_only = all(pr.get("kind") in _GONE for pr in probs)
         out.append(Finding("workload.model.complete", Status.FAIL, f"{path}: model incomplete ({what})",
-                           subject=path, evidence=ev, hint=_stage_hint(p), remedy=STAGE_REMEDY,
-                           data={"problems": probs, "missing_bytes": missing_bytes(p)}))
+                           subject=path, evidence=ev, hint=_stage_hint(p),
+                           data={"problems": probs, "missing_bytes": missing_bytes(p)},
+                           explained_by=None if gone_only else ()))
     return out or None
 
 
@@ -202,11 +221,13 @@ def check_staged_this_boot(facts: dict):
             st, summ = Status.WARN, f"{path}: complete, but its staging marker is gone (copied by hand since?)"
         elif ok:
             st, summ = Status.INFO, f"{path}: complete, but not staged by gpudoctor (no marker): boot-safety unknown"
-        else:
+        elif v.get("kind") == "not_found":
             st, summ = Status.FAIL, f"{path}: never staged (no marker, no stage record)"
+        else:  # files are there, put by someone else: how they came is context, the fault is what complete found
+            st, summ = Status.INFO, (f"{path}: not staged by gpudoctor (no marker, no stage record): copied by hand "
+                                     "or by another tool, so its source is unknown")
         hint = None if st in (Status.OK, Status.INFO) else _stage_hint(p)
         out.append(Finding(cid, st, summ, subject=path, evidence=ev, hint=hint,
-                           remedy=STAGE_REMEDY if hint else None,
                            data={"boot_id": boot, "marker_boot_id": (marker or {}).get("boot_id"),
                                  "record": rec}))
     return out or None
@@ -305,8 +326,7 @@ def check_memory_cgroup(facts: dict):
                 out.append(Finding(cid, Status.FAIL, f"{path}: restaging {human_bytes(need)} into tmpfs would exceed "
                                    f"the memory cgroup (headroom {human_bytes(head)} of limit {human_bytes(limit)})",
                                    subject=path, evidence=ev, data={"need": need, "headroom": head, "limit": limit},
-                                   hint="raise the container's memory limit (Proxmox: pct set VMID --memory MiB) "
-                                        "or stage to disk"))
+                                   hint=_memory_hint(facts, need - head, limit)))
                 continue
         model_bytes = expected_total(p) or v.get("bytes") or 0
         share = model_bytes / limit if limit else 0

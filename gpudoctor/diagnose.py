@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
-from gpudoctor.checkreg import CHECKS, all_checks, depends
+from gpudoctor.checkreg import CHECKS, all_checks, findings_of
 from gpudoctor.findings import LAYERS, Finding, Status, exit_code, worst
 
 CHECK_SCHEMA = "gpudoctor.check/1"
@@ -18,6 +19,7 @@ class Diagnosis:
     root_causes: list[Finding] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)
     facts: dict = field(default_factory=dict)
+    only_layers: list[str] | None = None  # a filtered view (check --only): findings of these layers only
 
     @property
     def verdict(self) -> Status:
@@ -30,6 +32,13 @@ class Diagnosis:
     @property
     def root_cause(self) -> Finding | None:
         return self.root_causes[0] if self.root_causes else None
+
+    @property
+    def outside(self) -> list[Finding]:
+        """Root causes that lie outside a filtered view (--only): kept because findings in the view are their symptoms."""
+        if not self.only_layers:
+            return []
+        return [f for f in self.root_causes if f.layer not in self.only_layers]
 
     def by_key(self) -> dict[str, Finding]:
         return {f.key: f for f in self.findings}
@@ -49,24 +58,16 @@ class Diagnosis:
             "chain": self.chain,
             "findings": [f.to_json() for f in self.findings],
             "timings": meta.get("timings", {}),
+            **({"only_layers": self.only_layers, "causes_outside_filter": [f.key for f in self.outside]}
+               if self.only_layers else {}),
         }
 
 
-def run_checks(facts: dict, only_layers: set[str] | None = None) -> list[Finding]:
+def run_checks(facts: dict) -> list[Finding]:
     """Every applicable check's findings, in layer order. A crashing check is an unknown finding, not a crash."""
     out: list[Finding] = []
     for spec in all_checks():
-        if only_layers and spec.layer not in only_layers:
-            continue
-        try:
-            res = spec.fn(facts)
-        except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other findings
-            res = Finding(spec.id, Status.UNKNOWN, f"check crashed: {type(exc).__name__}: {exc}")
-        for f in [res] if isinstance(res, Finding) else (res or []):
-            f.layer = f.layer or spec.layer
-            if f.remedy is None and f.bad and spec.remedy:
-                f.remedy = spec.remedy
-            out.append(f)
+        out += findings_of(spec, facts)
     return out
 
 
@@ -75,28 +76,66 @@ def _compatible(symptom: Finding, cause: Finding) -> bool:
     return cause.subject is None or symptom.subject is None or cause.subject == symptom.subject
 
 
+def _pattern_matches(pattern: str, cause: Finding) -> tuple[bool, bool]:
+    """(matches, names a subject) for one explained_by/depends_on pattern "ID" or "ID@SUBJECT" (fnmatch both)."""
+    idp, sep, subjp = pattern.partition("@")
+    if not fnmatch.fnmatchcase(cause.id, idp):
+        return False, bool(sep)
+    if sep:
+        return cause.subject is not None and fnmatch.fnmatchcase(cause.subject, subjp), True
+    return True, False
+
+
+def explains(cause: Finding, symptom: Finding) -> bool:
+    """Whether `symptom`'s evidence can follow from `cause`: the symptom (or its check's depends_on) names the cause,
+    the subjects agree (the pattern names the cause's subject, or they are equal, or one has none), and the cause is
+    a failure — a warning or unknown explains only a finding about its own subject (uvm-tools' EPERM ← its own
+    allow-list warning)."""
+    if cause is symptom or cause.id == symptom.id or not cause.bad:
+        return False
+    patterns = symptom.explained_by
+    if patterns is None:
+        spec = CHECKS.get(symptom.id)
+        patterns = spec.depends_on if spec else ()
+    hits = [named for ok, named in (_pattern_matches(p, cause) for p in patterns) if ok]
+    if not hits:
+        return False
+    by_subject = any(hits)  # the pattern itself names which subjects of the cause explain this finding
+    if not by_subject and not _compatible(symptom, cause):
+        return False
+    if cause.status == Status.FAIL:
+        return True
+    return by_subject or (cause.subject is not None and cause.subject == symptom.subject)
+
+
+# Which root cause comes first: severity, then the layer order of cause and effect. The boundary (what a container
+# may open) sits under the device nodes it explains, so it outranks them; otherwise bottom-up as LAYERS.
+CAUSAL_ORDER = ("host", "boundary", "driver", "devices", "cuda", "fabric", "workload")
+
+
 def _rank(f: Finding) -> tuple:
-    return (_SEVERITY.get(f.status, 9), LAYERS.index(f.layer) if f.layer in LAYERS else 99, f.key)
+    return (_SEVERITY.get(f.status, 9), CAUSAL_ORDER.index(f.layer) if f.layer in CAUSAL_ORDER else 99, f.key)
 
 
 def mark_blocked(findings: list[Finding]) -> None:
     """Point each bad finding at the failure it is a symptom of, then resolve each pointer to its root."""
-    failing = [f for f in findings if f.status == Status.FAIL]
-    for f in findings:
-        if not f.bad or f.id not in CHECKS:
-            continue
-        spec = CHECKS[f.id]
-        causes = [c for c in failing if c is not f and c.id != f.id and depends(spec, c.id) and _compatible(f, c)]
+    bad = [f for f in findings if f.bad]
+    for f in bad:
+        causes = [c for c in bad if explains(c, f)]
         if causes:
             f.blocked_by = min(causes, key=_rank).key
-    index = {f.key: f for f in findings}
+    first = {f.key: f.blocked_by for f in findings}
     for f in findings:
-        seen = {f.key}
-        while f.blocked_by and (up := index.get(f.blocked_by)) and up.blocked_by and up.blocked_by not in seen:
-            seen.add(up.key)
-            f.blocked_by = up.blocked_by
-        if f.blocked_by in seen:  # a cycle: neither explains the other
-            f.blocked_by = None
+        path, cur = [f.key], first.get(f.key)
+        while cur is not None:
+            if cur in path:  # a cycle: neither explains the other
+                cur = None
+                break
+            if first.get(cur) is None:
+                break
+            path.append(cur)
+            cur = first[cur]
+        f.blocked_by = cur
 
 
 def chain_step(summary: str) -> str:
@@ -125,11 +164,22 @@ def explain_chain(root: Finding, findings: list[Finding]) -> list[str]:
 
 
 def diagnose(facts: dict, only_layers: set[str] | None = None) -> Diagnosis:
-    """Facts → Diagnosis. Pure: the same facts always give the same verdict."""
-    findings = run_checks(facts, only_layers)
+    """Facts → Diagnosis. Pure: the same facts always give the same verdict.
+
+    `only_layers` is a view, not a different diagnosis: every check runs and blame is assigned over all of them, then
+    only the findings of those layers are kept. A kept finding stays the symptom of a cause outside the view, and that
+    cause stays the root cause (`outside` names it), so `check --only devices` ranks as the full check does."""
+    findings = run_checks(facts)
     mark_blocked(findings)
     roots = sorted((f for f in findings if f.bad and not f.blocked_by), key=_rank)
-    d = Diagnosis(host=(facts.get("meta") or {}).get("host", "?"), findings=findings, root_causes=roots, facts=facts)
-    if roots:
-        d.chain = explain_chain(roots[0], findings)
+    host = (facts.get("meta") or {}).get("host", "?")
+    chain = explain_chain(roots[0], findings) if roots else []
+    if not only_layers:
+        return Diagnosis(host=host, findings=findings, root_causes=roots, chain=chain, facts=facts)
+    kept = [f for f in findings if f.layer in only_layers]
+    blamed = {f.blocked_by for f in kept if f.blocked_by}
+    view_roots = [r for r in roots if r.layer in only_layers or r.key in blamed]
+    d = Diagnosis(host=host, findings=kept, root_causes=view_roots, facts=facts, only_layers=sorted(only_layers))
+    if view_roots:
+        d.chain = chain if view_roots[0] is roots[0] else explain_chain(view_roots[0], findings)
     return d

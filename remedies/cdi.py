@@ -45,7 +45,6 @@ def problems(path: str, text: str, live: dict, host_nodes: dict) -> str | None:
 
 class CdiSpec(Remedy):
     id = ID
-    fixes = ("boundary.cdi.device_nodes",)
     summary = "regenerate (nvidia-ctk cdi generate) or edit a CDI spec whose device nodes name an old major"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

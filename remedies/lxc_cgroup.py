@@ -14,7 +14,7 @@ import base64
 from gpudoctor.edit import EditPlan, apply_edit
 from gpudoctor.findings import Finding, Status
 from gpudoctor.proxmox import pct
-from gpudoctor.proxmox.audit import (AuditInput, check_cgroup_allow, decide, input_from_facts, live_rules,
+from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, decide, input_from_facts, live_rules,
                                      running_rules)
 from gpudoctor.proxmox.config import ALLOW_KEY, LIVE, Config, parse
 from gpudoctor.proxmox.devices import ProcDevices
@@ -61,7 +61,6 @@ def fix_text(cfg: Config, majors: list[int]) -> tuple[str, list[int], list[str]]
 
 class LxcCgroupAllow(Remedy):
     id = ID
-    fixes = ("boundary.lxc.cgroup_allow", "boundary.lxc.malformed")
     summary = "allow the container's NVIDIA device majors in its Proxmox config (live section only)"
 
     # --- plan ---------------------------------------------------------------------------------
@@ -86,19 +85,30 @@ class LxcCgroupAllow(Remedy):
         unknown = [f for f in allow if f.status == Status.UNKNOWN]
         restart = [f for f in allow if f.bad and f.data.get("restart_needed")]
         bare = [ln for ln in cfg.live if ln.bare_rule is not None]
+        if missing and inp.v1:
+            lines = sorted({f.data["fix_line"] for f in allow if f.bad and f.data.get("fix_line")})
+            return self.refuse(f"{b.get('proxmox') or 'the host'} runs a {inp.layout} cgroup layout, where LXC "
+                               f"ignores lxc.cgroup2 rules: add {', '.join(f'`{x}`' for x in lines)} to the live "
+                               f"section of {cfg.path} by hand (gpudoctor writes cgroup2 rules only), then "
+                               f"{restart_cmd(inp.vmid)}")
+        blind = [f for f in unknown if f.data.get("critical", True)]
+        if blind:  # no edit can reach the healthy state without the node's live major: refuse rather than half-fix
+            return self.refuse(f"{label}: " + "; ".join(f.summary for f in blind)
+                               + " — no edit can make it usable without that major; " + (blind[0].hint or "")
+                               + "; nothing was changed")
+        skipped = [f"{f.subject}: {f.summary.split(': ', 1)[-1]} — no rule written for it" for f in unknown]
         if not missing and not bare:
             if denied:
                 return self.refuse("; ".join(f"{f.subject}: {f.evidence[0]}" for f in denied) +
                                    " — an explicit deny rule wins; gpudoctor will not remove it for you")
             if unknown:
                 return self.refuse("; ".join(f.summary for f in unknown))
-            if restart and not ctx.reboot:
-                return self.refuse(f"{cfg.path} already allows every GPU node, but {label} runs with its old rules: "
-                                   f"restart it (pct reboot {inp.vmid}) or re-run with --reboot")
-            if restart:
+            if restart:  # the edit is done (by an earlier run or by hand): only the restart is pending
                 return Change(ID, b.get("proxmox") or "localhost",
-                              f"restart {label} so the allow rules already in {cfg.path} take effect",
-                              commands=[f"pct reboot {inp.vmid}"], risk="medium", needs_reboot=True,
+                              f"{cfg.path} already allows every GPU node; {label} still runs with its old rules: "
+                              f"restart it so they take effect",
+                              commands=[f"pct reboot {inp.vmid}"] if inp.vmid is not None else [], risk="medium",
+                              needs_reboot=True,
                               fixes=[f.key for f in restart],
                               data=self._data(b, inp, cfg.data, cfg.data,
                                               sorted({f.data["major"] for f in restart}), [], []))
@@ -124,9 +134,11 @@ class LxcCgroupAllow(Remedy):
         targets += [f"boundary.lxc.malformed[{cfg.path}:{n}]" for n in removed]
         commands = [f"pct reboot {inp.vmid}"] if running and inp.vmid is not None else []
         plan = EditPlan(cfg.path, cfg.data, after)
+        data = self._data(b, inp, cfg.data, after, missing, removed, inserted)
+        if skipped:
+            data["skipped"] = skipped
         return Change(ID, b.get("proxmox") or "localhost", f"{label}: " + "; ".join(parts) + f" of {cfg.path}",
-                      diff=plan.diff, commands=commands, risk="low", needs_reboot=running, fixes=targets,
-                      data=self._data(b, inp, cfg.data, after, missing, removed, inserted))
+                      diff=plan.diff, commands=commands, risk="low", needs_reboot=running, fixes=targets, data=data)
 
     @staticmethod
     def _data(b: dict, inp: AuditInput, before: bytes, after: bytes, majors, removed, inserted) -> dict:
@@ -180,7 +192,8 @@ class LxcCgroupAllow(Remedy):
         cfg = parse(r.data, d["path"])
         procdev = self._procdev(host, d, ctx)
         inp = AuditInput(cfg, procdev, vmid=d.get("vmid"), name=d.get("label"))
-        bad = [f for f in check_cgroup_allow(inp) if f.bad and f.data.get("major") in d["majors"]]
+        allow = check_cgroup_allow(inp)
+        bad = [f for f in allow if f.bad and f.data.get("major") in d["majors"]]
         bare = [ln.no for ln in cfg.live if ln.bare_rule is not None]
         ev = [f"re-read {d['path']}: sha256 matches the planned result"
               if r.data == _unb64(d["after_b64"]) else f"re-read {d['path']}: differs from the planned result"]
@@ -188,9 +201,21 @@ class LxcCgroupAllow(Remedy):
             ev += [e for f in bad for e in f.evidence[:1]] + [f"{d['path']}:{n}: keyless rule line" for n in bare]
             return Finding("boundary.lxc.cgroup_allow", Status.FAIL,
                            f"{d['label']}'s config still does not allow what it needs", evidence=ev)
-        majors = ", ".join(str(m) for m in d["majors"]) or "(no new majors)"
-        return Finding("boundary.lxc.cgroup_allow", Status.OK,
-                       f"{d['label']}'s live config now allows {majors}", evidence=ev)
+        done = []
+        if d["majors"]:
+            done.append("now allows " + ", ".join(f"c {m}:*" for m in d["majors"]) + " in its live section")
+        if d.get("removed_lines"):
+            done.append("keyless line" + ("s " if len(d["removed_lines"]) > 1 else " ")
+                        + ", ".join(map(str, d["removed_lines"])) + " removed")
+        still = [f for f in allow if f.bad and not f.data.get("restart_needed")]
+        ev += [f"{f.subject}: {f.status.value}: {f.summary}" for f in allow if f.bad]
+        text = f"{d['label']}'s config: " + "; ".join(done or ["unchanged"])
+        if still:  # what this change could not do is said, never left for the reader to discover
+            text += "; still not allowed: " + "; ".join(f"{f.subject} ({f.summary.split(': ', 1)[-1]})"
+                                                        for f in still)
+        else:
+            text += "; every GPU node it passes is allowed"
+        return Finding("boundary.lxc.cgroup_allow", Status.OK, text, evidence=ev)
 
     def rollback(self, host, change: Change, ctx: RemedyContext, applied: dict) -> dict:
         if not applied.get("changed"):

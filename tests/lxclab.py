@@ -190,6 +190,9 @@ NODE_INIT = """\
 set -e
 L=$1 layout=$2; shift 2
 if [ "$layout" = unified ]; then mount -t cgroup2 cgroup2 /sys/fs/cgroup; fi
+# hybrid: this machine's layout, each hierarchy mounted afresh inside the cgroup namespace (rooted at the lab's
+# cgroups), so LXC builds below them and never in the machine's root cgroups
+if [ "$layout" = hybrid ]; then . "$L/node/hybrid-mounts.sh"; fi
 mount -t overlay gpudoctor-lab-etc -o "lowerdir=/etc,upperdir=$L/node/etc.upper,workdir=$L/node/etc.work" /etc
 mount --bind "$L/node/pve" /etc/pve
 mount -t overlay gpudoctor-lab-var -o "lowerdir=/var/lib,upperdir=$L/node/var.upper,workdir=$L/node/var.work" /var/lib
@@ -289,6 +292,26 @@ BUSYBOX_APPLETS = ("sh", "mount", "umount", "mkdir", "cat", "cp", "ls", "sleep",
                    "grep", "tr", "rm", "env", "true", "false", "echo", "test", "[", "head", "sed", "id")
 
 
+def _v1_hierarchies() -> list[tuple[Path, str, str]]:
+    """This machine's cgroup v1 mounts under /sys/fs/cgroup: (mount point, mount options, our cgroup in it)."""
+    mine = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for c in ctrls.split(","):
+            if c:
+                mine[c] = path
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(r) >= 3 and r[0] == "cgroup" and f[4].startswith("/sys/fs/cgroup/"):
+            opts = [o for o in r[2].split(",") if o not in ("rw", "ro")]
+            key = next((o for o in opts if o in mine), None)
+            out.append((Path(f[4]), ",".join(opts if key != "name=systemd" else ["none", *opts]),
+                        mine.get(key, "/")))
+    return out
+
+
 class LxcLab:
     def __init__(self, base: Path, *, layout: str = "unified", config: bytes | None = None, vmid: int = 200,
                  name: str = "ct200"):
@@ -298,6 +321,9 @@ class LxcLab:
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         root = _cgroup2_root()
         self.cgroup = (root or Path("/sys/fs/cgroup/unified")) / f"{PREFIX}{self.id}"
+        # hybrid: one lab cgroup below ours in each v1 hierarchy too (memory's stays inside our own memory cgroup)
+        self.v1 = [(mnt, opts, mnt / cur.lstrip("/") / f"{PREFIX}{self.id}")
+                   for mnt, opts, cur in _v1_hierarchies()] if layout == "hybrid" else []
         self.pair = f"gdl{uuid.uuid4().hex[:8]}i0"
         self.net, self.host_ip, self.ct_ip = _pick_subnet()
         self.ct_addr, self.ct_port = self.ct_ip, 22
@@ -349,6 +375,17 @@ class LxcLab:
                   self.node / "dev" / "nvidia-caps", self.lxcpath / str(self.vmid)):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroup.mkdir()
+        for mnt, _, cg in self.v1:
+            cg.mkdir()
+            if (cg / "cpuset.cpus").exists():  # a new cpuset takes no process until it has CPUs and memory nodes
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    (cg / f).write_text((cg.parent / f).read_text())
+        (self.node / "cgroups").write_text("".join(f"{p}\n" for p in self.procs_files()))
+        (self.node / "hybrid-mounts.sh").write_text(
+            "mount -t tmpfs -o mode=0755 gpudoctor-lab-cgroup /sys/fs/cgroup\n"
+            + "".join(f"mkdir /sys/fs/cgroup/{m.name}; mount -t cgroup -o {o} cgroup /sys/fs/cgroup/{m.name}\n"
+                      for m, o, _ in self.v1)
+            + "mkdir /sys/fs/cgroup/unified; mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified\n")
         # while the veth is down (before start, across restarts, after a failure) the /30 is unreachable here:
         # nothing aimed at ct200 may leave through the default route
         subprocess.run(["ip", "route", "add", "unreachable", self.net, "metric", "4242"], check=True)
@@ -454,8 +491,8 @@ class LxcLab:
             (d / "sshd_config").write_text(NODE_SSHD.format(port=self.node_port, d=d))
             log = open(d / "sshd.log", "ab")
             self.node_proc = subprocess.Popen(
-                ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs"),
-                 "unshare", "-m", "-C", "--propagation", "private", "sh", str(d / "init.sh"), str(self.base),
+                ["sh", "-c", 'for f in $(cat "$0"); do echo $$ > "$f" || exit 1; done; exec "$@"',
+                 str(d / "cgroups"), "unshare", "-m", "-C", "--propagation", "private", "sh", str(d / "init.sh"), str(self.base),
                  self.layout, shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
             log.close()
@@ -471,11 +508,14 @@ class LxcLab:
         """The node's pct, in the node's mount and cgroup namespaces (and the lab's cgroup), as a session runs it."""
         return self.node_run("/usr/local/sbin/pct", *args, timeout=timeout)
 
+    def procs_files(self) -> list[Path]:
+        return [self.cgroup / "cgroup.procs", *(cg / "cgroup.procs" for _, _, cg in self.v1)]
+
     def node_run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Any command on the node (its mount and cgroup namespaces, the lab's cgroup), e.g. lxc-cgroup."""
         assert self.node_proc is not None
         return subprocess.run(
-            ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs"),
+            ["sh", "-c", 'for f in $(cat "$0"); do echo $$ > "$f" || exit 1; done; exec "$@"', str(self.node / "cgroups"),
              "nsenter", "-t", str(self.node_proc.pid), "-m", "-C", "--", *argv],
             capture_output=True, text=True, timeout=timeout)
 
@@ -594,6 +634,8 @@ class LxcLab:
         if self.node_proc is not None:
             self.node_proc.wait(10)
         kill_cgroup(self.cgroup)
+        for _, _, cg in self.v1:
+            kill_cgroup(cg)
         if getattr(self, "_route", False):
             subprocess.run(["ip", "route", "del", "unreachable", self.net, "metric", "4242"], capture_output=True)
         left = self.leftovers()
@@ -603,8 +645,7 @@ class LxcLab:
     def leftovers(self) -> list[str]:
         """What of this lab still exists: container, cgroups, veth, mounts, sshd, LXC lock."""
         out = []
-        if self.cgroup.exists():
-            out.append(f"cgroup {self.cgroup}")
+        out += [f"cgroup {cg}" for cg in [self.cgroup, *(c for _, _, c in self.v1)] if cg.exists()]
         r = subprocess.run(["ip", "-o", "link", "show", self.pair], capture_output=True, text=True)
         if r.returncode == 0:
             out.append(f"veth {self.pair}")

@@ -22,7 +22,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory's host names
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "request_rates", "arrival", "max_error_rate", "slo",
-            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
+            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal"}
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
 
@@ -95,6 +95,7 @@ class Campaign:
     gpu_release_mib: int
     on_crash: str
     validate: bool
+    heal: object = None  # gpudoctor.bench.heal.HealSpec when the campaign has a `heal:` section
     kind: str = "sglang"
     api: str = "native"
     request_rates: list[float] = field(default_factory=list)
@@ -294,6 +295,7 @@ def load(path: str) -> Campaign:
     if arrival not in ("poisson", "constant"):
         v.fail(f"arrival must be poisson or constant, got {arrival!r}", "arrival")
     slo = v.mapping(d.get("slo") or {}, "slo", keys={"ttft_ms", "itl_ms"})
+    heal = _heal(v, d["heal"]) if d.get("heal") not in (None, False) else None
     return Campaign(
         path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target,
         target_line=doc.line("target") if "target" in d else None, model=model,
@@ -309,11 +311,27 @@ def load(path: str) -> Campaign:
         gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
         gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
-        on_crash=on_crash, validate=validate, kind=kind, api=api, request_rates=sorted(set(rates)), arrival=arrival,
-        max_error_rate=float(v.number(d.get("max_error_rate", 0.0), "max_error_rate", lo=0, hi=1)),
+        on_crash=on_crash, validate=validate, heal=heal, kind=kind, api=api, request_rates=sorted(set(rates)),
+        arrival=arrival, max_error_rate=float(v.number(d.get("max_error_rate", 0.0), "max_error_rate", lo=0, hi=1)),
         slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
         slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
     )
+
+
+def _heal(v: _V, raw):
+    """`heal:` — judge the target after a crash or a loss and heal what `allow` names (docs/bench.md)."""
+    from gpudoctor.bench.heal import HealSpec
+
+    h = v.mapping({} if raw is True else raw, "heal", keys={"allow", "wait_s", "rounds", "profile"})
+    allow = h.get("allow") or []
+    if isinstance(allow, str):
+        allow = [allow]
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a.strip() for a in allow):
+        v.fail("heal.allow must be a list of remedy ids or patterns (e.g. [model.stage, lxc.cgroup_allow, "
+               "lxc.cgroup_allow.reboot])", "heal", "allow")
+    return HealSpec(allow=tuple(allow), wait_s=float(v.number(h.get("wait_s", 300), "heal", "wait_s", lo=1)),
+                    rounds=int(v.number(h.get("rounds", 3), "heal", "rounds", integer=True, lo=1, hi=20)),
+                    profile=v.string(h.get("profile", "benchmark"), "heal", "profile"))
 
 
 def _methods(v: _V, raw, tp: list[int]) -> list[Method]:

@@ -76,7 +76,8 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
         await asyncio.sleep(max(0.0, min(0.2 if waited < 10 else 1.0, end - time.monotonic())))
 
 
-def _skip(level: Level, reason: str) -> dict:
+def skipped_record(level: Level, reason: str) -> dict:
+    """The record of a level that was not sent, with the reason."""
     return {**level.spec.head(), "status": SKIPPED, "completed": 0, "error": reason, "log_excerpt": None}
 
 
@@ -110,7 +111,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
         if not_ready:
             text = log.read_all() if log is not None else ""
             for lv in todo:
-                rec = _skip(lv, lv.misfit) if lv.misfit else {
+                rec = skipped_record(lv, lv.misfit) if lv.misfit else {
                     **lv.spec.head(), "status": ERROR, "completed": 0,
                     "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
                                                                  if text and logscan.reason(text) else ""),
@@ -125,12 +126,12 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     warmed = warmup <= 0
     for lv in todo:
         if lv.misfit:
-            put(_skip(lv, lv.misfit))
+            put(skipped_record(lv, lv.misfit))
             continue
         if broken:
             if not record_skips:
                 break
-            put(_skip(lv, f"not run: {broken}"))
+            put(skipped_record(lv, f"not run: {broken}"))
             continue
         emit("level_start", spec=lv.spec)
         async with new_session(lv.spec.concurrency) as session:

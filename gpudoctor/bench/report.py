@@ -89,8 +89,27 @@ def _tp_key(tp) -> tuple:
     return (tp is None, tp or 0)
 
 
+def render_heals(records: list[dict], heals: list[dict]) -> list[str]:
+    """report.md's "Heals" section: each time the target broke mid-campaign, what was done, what ran after."""
+    if not heals:
+        return []
+    lines = ["## Heals", "", "The target broke during the campaign; gpudoctor judged it through the gate profile and "
+             "healed it where the campaign's heal policy allowed. Records a broken target produced were retracted "
+             "(kept in retracted.jsonl) and their levels ran again; records after a heal carry its number.", "",
+             "| # | when | what happened | root cause | remedies | outcome | levels after |", "|---:|---|---|---|---|---|---:|"]
+    for h in heals:
+        after = sum(1 for r in records if isinstance(r.get("heal"), dict) and r["heal"].get("n") == h.get("n"))
+        acts = ", ".join(f"{a['remedy']} ({'ok' if a.get('ok') else 'failed'})" for a in h.get("actions") or []) or "—"
+        outcome = ("healed" if h.get("healthy") and h.get("broken") else "healthy (the crash was the method's own)"
+                   if h.get("healthy") else "not healed: campaign stopped")
+        cell = [str(h.get("n")), str(h.get("at") or ""), str(h.get("reason") or ""), str(h.get("root_cause") or "—"),
+                acts, outcome, str(after)]
+        lines.append("| " + " | ".join(" ".join(c.split()).replace("|", "\\|")[:300] for c in cell) + " |")
+    return lines + [""]
+
+
 def render_markdown(records: list[dict], baseline: str | None, title: str, plots: list[str],
-                    order: Order | None = None) -> str:
+                    order: Order | None = None, heals: list[dict] | None = None) -> str:
     agg = aggregate(records)
     order = order or Order(records)
     counts = defaultdict(int)
@@ -139,6 +158,7 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
                              f"{rs[0]['label']} / {rs[0]['workload']} / {load_label(_load(rs[0]))}): "
                              f"{rs[0].get('diagnosis') or ''}. Fix: {rs[0].get('fix') or '—'}")
             lines.append("")
+    lines += render_heals(records, heals or [])
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     return "\n".join(lines)
@@ -152,7 +172,8 @@ def render_csv(records: list[dict], baseline: str | None) -> str:
     w.writerow(cols)
     for r in records:
         sp = speedup(agg, _cell(r), baseline) if r["status"] == OK else None
-        row = {**r, "speedup": sp, "error": " ".join(str(r.get("error") or "").split()) or None}
+        row = {**r, "speedup": sp, "error": " ".join(str(r.get("error") or "").split()) or None,
+               "heal": (r.get("heal") or {}).get("n") if isinstance(r.get("heal"), dict) else None}
         w.writerow(["" if row.get(c) is None else row.get(c) for c in cols])
     return buf.getvalue()
 
@@ -244,6 +265,9 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     title = meta.get("name") or d.name
     order = Order(records, meta)
     pngs = render_plots(records, baseline, d / "plots", order) if plots else []
-    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order))
+    heals = []
+    if (d / "heals.jsonl").exists():
+        heals = [json.loads(x) for x in (d / "heals.jsonl").read_text().splitlines() if x.strip()]
+    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals))
     atomic_write(d / "results.csv", render_csv(records, baseline))
     return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs]}

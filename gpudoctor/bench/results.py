@@ -21,7 +21,7 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_
            "connect_ms_p50", "headers_ms_p50", "achieved_req_per_s", "send_late_ms_p50", "send_late_ms_p99")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "request_rate", "arrival",
           "api", "trial", "status", "requests", "completed", "failed", "error_rate", *METRICS, "itl_source",
-          "transport_note", "error", "cause", "diagnosis", "fix", "log_excerpt")
+          "transport_note", "error", "cause", "diagnosis", "fix", "heal", "log_excerpt")
 # Kept out of tables (long text); report.md lists them under the failed levels instead.
 DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
@@ -49,6 +49,7 @@ class ResultStore:
     def __init__(self, out_dir: str | Path):
         self.dir = Path(out_dir)
         self.path = self.dir / "results.jsonl"
+        self.stamp: dict = {}  # fields every record appended from now on carries (e.g. {"heal": {...}} after a heal)
 
     def load(self) -> list[dict]:
         if not self.path.exists():
@@ -66,7 +67,7 @@ class ResultStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
-        rec = {"schema": SCHEMA, **rec}
+        rec = {"schema": SCHEMA, **rec, **self.stamp}
         for f in FIELDS:
             rec.setdefault(f, None)
         if rec["status"] != OK:
@@ -75,3 +76,19 @@ class ResultStore:
                     rec[m] = None
         append_jsonl_atomic(self.path, [rec])
         return rec
+
+    def retract(self, keys: list[tuple], why: str) -> list[dict]:
+        """Take records out (they measured a broken target, not the method) so their levels run again: the file is
+        rewritten atomically without them, and they are appended to DIR/retracted.jsonl with the reason — nothing
+        is lost, and no key is ever in results.jsonl twice."""
+        from gpudoctor.atomic import atomic_write
+
+        keys = set(keys)
+        recs = self.load()
+        gone = [{**r, "retracted": why} for r in recs if key(r) in keys]
+        if not gone:
+            return []
+        append_jsonl_atomic(self.dir / "retracted.jsonl", gone)
+        kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs if key(r) not in keys)
+        atomic_write(self.path, kept)
+        return gone

@@ -60,6 +60,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--fail-if-exists", default=None, metavar="PATH",
+                   help="the fault acts only while PATH exists (a host condition a remedy can clear, e.g. the GPU gone)")
     p.add_argument("--death-log", default=None, metavar="FILE",
                    help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
                         " server's traceback, instead of the built-in one")
@@ -136,6 +138,9 @@ class StandIn:
         elif mode in ("http500", "error-chunk"):
             self.failing = True
 
+    def fault_armed(self) -> bool:
+        return self.a.fail_if_exists is None or os.path.exists(self.a.fail_if_exists)
+
     def last_words(self) -> bool:
         """--death-log's lines, raw (a real traceback is printed without the logger's prefix); False without one."""
         if not self.a.death_log:
@@ -168,6 +173,8 @@ class StandIn:
 
     def on_request(self) -> None:
         self.n_requests += 1
+        if not self.fault_armed():
+            return
         mode = self.a.fail_mode
         if self.n_requests == 1 and self.a.fail_after_s > 0 and mode in _TRIGGERED:
             asyncio.get_running_loop().call_later(self.a.fail_after_s, self.trip)
@@ -552,9 +559,9 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
-    if args.fail_mode == "die-at-start" and state.last_words():
+    if args.fail_mode == "die-at-start" and state.fault_armed() and state.last_words():
         raise SystemExit(1)
-    if args.fail_mode == "die-at-start":
+    if args.fail_mode == "die-at-start" and state.fault_armed():
         if args.flavor == "vllm":
             state.log.raw("Traceback (most recent call last):")
             state.log.raw('  File "vllm/engine/arg_utils.py", line 1100, in create_engine_config')

@@ -129,7 +129,7 @@ def _warm_imports(as_json: bool) -> None:
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
-    from gpudoctor.fleet import check_fleet, default_check_fn, render, select_hosts
+    from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
@@ -146,7 +146,9 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
 
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, _console())
+        from gpudoctor.report import fleet_table
+
+        fleet_table(result, _console())
     return result.exit_code
 
 
@@ -161,7 +163,8 @@ def _explain(check_id: str) -> int:
     c = specs[check_id]
     click.echo(f"{c.id}  (layer {c.layer})\n\n{c.summary}\n\n{c.doc}")
     if c.depends_on:
-        click.echo(f"\nA failure of {', '.join(c.depends_on)} makes this finding a symptom, not a root cause.")
+        click.echo(f"\nIts findings can be symptoms of: {', '.join(c.depends_on)} — each finding only of those its evidence "
+                   f"can follow from (a missing tool or library is its own cause).")
     if c.remedy:
         click.echo(f"\nRemedy: gpudoctor fix --only {c.remedy}")
     return 0
@@ -198,7 +201,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
 def list_checks(markdown, as_json):
     """List every check id, its layer and one-line purpose."""
     from gpudoctor.checkreg import all_checks

@@ -57,12 +57,10 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
-        if result.error:
-            click.echo(f"BLOCK {result.host}: could not check: {result.error}")
-        for b in result.blockers:
-            click.echo(f"BLOCK {b.line()}")
-        if action is not None and action.action != "none":
-            click.echo(f"slurm: {action.detail}", err=action.action != "failed")
+        from gpudoctor.report import gate_lines
+
+        for line, err in gate_lines(result, action):
+            click.echo(line, err=err)
     raise SystemExit(result.exit_code)
 
 

@@ -5,7 +5,10 @@ Device-rule semantics follow LXC's cgroup2 eBPF program (src/lxc/cgroups/cgroup2
 order and the first rule that matches the device and the requested access decides; a rule identical to an earlier
 one flips that one's allow/deny in place; `a` alone switches the default (Proxmox's common.conf starts with
 `deny = a`: an allow-list). Proxmox emits devN: rules before the raw lxc.* lines (update_lxc_config), and LXC
-ignores lxc.cgroup.* (v1) settings on a pure cgroup2 host ("Ignoring legacy cgroup limits").
+ignores lxc.cgroup.* (v1) settings on a pure cgroup2 host ("Ignoring legacy cgroup limits"). On a hybrid or legacy
+host (cgroup v1 controllers at /sys/fs/cgroup; the host's /proc/self/mountinfo tells) it is the other way round:
+LXC ignores every lxc.cgroup2.* line, devN:'s generated rules included ("Ignoring cgroup2 limits on legacy cgroup
+system"), and only lxc.cgroup.devices.* rules apply.
 """
 
 from __future__ import annotations
@@ -15,11 +18,38 @@ import re
 from dataclasses import dataclass, field
 
 from gpudoctor.findings import Finding, Status
-from gpudoctor.proxmox.config import ALLOW_KEY, DENY_KEY, LIVE, PENDING, Config, DeviceRule, Line
+from gpudoctor.proxmox.config import (ALLOW_KEY, DENY_KEY, LIVE, PENDING, V1_ALLOW_KEY, V1_DENY_KEY, Config,
+                                      DeviceRule, Line)
 from gpudoctor.proxmox.devices import (NVIDIA_MAJOR, NodeKind, ProcDevices, classify_node, is_dynamic_major)
 
 REMEDY_ID = "lxc.cgroup_allow"
 OPEN_ACCESS = "rw"  # what open(O_RDWR) asks the device cgroup for
+V1_LAYOUTS = ("hybrid", "legacy")  # cgroup layouts where LXC applies lxc.cgroup.* and ignores lxc.cgroup2.*
+
+
+def cgroup_layout(mountinfo: str | None) -> tuple[str | None, str]:
+    """The host's cgroup layout from its /proc/self/mountinfo: ('unified' | 'hybrid' | 'legacy' | None, evidence).
+
+    unified: cgroup2 is mounted at /sys/fs/cgroup (PVE 7+ default); hybrid: v1 controllers below /sys/fs/cgroup and
+    cgroup2 only at /sys/fs/cgroup/unified; legacy: v1 only. The last mount at a path is the one in use."""
+    if not mountinfo:
+        return None, "the host's mount table was not read"
+    at: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) >= 5 and r:
+            at[f[4]] = r[0]
+    if at.get("/sys/fs/cgroup") == "cgroup2":
+        return "unified", "cgroup2 is mounted at /sys/fs/cgroup (pure cgroup v2)"
+    v1 = sorted(p for p, fs in at.items() if fs == "cgroup" and p.startswith("/sys/fs/cgroup/"))
+    if not v1:
+        return None, "no cgroup mount at /sys/fs/cgroup"
+    if at.get("/sys/fs/cgroup/unified") == "cgroup2":
+        return "hybrid", (f"cgroup v1 controllers are mounted at {', '.join(v1[:3])}{', …' if len(v1) > 3 else ''} "
+                          f"and cgroup2 only at /sys/fs/cgroup/unified (hybrid layout)")
+    return "legacy", f"cgroup v1 controllers are mounted at {', '.join(v1[:3])}{', …' if len(v1) > 3 else ''} (legacy layout)"
+
 
 
 @dataclass
@@ -109,8 +139,12 @@ def needed_nodes(cfg: Config, section: str = LIVE) -> list[Need]:
     return list(needs.values())
 
 
-def live_rules(cfg: Config) -> list[RuleRef]:
-    """The live section's cgroup2 rules as LXC sees them: devN: rules first, then raw lines in order."""
+def live_rules(cfg: Config, layout: str | None = None) -> list[RuleRef]:
+    """The live section's device rules as LXC applies them: on a cgroup2 host the lxc.cgroup2 rules (devN: rules
+    first, then raw lines in order); on a hybrid/legacy host only the lxc.cgroup.devices.* (v1) lines."""
+    if layout in V1_LAYOUTS:
+        return [RuleRef(ln.key == V1_ALLOW_KEY, ln.rule, f"line {ln.no}", ln) for ln in cfg.rules()
+                if ln.key in (V1_ALLOW_KEY, V1_DENY_KEY) and not ln.error]
     out = []
     for ln in cfg.passthrough():
         dev = ln.device
@@ -125,13 +159,16 @@ def live_rules(cfg: Config) -> list[RuleRef]:
 
 
 _RUN_RULE = re.compile(r"^\s*(lxc\.cgroup2\.devices\.(allow|deny))\s*=\s*(.*?)\s*$")
+_RUN_RULE_V1 = re.compile(r"^\s*(lxc\.cgroup\.devices\.(allow|deny))\s*=\s*(.*?)\s*$")
 
 
-def running_rules(text: str) -> list[RuleRef]:
-    """cgroup2 device rules of a running config (/var/lib/lxc/<vmid>/config, `key = value`)."""
+def running_rules(text: str, layout: str | None = None) -> list[RuleRef]:
+    """Device rules of a running config (/var/lib/lxc/<vmid>/config, `key = value`) that LXC applies on the
+    host's layout: cgroup2 rules, or the v1 ones on a hybrid/legacy host."""
     out = []
+    rx = _RUN_RULE_V1 if layout in V1_LAYOUTS else _RUN_RULE
     for no, line in enumerate(text.splitlines(), 1):
-        m = _RUN_RULE.match(line)
+        m = rx.match(line)
         if not m:
             continue
         try:
@@ -142,11 +179,11 @@ def running_rules(text: str) -> list[RuleRef]:
     return out
 
 
-def allow_list_majors(cfg: Config) -> list[str]:
-    """The majors the live section allows, in file order: '195, 509, 226, 234' (cgroup2 allow lines only)."""
+def allow_list_majors(cfg: Config, key: str = ALLOW_KEY) -> list[str]:
+    """The majors the live section allows, in file order: '195, 509, 226, 234' (allow lines of `key` only)."""
     seen: list[str] = []
     for ln in cfg.rules():
-        if ln.key != ALLOW_KEY or ln.error or ln.rule is None:
+        if ln.key != key or ln.error or ln.rule is None:
             continue
         r = ln.rule
         item = r.path if r.path else ("*" if r.major is None else str(r.major))
@@ -163,16 +200,21 @@ def ct_label(vmid: int | None, name: str | None, path: str | None) -> str:
     return os.path.basename(path or "container")
 
 
+def restart_cmd(vmid: int | None) -> str:
+    """How to restart the container: the exact command when its VMID is known, in words when it is not."""
+    return f"pct reboot {vmid}" if vmid is not None else "`pct reboot` with the container's VMID"
+
+
 def vmid_from_path(path: str | None) -> int | None:
     m = re.search(r"(?:^|/)(\d+)\.conf$", path or "")
     return int(m.group(1)) if m else None
 
 
-def allow_line(cfg: Config, major: int) -> str:
+def allow_line(cfg: Config, major: int, key: str = ALLOW_KEY) -> str:
     """The line to add, in the file's own style for allow lines (': ' unless it uses ' = ')."""
-    seps = [ln.sep for ln in cfg.rules() if ln.key == ALLOW_KEY]
+    seps = [ln.sep for ln in cfg.rules() if ln.key == key] or [ln.sep for ln in cfg.rules() if ln.is_allow]
     sep = " = " if seps and seps[-1] == "=" else ": "
-    return f"{ALLOW_KEY}{sep}c {major}:* rwm"
+    return f"{key}{sep}c {major}:* rwm"
 
 
 @dataclass
@@ -184,29 +226,45 @@ class AuditInput:
     vmid: int | None = None
     name: str | None = None
     host_nodes: dict | None = None  # path -> StatResult JSON on the Proxmox host, when gathered
+    offline: dict | None = None  # {"config", "devices"} as given to `lxc audit/fix --config` (devices None: this
+    #                              machine's /proc/devices, which need not be the Proxmox node's)
+    layout: str | None = None  # the host's cgroup layout (cgroup_layout): None = unknown, read as cgroup v2
+    layout_evidence: str = ""
+
+    @property
+    def v1(self) -> bool:
+        """LXC on this host applies lxc.cgroup.* (v1) device rules and ignores lxc.cgroup2.*."""
+        return self.layout in V1_LAYOUTS
 
     @property
     def label(self) -> str:
         return ct_label(self.vmid, self.name, self.cfg.path)
 
     @property
+    def config_label(self) -> str:
+        """"ct200's config" when the container is known by name or VMID; else the file's name ("h200.conf")."""
+        if self.name or self.vmid is not None:
+            return f"{self.label}'s config"
+        return os.path.basename(self.cfg.path or "the container config")
+
+    @property
+    def devices_unsure(self) -> bool:
+        """Offline without --devices: the majors come from this machine, which may not be the Proxmox node."""
+        return self.offline is not None and not self.offline.get("devices")
+
+    def fix_cmd(self, *extra: str) -> str:
+        """The `gpudoctor lxc fix` command for this container: the audit's own files offline, else by VMID."""
+        if self.offline is not None:
+            dev = self.offline.get("devices") or "<a copy of the Proxmox node's /proc/devices>"
+            target = f"--config {self.offline.get('config') or self.cfg.path} --devices {dev}"
+        else:
+            target = str(self.vmid) if self.vmid is not None else f"--config {self.cfg.path}"
+        return " ".join(["gpudoctor lxc fix", target, *extra])
+
+    @property
     def running_applies(self) -> bool:
         """The running config describes the container now only while it runs."""
         return self.running is not None and self.status != "stopped"
-
-
-def audit(inp: AuditInput) -> list[Finding]:
-    """Every boundary.lxc.* finding for one container."""
-    out: list[Finding] = []
-    out += check_cgroup_allow(inp)
-    out += check_stale(inp)
-    out += check_malformed(inp)
-    out += check_misplaced(inp)
-    out += check_cgroup_v1(inp)
-    out += check_lock(inp)
-    out += check_restart_pending(inp)
-    out += check_mount_sources(inp)
-    return out
 
 
 # --- boundary.lxc.cgroup_allow -----------------------------------------------------------------
@@ -225,8 +283,16 @@ def _other_places(inp: AuditInput, major: int, node: NodeKind) -> list[str]:
                          f"apply (a line appended at the end of the file lands in the last section)")
         elif ln.section == LIVE and ln.bare_rule is not None:
             notes.append(f"line {ln.no} `{ln.text.strip()}` has no key: Proxmox ignores it")
-        elif ln.section == LIVE and ln.cgroup_v1 and ln.is_allow:
+        elif ln.section == LIVE and ln.cgroup_v1 and ln.is_allow and not inp.v1:
             notes.append(f"line {ln.no} allows it with the cgroup v1 key {ln.key}, which a cgroup v2 host ignores")
+        elif ln.section == LIVE and ln.key == ALLOW_KEY and ln.is_allow and inp.v1:
+            notes.append(f"line {ln.no} `{ln.text.strip()}` is a cgroup2 rule: LXC ignores it on this host's "
+                         f"{inp.layout} cgroup layout")
+    if inp.v1:
+        for ln in cfg.passthrough():
+            if ln.device is not None and ln.device.path == node.path:
+                notes.append(f"line {ln.no} {ln.key}: Proxmox turns it into a lxc.cgroup2 rule, which LXC ignores on "
+                             f"this host's {inp.layout} cgroup layout")
     return notes
 
 
@@ -235,16 +301,17 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
     needs = needed_nodes(cfg)
     if not needs:
         return []
-    rules = live_rules(cfg)
-    run_rules = running_rules(inp.running) if inp.running_applies else None
-    have = ", ".join(allow_list_majors(cfg)) or "none"
+    rules = live_rules(cfg, inp.layout)
+    run_rules = running_rules(inp.running, inp.layout) if inp.running_applies else None
+    key = V1_ALLOW_KEY if inp.v1 else ALLOW_KEY
+    have = ", ".join(allow_list_majors(cfg, key)) or "none"
     out = []
     for need in needs:
         node = need.node
         major = node.live_major(procdev)
         via = ", ".join(f"line {ln.no} {ln.key}" for ln in need.via)
         base = {"config": cfg.path, "driver": node.driver, "minor": node.minor, "vmid": inp.vmid, "via": via,
-                "host_path": node.path}
+                "host_path": node.path, "layout": inp.layout}
         bad = Status.FAIL if node.critical else Status.WARN
         if major is None:
             out.append(Finding(
@@ -254,13 +321,15 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                 evidence=[f"host /proc/devices has no '{node.driver}' entry"
                           + ("" if procdev.text_ok else " (could not read /proc/devices)"),
                           f"{cfg.path}: {via} passes {node.path}"],
-                hint=("load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run"
+                hint=(("this machine's /proc/devices was read (no --devices): off the Proxmox node, pass a copy of "
+                       "the node's /proc/devices with --devices" if inp.devices_unsure else
+                       "load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run")
                       if procdev.text_ok else "read the Proxmox host's /proc/devices"),
-                data=base))
+                data={**base, "critical": node.critical}))
             continue
         base["major"] = major
         minor_s = "*" if node.minor is None else str(node.minor)
-        if need.passthrough is not None and run_rules is None:
+        if need.passthrough is not None and run_rules is None and not inp.v1:
             ln = need.passthrough
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} is passed through by {ln.key}: Proxmox allows its live "
@@ -277,16 +346,21 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                     f"(edited, not restarted)", subject=need.guest_path,
                     evidence=[f"{cfg.path}: {by} allows {major}:{minor_s}",
                               f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
-                    hint=f"restart the container so LXC rebuilds its device cgroup: pct reboot {inp.vmid or 'VMID'} "
-                         f"(gpudoctor lxc fix {inp.vmid or 'VMID'} --apply --reboot checks no GPU job runs first)",
-                    remedy=REMEDY_ID, data={**base, "restart_needed": True}))
+                    hint=f"restart the container so LXC rebuilds its device cgroup: {restart_cmd(inp.vmid)} "
+                         f"({inp.fix_cmd('--apply', '--reboot')} checks no GPU job runs first)",
+                    data={**base, "restart_needed": True}))
                 continue
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
-                               f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {label}'s config",
+                               f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {inp.config_label}",
                                subject=need.guest_path, evidence=[f"{cfg.path}: {by}"], data=base))
             continue
-        fix = allow_line(cfg, major)
-        evidence = [f"major {major} ({node.driver}) is not in {label}'s allow-list (has {have})"]
+        fix = allow_line(cfg, major, key)
+        owner = f"{label}'s allow-list" if (inp.name or inp.vmid is not None) else f"the allow-list of {inp.config_label}"
+        evidence = [f"major {major} ({node.driver}) is not in {owner} (has {have})"]
+        if inp.v1:
+            evidence = [f"major {major} ({node.driver}) is not in {label}'s {key} list (has {have})",
+                        f"the Proxmox host's {inp.layout} cgroup layout: {inp.layout_evidence}; LXC applies only "
+                        f"lxc.cgroup.devices.* there and ignores every lxc.cgroup2.* line"]
         if live.by is not None:
             evidence = [f"{cfg.path}: {live.by.describe()} denies {major}:{minor_s} before any allow"]
         for p in live.partial:
@@ -295,15 +369,27 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
         evidence += _other_places(inp, major, node)
         first = cfg.first_header
         where = f" (before line {first.no} `{first.text.strip()}`)" if first else ""
+        if inp.v1:
+            out.append(Finding(
+                "boundary.lxc.cgroup_allow", bad,
+                f"{node.path}: major {major} ({node.driver}) is not allowed by {inp.config_label} on this "
+                f"{inp.layout} cgroup host (its lxc.cgroup2 rules are ignored there); opening it in the container "
+                f"fails with EPERM", subject=need.guest_path, evidence=evidence,
+                hint=(f"add `{fix}` to the live section of {cfg.path}{where} (the key LXC applies on a "
+                      f"{inp.layout} host; keep the lxc.cgroup2 line for when it runs cgroup v2), then "
+                      f"{restart_cmd(inp.vmid)}; or boot the host with the unified cgroup layout (the PVE 7+ default), "
+                      f"where the lxc.cgroup2 rules and devN: apply"),
+                remediable=live.by is None,
+                data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
+            continue
         out.append(Finding(
             "boundary.lxc.cgroup_allow", bad,
-            f"{node.path}: major {major} ({node.driver}) is not allowed by {label}'s config; opening it in the "
+            f"{node.path}: major {major} ({node.driver}) is not allowed by {inp.config_label}; opening it in the "
             f"container fails with EPERM", subject=need.guest_path, evidence=evidence,
-            hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then pct reboot "
-                  f"{inp.vmid or 'VMID'}; `gpudoctor lxc fix {inp.vmid or '--config ' + cfg.path} --apply` does this "
-                  f"safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
+            hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then {restart_cmd(inp.vmid)}; "
+                  f"`{inp.fix_cmd('--apply')}` does this safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
                   f"allows its live major at every start, so a driver update cannot break it again"),
-            remedy=REMEDY_ID if live.by is None else None,
+            remediable=live.by is None,  # an explicit deny is not fixed by adding a line
             data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
     return out
 
@@ -358,7 +444,7 @@ def check_malformed(inp: AuditInput) -> list[Finding]:
         where = "" if ln.section == LIVE else f" (in [{ln.section}])"
         out.append(Finding("boundary.lxc.malformed", status, f"{cfg.path}:{ln.no}: {ln.error}{where}",
                            subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text!r}"],
-                           hint=hint, remedy=remedy,
+                           hint=hint, remediable=remedy is not None,
                            data={"config": cfg.path, "line": ln.no, "section": ln.section,
                                  "bare_rule": str(ln.bare_rule) if ln.bare_rule else None}))
     return out
@@ -372,6 +458,13 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
     live_text = {ln.text.strip() for ln in cfg.live}
     live_majors = {ln.rule.major for ln in cfg.rules() if ln.key == ALLOW_KEY and ln.rule and not ln.error}
     gpu_majors = {m for m in procdev.char if procdev.is_nvidia(m)} | {NVIDIA_MAJOR}
+    rules, denied = live_rules(cfg), {}
+    for need in needed_nodes(cfg):
+        m = need.node.live_major(procdev)
+        if m is not None and need.passthrough is None:
+            dec = decide(rules, need.node, m)
+            if not dec.allowed and dec.by is None:  # missing, not explicitly denied: the remedy would add it
+                denied.setdefault(m, []).append(need.guest_path)
     out = []
     for section in cfg.sections[1:]:
         lines = []
@@ -384,6 +477,11 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                 lines.append(ln)
         if not lines:
             continue
+        # Allow rules stranded here for majors the live section lacks: adding them to the live section (the
+        # lxc.cgroup_allow remedy) clears this finding too, so it is context of those nodes' allow-list findings.
+        strays = [(ln.rule if ln.is_allow else ln.bare_rule) for ln in lines]
+        fixable = all(r is not None and r.major in denied for r in strays)
+        explained = tuple(f"boundary.lxc.cgroup_allow@{p}" for r in strays if fixable for p in denied[r.major])
         last = cfg.lines[-1].no if cfg.lines else 0
         name = "[pve:pending]" if section == PENDING else f"snapshot [{section}]"
         ev = [f"{cfg.path}:{ln.no} in {name}: {ln.text.strip()}" for ln in lines]
@@ -395,6 +493,7 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                            subject=section, evidence=ev,
                            hint="live settings go before the first [section] header; gpudoctor lxc fix inserts "
                                 "missing allow rules there and never edits snapshot sections",
+                           remediable=fixable, explained_by=explained or None,
                            data={"config": cfg.path, "section": section, "lines": [ln.no for ln in lines]}))
     return out
 
@@ -403,6 +502,8 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
 
 def check_cgroup_v1(inp: AuditInput) -> list[Finding]:
     cfg = inp.cfg
+    if inp.v1:  # on a hybrid/legacy host the v1 keys are the ones LXC applies: nothing to rename yet
+        return []
     return [Finding("boundary.lxc.cgroup_v1", Status.WARN, f"{cfg.path}:{ln.no}: {ln.key} is a cgroup v1 key",
                     subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}", ln.deprecated],
                     hint=f"rename it to lxc.cgroup2.{ln.key[len('lxc.cgroup.'):]}; PVE 9 hosts run cgroup v2 only",
@@ -419,8 +520,9 @@ def check_lock(inp: AuditInput) -> list[Finding]:
     return [Finding("boundary.lxc.lock", Status.WARN,
                     f"{inp.label} is locked ({lock}): an operation is running or was interrupted",
                     subject=inp.label, evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}"],
-                    hint=f"wait for the {lock} to finish; if it was interrupted, `pct unlock {inp.vmid or 'VMID'}`. "
-                         f"gpudoctor will not edit a locked config",
+                    hint=f"wait for the {lock} to finish; if it was interrupted, "
+                         + (f"`pct unlock {inp.vmid}`. " if inp.vmid is not None else "`pct unlock` with its VMID. ")
+                         + "gpudoctor will not edit a locked config",
                     data={"config": cfg.path, "lock": lock})]
 
 
@@ -437,18 +539,18 @@ def check_restart_pending(inp: AuditInput) -> list[Finding]:
         if ln.error or ln.kind != "lxc":
             continue
         gpu_mount = ln.mount is not None and classify_node(ln.mount.source)
-        if ln.key in (ALLOW_KEY, DENY_KEY) or gpu_mount:
+        if ln.key in (ALLOW_KEY, DENY_KEY, V1_ALLOW_KEY, V1_DENY_KEY) or gpu_mount:
             want = " ".join(f"{ln.key} = {ln.value}".split())
             if want not in run_lines:
                 missing.append(ln)
     if not missing:
         return []
-    vmid = inp.vmid or "VMID"
     return [Finding("boundary.lxc.restart_pending", Status.WARN,
-                    f"{inp.label}'s config was edited after it started: {len(missing)} device line(s) not in force",
+                    f"{inp.config_label} was edited after the container started: {len(missing)} device line(s) not "
+                    f"in force",
                     subject=inp.label,
                     evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()} — not in the running config" for ln in missing],
-                    hint=f"pct reboot {vmid} applies them (gpudoctor lxc fix {vmid} --apply --reboot reboots only "
+                    hint=f"{restart_cmd(inp.vmid)} applies them ({inp.fix_cmd('--apply', '--reboot')} reboots only "
                          f"when no GPU process runs)",
                     data={"config": cfg.path, "lines": [ln.no for ln in missing]})]
 
@@ -505,15 +607,17 @@ def input_from_facts(b: dict) -> AuditInput:
     pd = b.get("proc_devices") or {}
     run = b.get("running") or {}
     st = (b.get("status") or {}).get("status")
+    cg = b.get("cgroup") or {}
     return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
                       vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
-                      name=b.get("name"), host_nodes=b.get("host_nodes"))
+                      name=b.get("name"), host_nodes=b.get("host_nodes"), offline=b.get("offline"),
+                      layout=cg.get("layout"), layout_evidence=cg.get("evidence") or "")
 
 
 def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:
     cfg, label = inp.cfg, inp.label
     return [Finding("boundary.lxc.mount_entry", Status.WARN,
-                    f"{label}'s config passes no /dev/nvidia* node to the container", subject=None,
+                    f"{inp.config_label} passes no /dev/nvidia* node to the container", subject=None,
                     evidence=[f"{cfg.path}: no lxc.mount.entry or devN: names /dev/nvidia* in the live section"],
                     hint="pass the nodes with devN: entries (dev0: /dev/nvidia0, dev1: /dev/nvidiactl, "
                          "dev2: /dev/nvidia-uvm, dev3: /dev/nvidia-uvm-tools) or bind mounts plus allow rules",

@@ -14,12 +14,10 @@ Each finding names the SGLang file::function that enforces it; stages as in rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpudoctor.findings import Finding
 from gpudoctor.sglang.argparser import ParsedArgs
 from gpudoctor.sglang.modelcfg import ModelFacts
-from gpudoctor.sglang.rules import F, Options, Resolved
+from gpudoctor.sglang.rules import GPUS, F, Options, Resolved, attention_backends, gpu_of  # noqa: F401 (GPUS: re-exported)
 
 VALIDATION = "python/sglang/srt/arg_groups/validation_hook.py::check_server_args"
 PARALLEL = "python/sglang/srt/arg_groups/parallel_hook.py"
@@ -27,25 +25,6 @@ KV_HOOK = "python/sglang/srt/arg_groups/kv_cache_hook.py"
 MODEL_CFG = "python/sglang/srt/configs/model_config.py"
 TRUE = ("1", "true", "yes", "on")
 
-
-@dataclass(frozen=True)
-class Gpu:
-    """What SGLang reads of a GPU: nvidia-smi memory.total (MiB) and the compute capability."""
-
-    name: str
-    memory_mib: int
-    sm: int  # major*10 + minor
-
-
-# nvidia-smi --query-gpu=memory.total values of the cards (MiB) and their SM.
-GPUS = {
-    "h200": Gpu("NVIDIA H200", 143771, 90),
-    "h100": Gpu("NVIDIA H100 80GB HBM3", 81559, 90),
-    "b200": Gpu("NVIDIA B200", 183359, 100),
-    "rtx_pro_6000": Gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, 120),
-    "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", 81920, 80),
-    "l40s": Gpu("NVIDIA L40S", 46068, 89),
-}
 
 # layers/quantization/__init__.py: BASE_QUANTIZATION_METHODS, plus mxfp4 on CUDA. The parser's choices also list
 # gptq (NPU/CPU/XPU only) and mlx_q4/mlx_q8 (MPS only): on CUDA those end in "Unknown quantization method"
@@ -66,10 +45,6 @@ COMPATIBLE_QUANT = {
 REQUANT = ("quark_mxfp4",)
 # Checkpoint methods whose override rules we reproduce; others (modelopt, quark, ...) are not judged.
 MODELLED_CKPT_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "mxfp4", "bitsandbytes", "w8a8_int8", "w8a8_fp8")
-
-
-def gpu_of(opt: Options) -> Gpu | None:
-    return GPUS.get(opt.gpu) if opt.gpu else None
 
 
 # ---------------------------------------------------------------- resolution hooks
@@ -98,31 +73,54 @@ def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res:
                      source=fn, stage="resolve", error="AssertionError (assert cfg.tp_size % cfg.attn_dp_size == 0)",
                      evidence=[f"tp_size {tp} % attn_dp_size {adp} = {tp % adp}"],
                      fix=f"use an --attn-dp-size that divides {tp} ({', '.join(str(d) for d in range(1, tp + 1) if tp % d == 0)})"))
-    out += _kv_dtype(a, opt)
+    out += _kv_dtype(a, model, opt, res)
     out += _quantization(a, model, opt)
     return out
 
 
-def _kv_dtype(a: ParsedArgs, opt: Options) -> list[Finding]:
+KV4_MHA_BACKENDS = ("triton", "torch_native", "flex_attention", "trtllm_mha")
+KV4_MLA_BACKENDS = ("flashinfer", "trtllm_mla")
+
+
+def _kv_dtype(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> list[Finding]:
     d = a.get("kv_cache_dtype") or "auto"
     gpu = gpu_of(opt)
-    if d not in ("nvfp4", "mxfp8"):
+    if d not in ("nvfp4", "mxfp8", "fp4_mx_block16"):
         return []
+    out: list[Finding] = []
+    if d in ("nvfp4", "fp4_mx_block16") and (gpu is None or d != "nvfp4" or gpu.sm in (100, 103, 110, 120, 121)):
+        pre, dec = attention_backends(a, res.values.get("attention_backend"))
+        if d == "nvfp4" and gpu is not None and gpu.sm in (120, 121) and pre == "flashinfer" and \
+                a.get("decode_attention_backend") is None:
+            dec = "trtllm_mha"  # NVFP4 on SM120 decodes with trtllm_mha (kv_cache_hook.py: uses_mixed_nvfp4)
+        mla = bool(model and model.is_mla)
+        if pre is not None and pre == dec and pre != "fa4":
+            allowed = KV4_MLA_BACKENDS if mla else KV4_MHA_BACKENDS
+            if pre not in allowed:
+                how = "auto-selected for this GPU" if not a.get("attention_backend") else "given"
+                out.append(F("sglang.kv_dtype.backend", "fail",
+                             f"--kv-cache-dtype {d} with {'MLA' if mla else 'MHA'} attention needs one of {', '.join(allowed)} "
+                             f"as attention backend; {pre} is {how}",
+                             source=f"{KV_HOOK}::handle_kv4_compatibility", stage="resolve",
+                             error=f"AssertionError: KV4 {'MLA' if mla else 'MHA'} expects attention_backend to be one of {list(allowed)}, but got {pre}",
+                             fix=f"add --attention-backend {allowed[0]}, or use --kv-cache-dtype fp8_e4m3"))
+    if d not in ("nvfp4", "mxfp8"):
+        return out
     if gpu is None:
-        return [F("sglang.kv_dtype.gpu_unknown", "warn", f"--kv-cache-dtype {d} needs a Blackwell GPU; no --gpu given to check",
+        return out + [F("sglang.kv_dtype.gpu_unknown", "warn", f"--kv-cache-dtype {d} needs a Blackwell GPU; no --gpu given to check",
                   source=f"{KV_HOOK}::handle_kv4_compatibility / handle_mxfp8_kv_cache_compatibility", stage="resolve",
                   fix="pass --gpu (h200, b200, rtx_pro_6000, ...) so the GPU's SM is checked")]
     if d == "nvfp4" and gpu.sm not in (100, 103, 110, 120, 121):
-        return [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120; {gpu.name} is SM{gpu.sm}",
+        return out + [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120; {gpu.name} is SM{gpu.sm}",
                   source=f"{KV_HOOK}::handle_kv4_compatibility", stage="resolve",
                   error="RuntimeError: --kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120. Use --kv-cache-dtype=fp4_mx_block16 for the block-size-16 FP4 recipe.",
                   fix="use --kv-cache-dtype fp8_e4m3 (or fp4_mx_block16) on this GPU")]
     if d == "mxfp8" and gpu.sm < 100:
-        return [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype mxfp8 needs an SM100+ (Blackwell) GPU; {gpu.name} is SM{gpu.sm}",
+        return out + [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype mxfp8 needs an SM100+ (Blackwell) GPU; {gpu.name} is SM{gpu.sm}",
                   source=f"{KV_HOOK}::handle_mxfp8_kv_cache_compatibility", stage="resolve",
                   error="ValueError: --kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU for the block-scaled operands used by the FA4 MXFP8 attention path.",
                   fix="use --kv-cache-dtype fp8_e4m3 on this GPU")]
-    return []
+    return out
 
 
 def checkpoint_quant(model: ModelFacts | None) -> dict | None:
@@ -196,7 +194,10 @@ def launch_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: 
                      error=error, fix=fix, **kw))
 
     tp, pp, nnodes = a.get("tp_size"), a.get("pp_size"), a.get("nnodes")
-    if a.get("ep_join_mode") != "scale" and all(isinstance(x, int) for x in (tp, pp, nnodes)) and nnodes != 0 \
+    if a.get("ep_join_mode") != "scale" and nnodes == 0:
+        fail("nnodes_zero", "--nnodes 0: check_server_args divides tp_size x pp_size by it",
+             "ZeroDivisionError: integer modulo by zero", "use --nnodes 1 (or the number of machines)")
+    elif a.get("ep_join_mode") != "scale" and all(isinstance(x, int) for x in (tp, pp, nnodes)) \
             and (tp * pp) % nnodes:
         fail("nnodes", f"tp_size {tp} x pp_size {pp} is not divisible by nnodes {nnodes}",
              "AssertionError: tp_size must be divisible by number of nodes", f"choose --tp-size a multiple of {nnodes}")
@@ -231,6 +232,12 @@ def launch_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: 
         fail("served_model_name", f"served model name {served!r} contains ':' (reserved for model:adapter LoRA syntax)",
              f"AssertionError: served_model_name cannot contain a colon (':') character. ... Invalid value: '{served}'",
              "pass --served-model-name without ':'" + (" (it defaults to --model-path)" if not a.get("served_model_name") else ""))
+    mlb = a.get("max_loras_per_batch")
+    if isinstance(mlb, int) and mlb <= 0:
+        out.append(F("sglang.launch.max_loras_per_batch", "fail", f"--max-loras-per-batch {mlb} must be positive",
+                     source="python/sglang/srt/arg_groups/lora_hook.py::check_lora_server_args (from check_server_args)",
+                     stage="launch", error="AssertionError: max_loras_per_batch must be positive",
+                     fix="use --max-loras-per-batch 8 (the default)"))
     algo = res.values.get("speculative_algorithm")
     if algo is not None and a.get("enable_mixed_chunk") and algo not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK", "STANDALONE", "NGRAM",
                                                                         "FROZEN_KV_MTP"):
@@ -366,3 +373,58 @@ def tp_zero_findings(a: ParsedArgs) -> list[Finding]:
                   stage="load", error="ZeroDivisionError: integer division or modulo by zero (while building the attention layers)",
                   fix="use --tp-size 1 or the number of GPUs the model is split over")]
     return []
+
+
+def late_value_findings(a: ParsedArgs, res: Resolved) -> list[Finding]:
+    """Values SGLang's resolver and check_server_args accept (the differential shows it) that break later."""
+    out: list[Finding] = []
+
+    def late(fid, summary, source, stage, fix, error=None, status="fail"):
+        out.append(F(f"sglang.value.{fid}", status, summary + " (SGLang's resolution accepts it)", source=source,
+                     stage=stage, fix=fix, error=error))
+
+    mrr = a.get("max_running_requests")
+    if isinstance(mrr, int) and mrr <= 0:
+        late("max_running_requests", f"--max-running-requests {mrr}: the worker starts with no request slot",
+             "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
+             "drop --max-running-requests (SGLang sizes it) or give a positive value",
+             "AssertionError: max_running_request is zero")
+    ctx = a.get("context_length")
+    if isinstance(ctx, int) and ctx <= 0:
+        late("context_length", f"--context-length {ctx}: every request is at least as long as the context and is refused",
+             f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
+             "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
+             "drop --context-length (the model's own) or give a positive length",
+             f"ValueError: The input (N tokens) is longer than the model's context length ({ctx} tokens).")
+    pp = a.get("pp_size")
+    if isinstance(pp, int) and pp < 1:
+        late("pp_size", f"--pp-size {pp}: no pipeline stage to hold the layers",
+             "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load",
+             "use --pp-size 1")
+    page = a.get("page_size")
+    if isinstance(page, int) and page < 0:
+        late("page_size", f"--page-size {page}: the KV pool cannot be built with a negative page",
+             "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64")
+    frac = a.get("mem_fraction_static")
+    if isinstance(frac, (int, float)) and frac > 1:
+        late("mem_fraction_static", f"--mem-fraction-static {frac} asks for more than the whole GPU",
+             "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
+             "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
+             "RuntimeError / CUDA out of memory while allocating the KV cache")
+    mtt = a.get("max_total_tokens")
+    if isinstance(mtt, int) and mtt <= 0:
+        late("max_total_tokens", f"--max-total-tokens {mtt}: a KV cache of no tokens",
+             "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
+             "load", "drop --max-total-tokens or give a positive count",
+             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+    dp = a.get("dp_size")
+    if isinstance(dp, int) and dp < 1:
+        late("dp_size", f"--dp-size {dp}: no data-parallel replica is started",
+             "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1")
+    for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+        v = a.get(dest)
+        if isinstance(v, int) and v <= 0 and res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
+            late(dest, f"{flag} {v}: no draft token is proposed, speculation does no work",
+                 "python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)", "request",
+                 f"use {flag} 1 or more", status="warn")
+    return out

@@ -121,8 +121,22 @@ def standardized_rope(cfg: dict) -> dict | None:
     return rope
 
 
+# max_position_embeddings a transformers 5.19 config class sets when config.json leaves it out (its __init__ default;
+# read from AutoConfig.for_model(model_type)). SGLang then reads that value like any other.
+TRANSFORMERS_MAX_POS_DEFAULTS = {
+    "llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "qwen3_next": 32768, "mistral": 131072,
+    "mixtral": 131072, "deepseek_v2": 2048, "deepseek_v3": 4096, "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072,
+    "phi3": 4096, "glm4_moe": 131072, "gpt_oss": 131072, "granite": 2048, "olmo2": 2048, "starcoder2": 4096,
+    "falcon": 2048, "gpt_neox": 2048, "cohere": 8192, "minimax": 131072,
+}
+
+
 def derive_context_length(cfg: dict) -> tuple[int, str]:
     """utils/hf_transformers/common.py::get_context_length over the config as transformers 5.x loads it."""
+    default_note = ""
+    if cfg.get("max_position_embeddings") is None and cfg.get("model_type") in TRANSFORMERS_MAX_POS_DEFAULTS:
+        cfg = dict(cfg, max_position_embeddings=TRANSFORMERS_MAX_POS_DEFAULTS[cfg["model_type"]])
+        default_note = f" (absent from config.json: transformers' {cfg['model_type']} default)"
     raw = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     rope = standardized_rope(cfg)
     factor = 1
@@ -144,6 +158,8 @@ def derive_context_length(cfg: dict) -> tuple[int, str]:
             except (TypeError, ValueError):
                 continue
             src = (key if factor == 1 else f"{key} {val} x rope_scaling.factor {factor}") + note
+            if key == "max_position_embeddings":
+                src += default_note
             return n, src
     return 2048, "no length key (SGLang's fallback 2048)"
 

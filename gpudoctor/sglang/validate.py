@@ -127,6 +127,7 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)
     findings += launch.launch_findings(parsed, model, opt, res)
+    findings += launch.late_value_findings(parsed, res)
     findings += launch.draft_context_findings(parsed, model, draft, opt, res)
     mem_findings, plan = capacity.memory_findings(parsed, model, draft, opt, res)
     findings += mem_findings

@@ -6,11 +6,12 @@ import os
 
 import pytest
 
+from gpudoctor.report import fix_result_lines
 from gpudoctor.gather.boundary import gather_lxc
 from gpudoctor.host.local import LocalHost
 from gpudoctor.proxmox import config as C
 from gpudoctor.remedies.lxc_cgroup import LxcCgroupAllow, fix_text
-from gpudoctor.remedy import AuditLog, Engine, RemedyContext
+from gpudoctor.remedy import AuditLog, Engine, FixRun, RemedyContext
 
 from tests.proxmox.conftest import CONFIGS, install
 
@@ -172,8 +173,15 @@ def test_restart_only_change_when_the_file_is_already_fixed(pve_root, fake_pct):
     t.write_bytes(t.read_bytes().replace(b"c 511:* rwm\n", b"lxc.cgroup2.devices.allow: c 511:* rwm\n"))
     (pve_root / "var/lib/lxc/200").mkdir()
     (pve_root / "var/lib/lxc/200/config").write_text("lxc.cgroup2.devices.allow = c 195:* rwm\n")
+    # without --reboot: the same state the first run left (edit done, restart pending), reported the same way
     plan = engine(pve_root, host).plan(facts(host, 200))
-    assert plan.changes == [] and "re-run with --reboot" in plan.refusals[0].reason
+    assert plan.refusals == [] and plan.changes[0].diff == "" and plan.changes[0].needs_reboot
+    (out,) = engine(pve_root, host).apply(plan)
+    assert out.result == "unchanged" and out.reboot is None
+    run = FixRun(apply=True, plan=plan, outcomes=[out])
+    assert run.exit_code == 1
+    assert "      restart pending: pct reboot 200 (or re-run with --reboot)" in fix_result_lines(run)
+    assert "every GPU node it passes is allowed" in out.detail
     plan = engine(pve_root, host, reboot=True).plan(facts(host, 200))
     (c,) = plan.changes
     assert c.diff == "" and c.needs_reboot and c.commands == ["pct reboot 200"]
