@@ -209,7 +209,8 @@ def test_real_gate_over_ssh_stops_the_campaign(lab):
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("gpudoctor: gate failed before baseline-tp1, campaign stopped (nothing recorded for it): ")
-    assert f"gate --profile benchmark --host ct200 --inventory {lab.inventory} → rc 2: BLOCK host.driver.loaded" in last
+    assert (f"gate --profile benchmark --host ct200 --inventory {lab.inventory} --model {lab.tmp}/model → rc 2: "
+            "BLOCK host.driver.loaded") in last
     assert records(out) == [] and lab.remote_logs() == {}
 
 
