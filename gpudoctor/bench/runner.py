@@ -26,6 +26,7 @@ from gpudoctor.bench import logscan
 from gpudoctor.bench.campaign import Campaign, Config
 from gpudoctor.bench.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.load import LevelSpec
+from gpudoctor.bench.marker import server_env
 from gpudoctor.bench.prompts import build, load_source, misfit
 from gpudoctor.bench.results import CRASHED, ERROR, OK, ResultStore, key
 from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan, reap_run_dir
@@ -350,7 +351,8 @@ class Runner:
         self.emit("note", text=f"starting{where}: {' '.join(cfg.argv)}")
         t0 = time.monotonic()
         try:
-            launcher.start(cfg.argv, cfg.env)
+            launcher.start(cfg.argv, {**cfg.env, **server_env(self.remote_dir if camp.is_remote else str(self.dir),
+                                                              cfg.label)})
         except OSError as exc:
             raise CampaignStopped(f"cannot start the server for {cfg.label}: {cfg.argv[0]}: {exc.strerror}") from None
         watch.sync = launcher.sync_log

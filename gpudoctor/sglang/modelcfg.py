@@ -293,6 +293,12 @@ def _quant_bytes_per_param(cfg: dict, dtype_bytes: int) -> float:
         return float(dtype_bytes)
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits") or q.get("num_bits")
+    groups = q.get("config_groups")
+    if not bits and isinstance(groups, dict):  # compressed-tensors: config_groups.*.weights.num_bits
+        found = [g.get("weights", {}).get("num_bits") for g in groups.values()
+                 if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+        found = [b for b in found if isinstance(b, int) and b > 0]
+        bits = max(found) if found else None
     if bits:
         return bits / 8
     if "fp8" in method or "fp8" in str(q.get("fmt", "")):
