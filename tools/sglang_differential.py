@@ -3,15 +3,14 @@
 
 Set up a throwaway reference venv (outside the repository; SGLang is never a gpudoctor dependency):
 
-    python3.11 -m venv /work/venvs/sglang-ref
-    /work/venvs/sglang-ref/bin/pip install --no-deps sglang==0.5.23
-    /work/venvs/sglang-ref/bin/pip install torch==2.13.0      # CPU is enough; no GPU is used
-    bash tools/sglang_differential_setup.sh /work/venvs/sglang-ref   # the modules its import names
-    /work/venvs/sglang-ref/bin/pip install transformers==5.19.0 tokenizers==0.23.2   # the versions sglang pins
+    python3.11 -m venv /tmp/sglang-ref
+    /tmp/sglang-ref/bin/pip install --no-deps sglang==0.5.23
+    /tmp/sglang-ref/bin/pip install torch          # any build; no GPU is used (torchvision pulled 2.14.1 here)
+    bash tools/sglang_differential_setup.sh /tmp/sglang-ref   # the modules its import names, transformers 5.19.0
 
 then:
 
-    python tools/sglang_differential.py --python /work/venvs/sglang-ref/bin/python
+    python tools/sglang_differential.py --python /tmp/sglang-ref/bin/python
 
 For every case it writes the model configs, runs gpudoctor's validate() and, in the reference venv, SGLang's
 prepare_server_args -> ServerArgs.resolve_once -> check_server_args -> the draft worker's ModelConfig at the
