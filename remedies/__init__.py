@@ -13,6 +13,7 @@ import importlib
 REMEDIES: dict[str, str] = {
     "lxc.cgroup_allow": "gpudoctor.remedies.lxc_cgroup:LxcCgroupAllow",
     "cdi.spec": "gpudoctor.remedies.cdi:CdiSpec",
+    "systemd.device_allow": "gpudoctor.remedies.systemd_unit:SystemdDeviceAllow",
     "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",

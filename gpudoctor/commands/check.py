@@ -17,13 +17,14 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-                      deep_python=None):
+                      deep_python=None, units=()):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
     from gpudoctor.target import open_target
 
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
-                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy)
+                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
+                       units=units)
 
 
 _common = [
@@ -57,10 +58,12 @@ def common(f):
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Fleet mode: hosts checked at once.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path):
+          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -90,7 +93,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if not snapshot_path:
         _warm_imports(as_json)
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
-                           deep_python) as target:
+                           deep_python, units=units) as target:
         d = check_host(target, set(only) or None)
     facts = d.facts
     if prom_path:

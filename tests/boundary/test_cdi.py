@@ -182,6 +182,7 @@ def test_edit_route_plans_a_diff_applies_verifies_and_then_has_nothing_to_do(hos
 
 def test_generator_route_uses_nvidia_ctk_and_shows_its_diff(host_root, monkeypatch):
     r = host_root
+    (r.bin / "nvidia-ctk").unlink(missing_ok=True)  # never write through a symlink into another stand-in
     shutil.copy(STANDINS / "nvidia-ctk", r.bin / "nvidia-ctk")
     monkeypatch.setenv("GPUDOCTOR_STANDIN_CTK_SPEC", str(CDI / "nvidia-generated-238.yaml"))
     (r.path("/var/run/cdi/k8s-device-plugin.json")).unlink()
@@ -199,6 +200,7 @@ def test_generator_route_uses_nvidia_ctk_and_shows_its_diff(host_root, monkeypat
 
 def test_a_generator_that_is_still_wrong_is_refused_and_nothing_changes(host_root, monkeypatch):
     r = host_root
+    (r.bin / "nvidia-ctk").unlink(missing_ok=True)  # never write through a symlink into another stand-in
     shutil.copy(STANDINS / "nvidia-ctk", r.bin / "nvidia-ctk")
     monkeypatch.setenv("GPUDOCTOR_STANDIN_CTK_SPEC", str(CDI / "nvidia-uvm-510.yaml"))
     plan = engine(r).plan(r.facts(only=ONLY))
