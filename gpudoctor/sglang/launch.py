@@ -17,7 +17,7 @@ from __future__ import annotations
 from gpudoctor.findings import Finding
 from gpudoctor.sglang.argparser import ParsedArgs
 from gpudoctor.sglang.modelcfg import ModelFacts
-from gpudoctor.sglang.rules import GPUS, F, Options, Resolved, attention_backends, gpu_of  # noqa: F401 (GPUS: re-exported)
+from gpudoctor.sglang.rules import F, Options, Resolved, attention_backends, gpu_of
 
 VALIDATION = "python/sglang/srt/arg_groups/validation_hook.py::check_server_args"
 PARALLEL = "python/sglang/srt/arg_groups/parallel_hook.py"
