@@ -124,8 +124,17 @@ def _warm_imports(as_json: bool) -> None:
         import gpudoctor.diagnose  # noqa: F401
 
         if not as_json:
-            import rich.console  # noqa: F401
-            import rich.table  # noqa: F401
+            import io
+
+            from rich.console import Console
+
+            from gpudoctor.diagnose import Diagnosis
+            from gpudoctor.findings import Finding, Status
+            from gpudoctor.report import render
+
+            # One throw-away rendering: rich's first table pays for lazy imports and width tables (~40-80 ms).
+            f = Finding("host.warm", Status.FAIL, "warm", layer="host", evidence=["e"], hint="h")
+            render(Diagnosis("warm", [f], [f], ["warm"]), Console(file=io.StringIO(), width=120, highlight=False))
 
     threading.Thread(target=warm, daemon=True).start()
 

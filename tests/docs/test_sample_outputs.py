@@ -4,7 +4,9 @@ Every fenced block in README.md and docs/*.md whose first line is `$ gpudoctor .
 continuations allowed) is a sample: the command runs for real from the repository root, on the committed snapshots,
 configs and logs it names, and the block's lines must be the head of its output, in order. Durations are compared as
 "<t> s"; a line that is just `...` (or `…`) skips output lines; a line ending in `...` or `…` is a prefix; a
-`$ echo $?` line and the number after it are the exit code. A doc that drifts from the
+`$ echo $?` line and the number after it are the exit code. A block that shows a real host's output, which no
+committed input reproduces, says so on the line before it: `<!-- sample from a live host: WHY -->`; it is not run,
+and test_live_only_samples_say_why lists them. A doc that drifts from the
 product fails here, with the first line that differs."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+LIVE_ONLY = "<!-- sample from a live host:"  # the marker, with the reason, on the line before the fence
 _TIME = re.compile(r"\b\d+(?:\.\d+)? (s|ms)\b")
 
 
@@ -31,6 +34,9 @@ def samples():
         for m in _FENCE.finditer(text):
             lines = m.group(1).splitlines()
             if not lines or not lines[0].startswith("$ gpudoctor "):
+                continue
+            before = text[:m.start()].rstrip().rsplit("\n", 1)[-1]
+            if before.startswith(LIVE_ONLY):  # output of a real host that no committed input reproduces
                 continue
             cmd, i = lines[0][2:], 1
             while cmd.rstrip().endswith("\\") and i < len(lines):
@@ -95,6 +101,12 @@ def test_sample_output_is_what_the_command_prints(cmd, expected, rc):
     problem = mismatch(expected, text.splitlines())
     assert problem is None, f"$ {cmd}\n{problem}"
     assert rc is None or code == rc, f"$ {cmd}: exit {code}, the doc says {rc}"
+
+
+def test_live_only_samples_say_why():
+    marked = [(doc.name, ln) for doc in DOCS for ln in doc.read_text().splitlines() if ln.startswith(LIVE_ONLY)]
+    for name, ln in marked:
+        assert ln.endswith("-->") and len(ln) > len(LIVE_ONLY) + 10, f"{name}: {ln!r} gives no reason"
 
 
 def test_the_samples_are_found():
