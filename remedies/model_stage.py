@@ -36,7 +36,6 @@ def _sources(ctx: RemedyContext) -> dict:
 
 class ModelStage(Remedy):
     id = ID
-    fixes = ("workload.model.complete", "workload.model.staged_this_boot")
     summary = "restage a wiped or incomplete model into tmpfs from its persistent source"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

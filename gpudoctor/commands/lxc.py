@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, run_fix
@@ -53,7 +51,7 @@ def _facts(vmid, config_path, devices_path, running_path, cgroup_layout=None) ->
         b["cgroup"] = {"path": None, "error": None, "layout": cgroup_layout, "evidence": "given with --cgroup-layout"}
     if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
         b["offline"] = {"config": config_path, "devices": devices_path}
-    return {"boundary": _validated(b, running_given=running_path is not None)}
+    return {"meta": {"host": b["proxmox"]}, "boundary": _validated(b, running_given=running_path is not None)}
 
 
 def _validated(b: dict, *, running_given: bool, where: str = "") -> dict:
@@ -119,7 +117,7 @@ def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
                 raise InputError(f"cannot find the VMID of {guest} on {pxe.name}: {ev}; put lxc: {{vmid: N}} in the "
                                  f"inventory or pass the VMID", path=inv.path)
         b = gather_lxc(px, int(vmid), name=guest, timeout=timeout, config_dir=pxe.config_dir, pct_cmd=pxe.pct)
-        return {"boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, t
+        return {"meta": {"host": pxe.name}, "boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, t
     except BaseException:
         t.close()
         raise
@@ -168,8 +166,8 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
       gpudoctor lxc audit --config 200.conf --devices proc-devices.txt
       gpudoctor lxc audit 200 --json
     """
-    from gpudoctor.findings import Status, exit_code, worst
-    from gpudoctor.proxmox.audit import audit as run_audit
+    from gpudoctor import report
+    from gpudoctor.diagnose import diagnose
     from gpudoctor.proxmox.audit import input_from_facts
 
     _check_args(vmid, config_path, host_name, devices_path, running_path)
@@ -181,25 +179,10 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
                                            "evidence": "given with --cgroup-layout"}
     else:
         facts = _facts(vmid, config_path, devices_path, running_path, cgroup_layout)
+    d = diagnose(facts, {"boundary"})  # the registered boundary checks, nothing else
     inp = input_from_facts(facts["boundary"])
-    findings = run_audit(inp)
-    verdict = worst(f.status for f in findings)
-    code = exit_code(verdict)
-    if as_json:
-        click.echo(json.dumps({"schema": "gpudoctor.lxc-audit/1", "config": inp.cfg.path, "vmid": inp.vmid,
-                               "verdict": verdict.value, "exit_code": code,
-                               "findings": [f.to_json() for f in findings]}, indent=2, sort_keys=True))
-        raise SystemExit(code)
-    click.echo(f"{inp.label} ({inp.cfg.path}): {verdict.value.upper()}")
-    order = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Status.INFO: 4}
-    for f in sorted(findings, key=lambda f: order[f.status]):
-        click.echo(f"{f.status.value.upper():7} {f.id}  {f.summary}")
-        if f.bad:
-            for e in f.evidence:
-                click.echo(f"        {e}")
-            if f.hint:
-                click.echo(f"        fix: {f.hint}")
-    raise SystemExit(code)
+    click.echo(report.lxc_audit_json(d, inp) if as_json else "\n".join(report.lxc_audit_lines(d, inp)))
+    raise SystemExit(d.exit_code)
 
 
 @lxc.command("fix", epilog=FIX_EXIT_DOC)

@@ -267,20 +267,6 @@ class AuditInput:
         return self.running is not None and self.status != "stopped"
 
 
-def audit(inp: AuditInput) -> list[Finding]:
-    """Every boundary.lxc.* finding for one container."""
-    out: list[Finding] = []
-    out += check_cgroup_allow(inp)
-    out += check_stale(inp)
-    out += check_malformed(inp)
-    out += check_misplaced(inp)
-    out += check_cgroup_v1(inp)
-    out += check_lock(inp)
-    out += check_restart_pending(inp)
-    out += check_mount_sources(inp)
-    return out
-
-
 # --- boundary.lxc.cgroup_allow -----------------------------------------------------------------
 
 def _other_places(inp: AuditInput, major: int, node: NodeKind) -> list[str]:
@@ -362,7 +348,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                               f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
                     hint=f"restart the container so LXC rebuilds its device cgroup: {restart_cmd(inp.vmid)} "
                          f"({inp.fix_cmd('--apply', '--reboot')} checks no GPU job runs first)",
-                    remedy=REMEDY_ID, data={**base, "restart_needed": True}))
+                    data={**base, "restart_needed": True}))
                 continue
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {inp.config_label}",
@@ -393,7 +379,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                       f"{inp.layout} host; keep the lxc.cgroup2 line for when it runs cgroup v2), then "
                       f"{restart_cmd(inp.vmid)}; or boot the host with the unified cgroup layout (the PVE 7+ default), "
                       f"where the lxc.cgroup2 rules and devN: apply"),
-                remedy=REMEDY_ID if live.by is None else None,
+                remediable=live.by is None,
                 data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
             continue
         out.append(Finding(
@@ -403,7 +389,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
             hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then {restart_cmd(inp.vmid)}; "
                   f"`{inp.fix_cmd('--apply')}` does this safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
                   f"allows its live major at every start, so a driver update cannot break it again"),
-            remedy=REMEDY_ID if live.by is None else None,
+            remediable=live.by is None,  # an explicit deny is not fixed by adding a line
             data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
     return out
 
@@ -458,7 +444,7 @@ def check_malformed(inp: AuditInput) -> list[Finding]:
         where = "" if ln.section == LIVE else f" (in [{ln.section}])"
         out.append(Finding("boundary.lxc.malformed", status, f"{cfg.path}:{ln.no}: {ln.error}{where}",
                            subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text!r}"],
-                           hint=hint, remedy=remedy,
+                           hint=hint, remediable=remedy is not None,
                            data={"config": cfg.path, "line": ln.no, "section": ln.section,
                                  "bare_rule": str(ln.bare_rule) if ln.bare_rule else None}))
     return out
@@ -507,7 +493,7 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                            subject=section, evidence=ev,
                            hint="live settings go before the first [section] header; gpudoctor lxc fix inserts "
                                 "missing allow rules there and never edits snapshot sections",
-                           remedy=REMEDY_ID if fixable else None, explained_by=explained or None,
+                           remediable=fixable, explained_by=explained or None,
                            data={"config": cfg.path, "section": section, "lines": [ln.no for ln in lines]}))
     return out
 

@@ -7,9 +7,9 @@ import sys
 
 from gpudoctor.findings import Status
 from gpudoctor.proxmox import config as C
-from gpudoctor.proxmox.audit import AuditInput, audit, cgroup_layout
+from gpudoctor.proxmox.audit import AuditInput, cgroup_layout
 
-from .conftest import CONFIGS, DEV511
+from .conftest import CONFIGS, DEV511, audit
 
 FIX = CONFIGS.parent
 
