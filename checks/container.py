@@ -10,6 +10,7 @@ facts["platform"].
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.gather.cgroup import evidence as cgroup_evidence
 from gpudoctor.platform import daemon_reload_fixes, detect, fix_text
 
 _FRONT = ("nvidia", "nvidiactl", "nvidia-frontend")
@@ -45,6 +46,7 @@ def device_rules(facts):
                        evidence=ev + [f"open({p}) → {nodes[p].get('open')}" for p in sorted(opened)])
     ev += [f"open({p}) → EPERM although it is c {n.get('major')}:{n.get('minor')} mode {n.get('mode', 0):04o}"
            for p, n in denied]
+    ev += cgroup_evidence((facts.get("devices") or {}).get("cgroup"))  # the probe's cgroup and its device programs
     majors = sorted({n.get("major") for _p, n in denied})
     paths = [p for p, _n in denied]
     data = {"platform": plat.kind, "cgroup": plat.cgroup, "cgroup_driver": plat.cgroup_driver, "denied": paths,

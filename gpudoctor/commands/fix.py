@@ -156,7 +156,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     \b
     Remedies: lxc.cgroup_allow, cdi.spec, systemd.device_allow (--unit),
               devices.node.create, devices.node.mode, driver.persistence,
-              fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage
+              fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage,
+              workload.bench.orphan (stops only servers gpudoctor's bench left running)
     \b
     Examples:
       gpudoctor fix                               dry run on this machine: plan and diffs

@@ -26,6 +26,8 @@ SUBSYSTEMS = {
     "model": "gpudoctor.gather.model:gather",
     "deep": "gpudoctor.gather.deep:gather",
     "tools": "gpudoctor.gather.tools:gather",
+    "kernel_log": "gpudoctor.gather.kernel_log:gather",
+    "procs": "gpudoctor.gather.procs:gather",
 }
 
 

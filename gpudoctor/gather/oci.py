@@ -13,6 +13,7 @@ facts["oci"] = {"containers": [{"id", "name", "engine", "config", "devices": [{p
 from __future__ import annotations
 
 import json
+import re
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
@@ -102,6 +103,14 @@ print(json.dumps({"containers": out}))
 """
 
 
+def _candidates(shape: str, listing) -> list:
+    """Entries that can hold a container: containerd's namespaces, or podman/CRI-O's 64-hex container ids (their
+    storage directory also holds containers.json and a lock file)."""
+    if not isinstance(listing, list):
+        return []
+    return listing if shape == "containerd" else [n for n in listing if re.fullmatch(r"[0-9a-f]{64}", n)]
+
+
 def state_dirs(ctx: GatherContext) -> list:
     return [list(d) for d in (getattr(ctx, "oci_state_dirs", None) or STATE_DIRS)]
 
@@ -110,8 +119,8 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     dirs = state_dirs(ctx)
     t = min(ctx.timeout, 3.0)
     listings = host.batch([("listdir", d[1]) for d in dirs], t)
-    if not any(isinstance(x, list) and x for x in listings):
-        return {"containers": [], "error": None}
+    if not any(_candidates(d[2], x) for d, x in zip(dirs, listings)):
+        return {"containers": [], "error": None}  # no container here: no probe to start
     res = host.run([*host.python, "-I", "-S", "-c", _PROBE, json.dumps(dirs), str(MAX_CONTAINERS)], timeout=ctx.timeout)
     if not res.ok:
         return {"containers": [], "error": f"OCI state probe {res.describe()}"}

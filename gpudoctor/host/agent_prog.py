@@ -98,9 +98,9 @@ def _stat_one(p):
     return d
 
 
-def _open_one(p):
+def _open_one(p, access="rw"):
     try:
-        fd = os.open(p, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(p, (os.O_RDONLY if access == "r" else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         os.close(fd)
         return "OK"
     except OSError as e:
@@ -209,7 +209,7 @@ def _kill(req):
 _BATCHABLE = {
     "read": _read,
     "stat": lambda req: {"r": dict((p, _stat_one(p)) for p in req["paths"])},
-    "open": lambda req: {"r": dict((p, _open_one(p)) for p in req["paths"])},
+    "open": lambda req: {"r": dict((p, _open_one(p, req.get("access", "rw"))) for p in req["paths"])},
     "listdir": _listdir,
     "statvfs": _statvfs,
 }

@@ -40,9 +40,10 @@ print(json.dumps(out))
 _PY_OPEN = r"""
 import errno, json, os, sys
 out = {}
-for p in sys.argv[1:]:
+acc = os.O_RDONLY if sys.argv[1] == "r" else os.O_RDWR
+for p in sys.argv[2:]:
     try:
-        fd = os.open(p, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(p, acc | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         os.close(fd)
         out[p] = "OK"
     except OSError as e:
@@ -263,11 +264,12 @@ class Host:
     def stat(self, path: str, timeout: float = 3.0) -> StatResult:
         return self.stat_many([path], timeout)[path]
 
-    def try_open_many(self, paths: list[str], timeout: float = 5.0) -> dict[str, str]:
-        """open(O_RDWR|O_NONBLOCK) each path as the target's user; "OK" or the errno name."""
+    def try_open_many(self, paths: list[str], timeout: float = 5.0, access: str = "rw") -> dict[str, str]:
+        """open(O_RDWR|O_NONBLOCK) each path as the target's user — O_RDONLY with access="r", the way a
+        capability node's consumer opens it; "OK" or the errno name."""
         if not paths:
             return {}
-        res = self.run([*self.python, "-c", _PY_OPEN, *paths], timeout=timeout)
+        res = self.run([*self.python, "-c", _PY_OPEN, check_access(access), *paths], timeout=timeout)
         data = self._json_or_none(res)
         if data is None:
             err = "TIMEOUT" if res.timed_out else f"PROBE_FAILED rc={res.rc}"
@@ -291,7 +293,7 @@ class Host:
         order, each what the single operation returns:
 
             ("read", path[, max_bytes]) -> FileRead        ("listdir", path) -> list | errno name
-            ("stat", [paths]) -> {path: StatResult}       ("open", [paths]) -> {path: "OK" | errno name}
+            ("stat", [paths]) -> {path: StatResult}       ("open", [paths][, "r"]) -> {path: "OK" | errno name}
             ("statvfs", path) -> dict
 
         This default calls the single operations one after another, so recording and replay see exactly them."""
@@ -305,7 +307,7 @@ class Host:
             elif kind == "stat":
                 out.append(self.stat_many(list(op[1]), timeout))
             elif kind == "open":
-                out.append(self.try_open_many(list(op[1]), timeout))
+                out.append(self.try_open_many(list(op[1]), timeout, *op[2:3]))
             elif kind == "statvfs":
                 out.append(self.statvfs(op[1], timeout))
             else:
@@ -385,6 +387,13 @@ class Host:
             return json.loads(res.stdout)
         except ValueError:
             return None
+
+
+def check_access(access: str) -> str:
+    """The access of an open probe: "rw" (O_RDWR, what CUDA does to its nodes) or "r" (O_RDONLY)."""
+    if access not in ("rw", "r"):
+        raise ValueError(f"open access must be 'rw' or 'r', not {access!r}")
+    return access
 
 
 def quote_argv(argv: list[str]) -> str:

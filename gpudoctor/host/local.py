@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpudoctor.atomic import fsync_dir
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, read_capped
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, check_access, read_capped
 
 
 def _errname(exc: OSError) -> str:
@@ -153,10 +153,12 @@ class LocalHost(Host):
         fallback = {p: StatResult(p, False, error="TIMEOUT") for p in paths}
         return with_deadline(lambda: {p: one(p) for p in paths}, timeout, fallback)
 
-    def try_open_many(self, paths, timeout=5.0):
+    def try_open_many(self, paths, timeout=5.0, access="rw"):
+        acc = os.O_RDONLY if check_access(access) == "r" else os.O_RDWR
+
         def one(p):
             try:
-                fd = os.open(self._p(p), os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+                fd = os.open(self._p(p), acc | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
                 os.close(fd)
                 return "OK"
             except OSError as exc:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, quote_argv, raise_errno, read_capped
+from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, check_access, quote_argv, raise_errno, read_capped
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -609,15 +609,15 @@ class SSHHost(Host):
             out[back[rp]] = r
         return out
 
-    def try_open_many(self, paths, timeout=5.0):
+    def try_open_many(self, paths, timeout=5.0, access="rw"):
         if not paths:
             return {}
         back = {self._p(p): p for p in paths}
-        op = ("open", list(paths))
+        op = ("open", list(paths), check_access(access))
         ans = self._agent_call(self._agent_req(op), timeout, "opening device nodes")
         if ans is not _CLASSIC:
             return self._agent_answer(op, ans)
-        return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout).items()}
+        return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout, access).items()}
 
     def statvfs(self, path, timeout=3.0):
         op = ("statvfs", path)
@@ -652,8 +652,10 @@ class SSHHost(Host):
             return {"op": "read", "path": self._p(op[1]), "max": int(op[2]) if len(op) > 2 else 4 << 20}
         if kind in ("listdir", "statvfs"):
             return {"op": kind, "path": self._p(op[1])}
-        if kind in ("stat", "open"):
+        if kind == "stat":
             return {"op": kind, "paths": [self._p(p) for p in op[1]]}
+        if kind == "open":
+            return {"op": kind, "paths": [self._p(p) for p in op[1]], "access": check_access(op[2] if len(op) > 2 else "rw")}
         raise ValueError(f"unknown batch operation {kind!r}")
 
     def _agent_answer(self, op: tuple, a: dict | None):
