@@ -101,7 +101,8 @@ def cross_numa(facts):
     gpus = topo["gpus"]
     sys_pairs = sorted({tuple(sorted(k.split("-"))) for k, v in topo["pairs"].items() if v == "SYS"})
     if len(gpus) < 2:
-        return Finding("fabric.topo.cross_numa", Status.INFO, "Single GPU: no GPU pairs", evidence=["nvidia-smi topo -m"])
+        return Finding("fabric.topo.cross_numa", Status.INFO, "Single GPU: no GPU pairs",
+                       evidence=[topo.get("skipped") or "nvidia-smi topo -m"])
     groups: dict = {}
     for g, a in (topo.get("affinity") or {}).items():
         groups.setdefault(a.get("numa"), []).append(g)

@@ -50,6 +50,15 @@ def _stage_hint(p: dict) -> str:
     return f"gpudoctor model stage --from {src} --to {p['path']} --apply"
 
 
+def _memory_hint(facts: dict, short: int, limit: int) -> str:
+    """Raise the limit by what is missing; the Proxmox command only where the container is known to be one."""
+    vmid = (facts.get("boundary") or {}).get("vmid")
+    more = f" by at least {human_bytes(short)}" if short > 0 else ""
+    mib = -(-(limit + max(short, 0)) // 2**20)
+    how = (f" (on its Proxmox node: `pct set {vmid} --memory {mib}`)" if vmid is not None else "")
+    return f"raise the container's memory limit{more}{how}, or stage to disk"
+
+
 def _tmpfs(p: dict) -> bool:
     return bool((p.get("mount") or {}).get("tmpfs"))
 
@@ -317,8 +326,7 @@ def check_memory_cgroup(facts: dict):
                 out.append(Finding(cid, Status.FAIL, f"{path}: restaging {human_bytes(need)} into tmpfs would exceed "
                                    f"the memory cgroup (headroom {human_bytes(head)} of limit {human_bytes(limit)})",
                                    subject=path, evidence=ev, data={"need": need, "headroom": head, "limit": limit},
-                                   hint="raise the container's memory limit (Proxmox: pct set VMID --memory MiB) "
-                                        "or stage to disk"))
+                                   hint=_memory_hint(facts, need - head, limit)))
                 continue
         model_bytes = expected_total(p) or v.get("bytes") or 0
         share = model_bytes / limit if limit else 0

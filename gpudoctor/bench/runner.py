@@ -26,6 +26,7 @@ from gpudoctor.bench import logscan
 from gpudoctor.bench.campaign import Campaign, Config
 from gpudoctor.bench.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.load import LevelSpec
+from gpudoctor.bench.marker import server_env
 from gpudoctor.bench.prompts import build, load_source, misfit
 from gpudoctor.bench.results import CRASHED, ERROR, OK, ResultStore, key
 from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan, reap_run_dir
@@ -51,14 +52,19 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
         for max_tokens in w.max_tokens:
             for ctx in w.context_lengths:
                 for trial in range(w.trials):
-                    for c in camp.concurrency:
-                        n = w.num_prompts or max(8, 4 * c)
+                    loads = [(c, None) for c in camp.concurrency] + [(None, r) for r in camp.request_rates]
+                    for c, rate in loads:
+                        n = w.num_prompts or (max(8, 4 * c) if c else max(16, int(rate * 10)))
                         spec = LevelSpec(label=cfg.label, method=cfg.method.name, tp=cfg.tp, trial=trial,
                                          workload=workload_name(set_name, ctx, max_tokens), concurrency=c,
-                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx)
-                        key = ("p", w.prompts, ctx, n, trial)
+                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx, api=camp.api,
+                                         request_rate=rate, arrival=camp.arrival, max_error_rate=camp.max_error_rate,
+                                         slo_ttft_ms=camp.slo_ttft_ms, slo_itl_ms=camp.slo_itl_ms)
+                        text_only = camp.api == "chat"  # chat messages are text, never token ids
+                        key = ("p", w.prompts, ctx, n, trial, text_only)
                         if key not in cache:
-                            cache[key] = build(n, questions, counter, ctx, seed=1000 * trial + c)
+                            cache[key] = build(n, questions, Counter() if text_only else counter, ctx,
+                                               seed=1000 * trial + (c or int(rate * 1000)))
                         out.append(Level(spec, cache[key]))
     return out
 
@@ -145,6 +151,8 @@ class Runner:
         shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
         (self.dir / "campaign.json").write_text(json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
+             "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
+             "request_rates": self.camp.request_rates,
              "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
              "target": self.camp.target, "server_url": self.camp.base_url,
              "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
@@ -343,13 +351,14 @@ class Runner:
         self.emit("note", text=f"starting{where}: {' '.join(cfg.argv)}")
         t0 = time.monotonic()
         try:
-            launcher.start(cfg.argv, cfg.env)
+            launcher.start(cfg.argv, {**cfg.env, **server_env(self.remote_dir if camp.is_remote else str(self.dir),
+                                                              cfg.label)})
         except OSError as exc:
             raise CampaignStopped(f"cannot start the server for {cfg.label}: {cfg.argv[0]}: {exc.strerror}") from None
         watch.sync = launcher.sync_log
         broken = None
         try:
-            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone))
+            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone, api=camp.api))
             if not_ready:
                 died = launcher.gone() is not None
                 self.record_not_ready(cfg, died, not_ready, watch.read_new())
@@ -441,11 +450,22 @@ class Runner:
                 argv += ["--inventory", self.inventory_path]
         return argv
 
+    def gate_argv(self, cfg: Config) -> list[str]:
+        """The gate command for one configuration. `gpudoctor gate` gets the models it serves as --model (the
+        campaign's model and the method's draft) unless it names its own: the benchmark profile requires
+        workload.model.*, which only runs for a model it is given, so without them a healthy host would block."""
+        argv = self.for_target(self.camp.gate_command)
+        if _is_gpudoctor(argv) and "gate" in argv and not _has_flag(argv, "--model"):
+            for model in (self.camp.model, cfg.method.draft_model):
+                if model:
+                    argv += ["--model", model]
+        return argv
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = self.for_target(camp.gate_command)
+        argv = self.gate_argv(cfg)
         res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
         if res.ok:
             self.emit("note", text=f"gate passed: {' '.join(argv)}")

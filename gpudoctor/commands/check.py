@@ -17,13 +17,14 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-                      deep_python=None):
+                      deep_python=None, units=()):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
     from gpudoctor.target import open_target
 
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
-                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy)
+                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
+                       units=units)
 
 
 _common = [
@@ -57,15 +58,17 @@ def common(f):
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Fleet mode: hosts checked at once.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path):
+          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
     Layers, bottom-up (a failure marks the layers above as its symptoms):
-      host → driver → devices → boundary (LXC) → cuda → fabric → workload
+      host → driver → devices → boundary (LXC, CDI, container, systemd unit) → cuda → fabric → workload
 
     \b
     Examples:
@@ -74,6 +77,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
       gpudoctor check --snapshot examples/h200-uvm-blocked.json
       gpudoctor check --json | jq .root_cause
       gpudoctor check --explain devices.node.major
+      gpudoctor check --unit sglang.service             also audit a systemd unit's DeviceAllow=
       gpudoctor check --all --parallel 32               every inventory host, one line each (--json: one record each)
       gpudoctor check --group h200 --prom /var/lib/node_exporter/textfile/gpudoctor.prom
 
@@ -90,7 +94,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if not snapshot_path:
         _warm_imports(as_json)
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
-                           deep_python) as target:
+                           deep_python, units=units) as target:
         d = check_host(target, set(only) or None)
     facts = d.facts
     if prom_path:
@@ -121,8 +125,17 @@ def _warm_imports(as_json: bool) -> None:
         import gpudoctor.diagnose  # noqa: F401
 
         if not as_json:
-            import rich.console  # noqa: F401
-            import rich.table  # noqa: F401
+            import io
+
+            from rich.console import Console
+
+            from gpudoctor.diagnose import Diagnosis
+            from gpudoctor.findings import Finding, Status
+            from gpudoctor.report import render
+
+            # One throw-away rendering: rich's first table pays for lazy imports and width tables (~40-80 ms).
+            f = Finding("host.warm", Status.FAIL, "warm", layer="host", evidence=["e"], hint="h")
+            render(Diagnosis("warm", [f], [f], ["warm"]), Console(file=io.StringIO(), width=120, highlight=False))
 
     threading.Thread(target=warm, daemon=True).start()
 
@@ -201,7 +214,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
 def list_checks(markdown, as_json):
     """List every check id, its layer and one-line purpose."""
     from gpudoctor.checkreg import all_checks

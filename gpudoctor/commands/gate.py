@@ -24,7 +24,9 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
 
     Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
-    device nodes and CUDA to be ok; `benchmark` adds the model staged (workload.model.*). An inventory's
+    device nodes and CUDA to be ok; `benchmark` adds the model staged (workload.model.*), no more than 1024 MiB of
+    GPU memory held by other processes (workload.gpu.foreign_memory) and the serving port free
+    (workload.port.serving). An inventory's
     `profiles:` can define more (a list of check-id patterns, or {require, ignore, fail_free}).
 
     \b

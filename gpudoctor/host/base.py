@@ -142,9 +142,10 @@ class Host:
     def stat(self, path: str, timeout: float = 3.0) -> StatResult:
         return self.stat_many([path], timeout)[path]
 
-    def try_open_many(self, paths: list[str], timeout: float = 5.0) -> dict[str, str]:
-        """open(O_RDWR|O_NONBLOCK) each path as the target's user; "OK" or the errno name ("TIMEOUT": it hung)."""
-        return self._answer(("open", list(paths)), timeout) if paths else {}
+    def try_open_many(self, paths: list[str], timeout: float = 5.0, access: str = "rw") -> dict[str, str]:
+        """open(O_RDWR|O_NONBLOCK) each path as the target's user — O_RDONLY with access="r", the way a
+        capability node's consumer opens it; "OK" or the errno name ("TIMEOUT": it hung)."""
+        return self._answer(("open", list(paths), check_access(access)), timeout) if paths else {}
 
     def listdir(self, path: str, timeout: float = 3.0) -> list[str] | str:
         """Sorted entries, or the errno name."""
@@ -159,7 +160,7 @@ class Host:
         `timeout`; answers in order, each what the single operation returns:
 
             ("read", path[, max_bytes]) -> FileRead        ("listdir", path) -> list | errno name
-            ("stat", [paths]) -> {path: StatResult}       ("open", [paths]) -> {path: "OK" | errno name}
+            ("stat", [paths]) -> {path: StatResult}       ("open", [paths][, "r"]) -> {path: "OK" | errno name}
             ("statvfs", path) -> dict"""
         ops = [tuple(op) for op in ops]
         if not ops:
@@ -176,7 +177,7 @@ class Host:
         single = {"read": lambda op: self.read_file(op[1], timeout, *op[2:3]),
                   "listdir": lambda op: self.listdir(op[1], timeout), "statvfs": lambda op: self.statvfs(op[1], timeout),
                   "stat": lambda op: self.stat_many(list(op[1]), timeout),
-                  "open": lambda op: self.try_open_many(list(op[1]), timeout)}
+                  "open": lambda op: self.try_open_many(list(op[1]), timeout, *op[2:3])}
         out = []
         for op in ops:
             if op[0] not in single:
@@ -191,8 +192,11 @@ class Host:
             return {"op": "read", "path": self._path(op[1]), "max": int(op[2]) if len(op) > 2 else 4 << 20}
         if kind in ("listdir", "statvfs"):
             return {"op": kind, "path": self._path(op[1])}
-        if kind in ("stat", "open"):
+        if kind == "stat":
             return {"op": kind, "paths": [self._path(p) for p in op[1]], "timeout": timeout}
+        if kind == "open":
+            return {"op": kind, "paths": [self._path(p) for p in op[1]], "timeout": timeout,
+                    "access": check_access(op[2] if len(op) > 2 else "rw")}
         raise ValueError(f"unknown batch operation {kind!r}")
 
     def _answer(self, op: tuple, timeout: float):
@@ -259,6 +263,13 @@ class Host:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def check_access(access: str) -> str:
+    """The access of an open probe: "rw" (O_RDWR, what CUDA does to its nodes) or "r" (O_RDONLY)."""
+    if access not in ("rw", "r"):
+        raise ValueError(f"open access must be 'rw' or 'r', not {access!r}")
+    return access
 
 
 def quote_argv(argv: list[str]) -> str:

@@ -9,7 +9,7 @@ request). This text runs on the target: stdlib only, python >= 3.6, no gpudoctor
 Requests and answers (JSON objects; errno names such as "ENOENT"):
     {"op": "read", "path": P, "max": N}                     -> {"b": BASE64} | {"e": ERRNO}
     {"op": "stat", "paths": [...], "timeout": S}            -> {"r": {P: {"exists": ..., "kind": ..., ...}}}
-    {"op": "open", "paths": [...], "timeout": S}            -> {"r": {P: "OK" | ERRNO}}
+    {"op": "open", "paths": [...], "access": "rw"|"r", "timeout": S}  -> {"r": {P: "OK" | ERRNO}}
     {"op": "listdir", "path": P}                            -> {"entries": [...]} | {"error": ERRNO}
     {"op": "statvfs", "path": P}                            -> {"total", "free", "avail", "readonly"} | {"error": ERRNO}
     {"op": "batch", "ops": [request, ...], "timeout": S}    -> {"r": [answer | {"timeout": 1}, ...]}
@@ -73,9 +73,10 @@ def stat_one(p):
     return d
 
 
-def open_one(p):
+def open_one(p, access="rw"):
+    """O_RDWR as CUDA opens its nodes; O_RDONLY ("r") as a capability node's consumer does."""
     try:
-        fd = os.open(p, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(p, (os.O_RDONLY if access == "r" else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         os.close(fd)
         return "OK"
     except OSError as e:
@@ -102,7 +103,8 @@ def op_stat(req):
 
 
 def op_open(req):
-    return _each(open_one, req)
+    access = req.get("access", "rw")
+    return _each(lambda p: open_one(p, access), req)
 
 
 def op_listdir(req):

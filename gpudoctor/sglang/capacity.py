@@ -26,7 +26,12 @@ def parallel_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts
         out.append(F("sglang.tp.gpus", "fail", f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} GPUs wanted, host has {opt.gpus}",
                      source="python/sglang/srt/entrypoints/engine.py (one scheduler process per GPU)", stage="load",
                      fix=f"lower --tp-size to at most {opt.gpus // max(1, pp * dp)}"))
-    attn_tp = tp // max(1, a.get("attn_dp_size") or 1)
+    from gpudoctor.sglang.rules import attn_dp_size
+
+    adp = attn_dp_size(a)
+    if tp < 1 or adp < 1 or tp % adp:
+        return out  # --tp-size 0 / attention DP not dividing tp: their own findings (launch.py); no head split to judge
+    attn_tp = tp // adp
     for facts, who in ((model, "model"), (draft, "draft")):
         if facts is not None:
             out += _heads(facts, attn_tp, who)

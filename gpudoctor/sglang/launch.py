@@ -17,7 +17,7 @@ from __future__ import annotations
 from gpudoctor.findings import Finding
 from gpudoctor.sglang.argparser import ParsedArgs
 from gpudoctor.sglang.modelcfg import ModelFacts
-from gpudoctor.sglang.rules import GPUS, F, Options, Resolved, attention_backends, gpu_of  # noqa: F401 (GPUS: re-exported)
+from gpudoctor.sglang.rules import F, Options, Resolved, attention_backends, gpu_of
 
 VALIDATION = "python/sglang/srt/arg_groups/validation_hook.py::check_server_args"
 PARALLEL = "python/sglang/srt/arg_groups/parallel_hook.py"
@@ -375,56 +375,49 @@ def tp_zero_findings(a: ParsedArgs) -> list[Finding]:
     return []
 
 
+# Values SGLang's resolver and check_server_args accept (the differential shows it) that break later:
+# (dest, flag, bad(value), what, SGLang source, stage, fix, error)
+LATE_VALUES = (
+    ("max_running_requests", "--max-running-requests", lambda v: v <= 0, "the worker starts with no request slot",
+     "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
+     "drop --max-running-requests (SGLang sizes it) or give a positive value", "AssertionError: max_running_request is zero"),
+    ("context_length", "--context-length", lambda v: v <= 0,
+     "every request is at least as long as the context and is refused",
+     f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
+     "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
+     "drop --context-length (the model's own) or give a positive length",
+     "ValueError: The input (N tokens) is longer than the model's context length"),
+    ("pp_size", "--pp-size", lambda v: v < 1, "no pipeline stage to hold the layers",
+     "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load", "use --pp-size 1", None),
+    ("page_size", "--page-size", lambda v: v < 0, "the KV pool cannot be built with a negative page",
+     "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64", None),
+    ("mem_fraction_static", "--mem-fraction-static", lambda v: v > 1, "asks for more than the whole GPU",
+     "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
+     "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
+     "RuntimeError / CUDA out of memory while allocating the KV cache"),
+    ("max_total_tokens", "--max-total-tokens", lambda v: v <= 0, "a KV cache of no tokens",
+     "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
+     "load", "drop --max-total-tokens or give a positive count",
+     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."),
+    ("dp_size", "--dp-size", lambda v: v < 1, "no data-parallel replica is started",
+     "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1", None),
+)
+
+
 def late_value_findings(a: ParsedArgs, res: Resolved) -> list[Finding]:
-    """Values SGLang's resolver and check_server_args accept (the differential shows it) that break later."""
+    """LATE_VALUES, plus draft steps/topk of 0 (a warning: speculation that proposes nothing)."""
     out: list[Finding] = []
-
-    def late(fid, summary, source, stage, fix, error=None, status="fail"):
-        out.append(F(f"sglang.value.{fid}", status, summary + " (SGLang's resolution accepts it)", source=source,
-                     stage=stage, fix=fix, error=error))
-
-    mrr = a.get("max_running_requests")
-    if isinstance(mrr, int) and mrr <= 0:
-        late("max_running_requests", f"--max-running-requests {mrr}: the worker starts with no request slot",
-             "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
-             "drop --max-running-requests (SGLang sizes it) or give a positive value",
-             "AssertionError: max_running_request is zero")
-    ctx = a.get("context_length")
-    if isinstance(ctx, int) and ctx <= 0:
-        late("context_length", f"--context-length {ctx}: every request is at least as long as the context and is refused",
-             f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
-             "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
-             "drop --context-length (the model's own) or give a positive length",
-             f"ValueError: The input (N tokens) is longer than the model's context length ({ctx} tokens).")
-    pp = a.get("pp_size")
-    if isinstance(pp, int) and pp < 1:
-        late("pp_size", f"--pp-size {pp}: no pipeline stage to hold the layers",
-             "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load",
-             "use --pp-size 1")
-    page = a.get("page_size")
-    if isinstance(page, int) and page < 0:
-        late("page_size", f"--page-size {page}: the KV pool cannot be built with a negative page",
-             "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64")
-    frac = a.get("mem_fraction_static")
-    if isinstance(frac, (int, float)) and frac > 1:
-        late("mem_fraction_static", f"--mem-fraction-static {frac} asks for more than the whole GPU",
-             "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
-             "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
-             "RuntimeError / CUDA out of memory while allocating the KV cache")
-    mtt = a.get("max_total_tokens")
-    if isinstance(mtt, int) and mtt <= 0:
-        late("max_total_tokens", f"--max-total-tokens {mtt}: a KV cache of no tokens",
-             "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
-             "load", "drop --max-total-tokens or give a positive count",
-             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
-    dp = a.get("dp_size")
-    if isinstance(dp, int) and dp < 1:
-        late("dp_size", f"--dp-size {dp}: no data-parallel replica is started",
-             "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1")
-    for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+    for dest, flag, bad, what, source, stage, fix, error in LATE_VALUES:
         v = a.get(dest)
-        if isinstance(v, int) and v <= 0 and res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
-            late(dest, f"{flag} {v}: no draft token is proposed, speculation does no work",
-                 "python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)", "request",
-                 f"use {flag} 1 or more", status="warn")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and bad(v):
+            out.append(F(f"sglang.value.{dest}", "fail", f"{flag} {v}: {what} (SGLang's resolution accepts it)",
+                         source=source, stage=stage, fix=fix, error=error))
+    if res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
+        for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+            v = a.get(dest)
+            if isinstance(v, int) and v <= 0:
+                out.append(F(f"sglang.value.{dest}", "warn",
+                             f"{flag} {v}: no draft token is proposed, speculation does no work (SGLang's resolution accepts it)",
+                             source="python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)",
+                             stage="request", fix=f"use {flag} 1 or more"))
     return out

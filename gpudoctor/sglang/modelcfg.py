@@ -143,6 +143,8 @@ def derive_context_length(cfg: dict) -> tuple[int, str]:
     note = ""
     if rope:
         factor = rope.get("factor", 1) or 1
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            factor = 1  # not a number: no scaling to apply (a str would repeat, not multiply)
         if "original_max_position_embeddings" in rope:
             if isinstance(raw, dict) and "original_max_position_embeddings" not in raw and factor != 1:
                 note = (f" (rope {rope['rope_type']} factor {factor} ignored: transformers inserts "
@@ -293,6 +295,12 @@ def _quant_bytes_per_param(cfg: dict, dtype_bytes: int) -> float:
         return float(dtype_bytes)
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits") or q.get("num_bits")
+    groups = q.get("config_groups")
+    if not bits and isinstance(groups, dict):  # compressed-tensors: config_groups.*.weights.num_bits
+        found = [g.get("weights", {}).get("num_bits") for g in groups.values()
+                 if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+        found = [b for b in found if isinstance(b, int) and b > 0]
+        bits = max(found) if found else None
     if bits:
         return bits / 8
     if "fp8" in method or "fp8" in str(q.get("fmt", "")):

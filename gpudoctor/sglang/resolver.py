@@ -257,11 +257,11 @@ def compare(result, real: dict) -> Finding:
     kind, diffs = judge(result, real)
     if kind == "not_run":
         return Finding("sglang.resolver.unavailable", Status.INFO, f"SGLang's own resolver did not run: {real.get('error')}",
-                       layer="workload", data={"source": src, "real": real})
+                       layer="workload", data={"source": src, "stage": "advice", "real": real})
     if kind != "agree":
         return Finding("sglang.resolver.disagree", Status.WARN, f"SGLang's own resolver disagrees with gpudoctor's rules ({kind})",
                        layer="workload", evidence=diffs, hint="trust SGLang; report the case so the rule is fixed",
-                       data={"source": src, "real": real})
+                       data={"source": src, "stage": "advice", "real": real})
     what = "resolved the same values" if real["ok"] else f"fails the same way ({real.get('error_type')})"
     return Finding("sglang.resolver.agree", Status.OK, f"SGLang {real.get('version', '')} {what}".replace("  ", " "),
-                   layer="workload", data={"source": src, "real": real})
+                   layer="workload", data={"source": src, "stage": "advice", "real": real})
