@@ -163,7 +163,8 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
 
 
 async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | None:
-    """The context limit a running SGLang reports in /server_info (context_length, else max_req_input_len + 1)."""
+    """The context limit a running server reports: SGLang's /server_info (context_length, else max_req_input_len + 1),
+    else the max_model_len of /v1/models (vLLM)."""
     import aiohttp
 
     for path in ("/server_info", "/get_server_info"):
@@ -179,7 +180,14 @@ async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | No
             return info["context_length"]
         if isinstance(info.get("max_req_input_len"), int):
             return info["max_req_input_len"] + 1
-    return None
+    try:  # an OpenAI server (vLLM): the model card's max_model_len
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            async with s.get(base_url + "/v1/models") as resp:
+                cards = (await resp.json(content_type=None)).get("data") or [] if resp.status == 200 else []
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+        return None
+    limit = cards[0].get("max_model_len") if cards and isinstance(cards[0], dict) else None
+    return limit if isinstance(limit, int) else None
 
 
 def workload_name(prompt_set: str, context_len: int | None, max_tokens: int) -> str:

@@ -52,14 +52,19 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
         for max_tokens in w.max_tokens:
             for ctx in w.context_lengths:
                 for trial in range(w.trials):
-                    for c in camp.concurrency:
-                        n = w.num_prompts or max(8, 4 * c)
+                    loads = [(c, None) for c in camp.concurrency] + [(None, r) for r in camp.request_rates]
+                    for c, rate in loads:
+                        n = w.num_prompts or (max(8, 4 * c) if c else max(16, int(rate * 10)))
                         spec = LevelSpec(label=cfg.label, method=cfg.method.name, tp=cfg.tp, trial=trial,
                                          workload=workload_name(set_name, ctx, max_tokens), concurrency=c,
-                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx)
-                        key = ("p", w.prompts, ctx, n, trial)
+                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx, api=camp.api,
+                                         request_rate=rate, arrival=camp.arrival, max_error_rate=camp.max_error_rate,
+                                         slo_ttft_ms=camp.slo_ttft_ms, slo_itl_ms=camp.slo_itl_ms)
+                        text_only = camp.api == "chat"  # chat messages are text, never token ids
+                        key = ("p", w.prompts, ctx, n, trial, text_only)
                         if key not in cache:
-                            cache[key] = build(n, questions, counter, ctx, seed=1000 * trial + c)
+                            cache[key] = build(n, questions, Counter() if text_only else counter, ctx,
+                                               seed=1000 * trial + (c or int(rate * 1000)))
                         out.append(Level(spec, cache[key]))
     return out
 
@@ -146,6 +151,8 @@ class Runner:
         shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
         (self.dir / "campaign.json").write_text(json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
+             "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
+             "request_rates": self.camp.request_rates,
              "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
              "target": self.camp.target, "server_url": self.camp.base_url,
              "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
@@ -351,7 +358,7 @@ class Runner:
         watch.sync = launcher.sync_log
         broken = None
         try:
-            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone))
+            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone, api=camp.api))
             if not_ready:
                 died = launcher.gone() is not None
                 self.record_not_ready(cfg, died, not_ready, watch.read_new())
@@ -391,32 +398,30 @@ class Runner:
 
     # ---- preflight ------------------------------------------------------------------------------------------------
     def validate(self, cfg: Config) -> tuple[str, str] | None:
-        """Check the SGLang flags with `gpudoctor sglang validate` (run here) before a long model load.
+        """Check the SGLang flags with gpudoctor's SGLang rules (in this process) before a long model load.
 
         For a remote target the model's and draft's config.json are the copies read from the target.
         Returns (error, details) when SGLang would refuse them (the levels are recorded as errors, nothing launched),
         None when they are valid, have warnings, or could not be checked (then a note says why).
         """
-        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json"]
+        from gpudoctor.errors import GpudoctorError
+        from gpudoctor.sglang import validate
+
+        model_config = draft_config = None
         if self.camp.is_remote:
-            if self.model_dir:
-                argv += ["--model-config", self.model_dir]
+            model_config = self.model_dir or None
             draft = cfg.method.draft_model
             if draft:
                 tag = hashlib.sha1(draft.encode()).hexdigest()[:8]
                 try:
-                    local = self.mirror(draft, ["config.json"], f"draft-{tag}",
-                                        "sglang validate has no draft model config")
+                    draft_config = self.mirror(draft, ["config.json"], f"draft-{tag}",
+                                               "sglang validate has no draft model config") or None
                 except HostError as exc:
                     raise CampaignStopped(f"lost {self.camp.target} reading {draft}: {exc.one_line()}") from None
-                if local:
-                    argv += ["--draft-config", local]
-        argv += ["--", *cfg.sglang_args]
-        res = self.local.run(argv, timeout=120)
         try:
-            out = json.loads(res.stdout)
-        except ValueError:
-            self.emit("note", text=f"sglang validate could not check {cfg.label}: {res.describe()}")
+            out = validate(list(cfg.sglang_args), model_config, draft_config).to_json()
+        except GpudoctorError as exc:
+            self.emit("note", text=f"sglang validate could not check {cfg.label}: {exc.one_line()}")
             return None
         bad = [f for f in out.get("findings", []) if f.get("status") == "fail"]
         warn = [f for f in out.get("findings", []) if f.get("status") == "warn"]
@@ -445,11 +450,22 @@ class Runner:
                 argv += ["--inventory", self.inventory_path]
         return argv
 
+    def gate_argv(self, cfg: Config) -> list[str]:
+        """The gate command for one configuration. `gpudoctor gate` gets the models it serves as --model (the
+        campaign's model and the method's draft) unless it names its own: the benchmark profile requires
+        workload.model.*, which only runs for a model it is given, so without them a healthy host would block."""
+        argv = self.for_target(self.camp.gate_command)
+        if _is_gpudoctor(argv) and "gate" in argv and not _has_flag(argv, "--model"):
+            for model in (self.camp.model, cfg.method.draft_model):
+                if model:
+                    argv += ["--model", model]
+        return argv
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = self.for_target(camp.gate_command)
+        argv = self.gate_argv(cfg)
         res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
         if res.ok:
             self.emit("note", text=f"gate passed: {' '.join(argv)}")

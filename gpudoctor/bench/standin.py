@@ -66,6 +66,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                    help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
                         " server's traceback, instead of the built-in one")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
+    p.add_argument("--timing-log", default=None, metavar="FILE",
+                   help="stand-in only: append one JSON line per finished request (rid, received, first_sent, "
+                        "finished, tokens; wall-clock seconds): the server-side truth for any client")
     p.add_argument("--model-path", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -120,6 +123,7 @@ class StandIn:
         self.accept_n = 0
         self.last_gen_throughput = 0.0
         self.last_output = time.time()  # the detokenizer's last_receive_tstamp
+        self.timing = open(args.timing_log, "a", buffering=1) if args.timing_log else None
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def trip(self) -> None:
@@ -224,6 +228,8 @@ class StandIn:
                     await asyncio.Event().wait()  # stop sending, keep the connection open
                 st.advance(n)
                 self.last_output = time.time()
+                if st.finished is not None and self.timing is not None and st.rid != "HEALTH_CHECK":
+                    asyncio.get_running_loop().call_soon(self._log_timing, st)
                 if st.finished is not None:
                     if self.spec is not None and st.rid != "HEALTH_CHECK":
                         self.accept_sum += st.done / st.steps
@@ -235,6 +241,11 @@ class StandIn:
             self.running -= 1
             if self.sem is not None:
                 self.sem.release()
+
+    def _log_timing(self, st: wire.ReqState) -> None:
+        """After the final chunk was handed to the socket (call_soon runs once the handler has written it)."""
+        self.timing.write(wire.dumps({"rid": st.rid, "received": st.received, "first_sent": st.sent_first,
+                                      "finished": st.finished, "tokens": st.done}).decode() + "\n")
 
     def check(self, prompt_tokens: int, max_new: int) -> str | None:
         """Why the tokenizer manager would refuse this request (a ValueError in SGLang), or None."""
@@ -435,6 +446,8 @@ class StandIn:
                                                     apispec.QUEUE_FULL_STATUS, fl))
         else:
             async for _ in self.steps(st):
+                if st.sent_first is None:  # _wait_one_response stamps the first output it hands on, /v1 too
+                    st.sent_first = time.time()
                 if req.chat and st.steps == 1:
                     yield wire.sse(wire.openai_role_chunk(st, req, fl))
                 yield wire.sse(wire.openai_chunk(st, req, fl))

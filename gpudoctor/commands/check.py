@@ -68,7 +68,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
 
     \b
     Layers, bottom-up (a failure marks the layers above as its symptoms):
-      host → driver → devices → boundary (LXC) → cuda → fabric → workload
+      host → driver → devices → boundary (LXC, CDI, container, systemd unit) → cuda → fabric → workload
 
     \b
     Examples:
@@ -77,6 +77,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
       gpudoctor check --snapshot examples/h200-uvm-blocked.json
       gpudoctor check --json | jq .root_cause
       gpudoctor check --explain devices.node.major
+      gpudoctor check --unit sglang.service             also audit a systemd unit's DeviceAllow=
       gpudoctor check --all --parallel 32               every inventory host, one line each (--json: one record each)
       gpudoctor check --group h200 --prom /var/lib/node_exporter/textfile/gpudoctor.prom
 
