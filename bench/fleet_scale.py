@@ -208,18 +208,35 @@ def _cpu_sshd(sshd_pid: int) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _count(least: int):
+    """An argparse type: an integer >= least, else a one-line usage error (never a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n} is below the minimum {least}")
+        return n
+    return parse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", type=int, default=64)
-    ap.add_argument("--parallel", type=int, default=32)
-    ap.add_argument("--simulated", type=int, default=1000)
-    ap.add_argument("--skip-ssh", action="store_true")
+    ap.add_argument("--hosts", type=_count(1), default=64, help="real SSH hosts (loopback sshd) to check (default 64)")
+    ap.add_argument("--parallel", type=_count(1), default=32, help="hosts checked at once (default 32)")
+    ap.add_argument("--simulated", type=_count(0), default=1000,
+                    help="snapshot-replay hosts for the simulated part (default 1000; 0 skips it)")
+    ap.add_argument("--skip-ssh", action="store_true", help="skip the real-SSH part")
     ap.add_argument("--skip-shell-rc", action="store_true",
                     help="sshd SetEnv SHLVL=1: bash skips ~/.bashrc (gpudoctor's own cost, without the target's)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
-    simulated(args.simulated, args.parallel)  # first: the SSH part leaves sshd sessions winding down
+    if args.simulated:
+        simulated(args.simulated, args.parallel)  # first: the SSH part leaves sshd sessions winding down
+    else:
+        print("simulated: skipped (--simulated 0)")
     if not args.skip_ssh:
         ssh(args.hosts, args.parallel, args.skip_shell_rc)
     return 0

@@ -1,7 +1,7 @@
 """Boundary layer: an LXC guest's Proxmox config (live section) against the host's live device majors.
 
-Pure checks over facts["boundary"] (gpudoctor/gather/boundary.py); the logic lives in gpudoctor.proxmox.audit so
-`gpudoctor lxc audit` and these checks say the same thing. boundary.lxc.cgroup_allow (subject: the node as the guest
+Pure checks over facts["boundary"] (gpudoctor/gather/boundary.py); the LXC semantics live in gpudoctor.proxmox.audit,
+and `gpudoctor lxc audit` is the diagnosis of these checks alone. boundary.lxc.cgroup_allow (subject: the node as the guest
 sees it, e.g. /dev/nvidia-uvm) is the root cause of a devices-layer open() EPERM and of cuInit 999.
 """
 
@@ -62,65 +62,51 @@ def config_read(facts):
                    f"read {inp.cfg.path} on {where} ({len(inp.cfg.lines)} lines, sections: "
                    f"{', '.join(s or 'live' for s in inp.cfg.sections)})",
                    evidence=[f"read {inp.cfg.path} and {pd.get('path')} on {where}",
-                             st.get("evidence") or "pct status not asked"],
-                   data={"vmid": inp.vmid, "status": st.get("status"), "vmid_source": b.get("vmid_source")})
+                             st.get("evidence") or "pct status not asked",
+                             f"cgroup layout: {inp.layout or 'unknown (read as cgroup v2)'}"
+                             + (f": {inp.layout_evidence}" if inp.layout else "")],
+                   data={"vmid": inp.vmid, "status": st.get("status"), "vmid_source": b.get("vmid_source"),
+                         "cgroup_layout": inp.layout})
 
 
-def _run(fn, facts):
-    inp = _input(facts)
-    return None if inp is None else fn(inp)
+# The container-config checks: (id, the audit function over an AuditInput, its remedy, purpose, why it matters).
+# Each is registered like any other check; `gpudoctor lxc audit` is the diagnosis restricted to this layer.
+LXC_CHECKS = (
+    ("boundary.lxc.cgroup_allow", A.check_cgroup_allow, A.REMEDY_ID,
+     "Each /dev/nvidia* node the container is given is allowed (live major:minor) by its live config.",
+     "A node whose live major is not allowed opens with EPERM in the guest, whatever its mode: cuInit then 999."),
+    ("boundary.lxc.mount_entry", A.check_mount_sources, None,
+     "The GPU nodes the config passes (lxc.mount.entry, devN:) exist on the Proxmox host.",
+     "An `optional` bind mount of a missing host node is skipped silently: the node is just absent in the guest."),
+    ("boundary.lxc.stale_allow", A.check_stale, None,
+     "No allow rule names a dynamic major that no NVIDIA driver holds now.",
+     "After a driver update the old uvm major stays allowed; the kernel may hand it to another driver."),
+    ("boundary.lxc.malformed", A.check_malformed, A.REMEDY_ID,
+     "Every line of the container config parses (e.g. no rule that lost its key).",
+     "Proxmox ignores unparsable lines with a warning; a bad rule or devN value stops the container starting."),
+    ("boundary.lxc.misplaced", A.check_misplaced, A.REMEDY_ID,
+     "No GPU line sits only in a snapshot or [pve:pending] section.",
+     "Everything after a [section] header belongs to it: `echo … >> N.conf` lands in the last snapshot."),
+    ("boundary.lxc.cgroup_v1", A.check_cgroup_v1, None,
+     "No deprecated lxc.cgroup.* (cgroup v1) device keys in the live config.",
+     "LXC ignores cgroup v1 settings on a pure cgroup2 host (PVE 9); pve-container warns they will be an error."),
+    ("boundary.lxc.lock", A.check_lock, None,
+     "The container config is not locked (lock:).",
+     "A `lock:` means a backup, migration or snapshot is running or was interrupted; nobody should edit then."),
+    ("boundary.lxc.restart_pending", A.check_restart_pending, None,
+     "The device rules in the config are the ones the running container started with.",
+     "LXC builds the device cgroup at start: an edit to /etc/pve/lxc/N.conf needs a container restart."),
+)
 
 
-@check("boundary.lxc.cgroup_allow", depends_on=_CONFIG, remedy=A.REMEDY_ID,
-       summary="Each /dev/nvidia* node the container is given is allowed (live major:minor) by its live config.")
-def cgroup_allow(facts):
-    """A node whose live major is not allowed opens with EPERM in the guest, whatever its mode: cuInit then 999."""
-    return _run(A.check_cgroup_allow, facts)
+def _register(cid: str, audit_fn, remedy: str | None, summary: str, why: str) -> None:
+    def run(facts):
+        inp = _input(facts)
+        return None if inp is None else audit_fn(inp)
+
+    run.__name__, run.__doc__ = cid.rsplit(".", 1)[1], why
+    check(cid, depends_on=_CONFIG, remedy=remedy, summary=summary)(run)
 
 
-@check("boundary.lxc.mount_entry", depends_on=_CONFIG,
-       summary="The GPU nodes the config passes (lxc.mount.entry, devN:) exist on the Proxmox host.")
-def mount_entry(facts):
-    """An `optional` bind mount of a missing host node is skipped silently: the node is just absent in the guest."""
-    return _run(A.check_mount_sources, facts)
-
-
-@check("boundary.lxc.stale_allow", depends_on=_CONFIG,
-       summary="No allow rule names a dynamic major that no NVIDIA driver holds now.")
-def stale_allow(facts):
-    """After a driver update the old uvm major stays allowed; the kernel may hand it to another driver."""
-    return _run(A.check_stale, facts)
-
-
-@check("boundary.lxc.malformed", depends_on=_CONFIG, remedy=A.REMEDY_ID,
-       summary="Every line of the container config parses (e.g. no rule that lost its key).")
-def malformed(facts):
-    """Proxmox ignores unparsable lines with a warning; a bad rule or devN value stops the container starting."""
-    return _run(A.check_malformed, facts)
-
-
-@check("boundary.lxc.misplaced", depends_on=_CONFIG,
-       summary="No GPU line sits only in a snapshot or [pve:pending] section.")
-def misplaced(facts):
-    """Everything after a [section] header belongs to it: `echo … >> N.conf` lands in the last snapshot."""
-    return _run(A.check_misplaced, facts)
-
-
-@check("boundary.lxc.cgroup_v1", depends_on=_CONFIG,
-       summary="No deprecated lxc.cgroup.* (cgroup v1) device keys in the live config.")
-def cgroup_v1(facts):
-    """LXC ignores cgroup v1 settings on a pure cgroup2 host (PVE 9); pve-container warns they will be an error."""
-    return _run(A.check_cgroup_v1, facts)
-
-
-@check("boundary.lxc.lock", depends_on=_CONFIG, summary="The container config is not locked (lock:).")
-def lock(facts):
-    """A `lock:` means a backup, migration or snapshot is running or was interrupted; nobody should edit then."""
-    return _run(A.check_lock, facts)
-
-
-@check("boundary.lxc.restart_pending", depends_on=_CONFIG,
-       summary="The device rules in the config are the ones the running container started with.")
-def restart_pending(facts):
-    """LXC builds the device cgroup at start: an edit to /etc/pve/lxc/N.conf needs a container restart."""
-    return _run(A.check_restart_pending, facts)
+for _row in LXC_CHECKS:
+    _register(*_row)

@@ -10,6 +10,7 @@ facts["platform"].
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
+from gpudoctor.gather.cgroup import evidence as cgroup_evidence
 from gpudoctor.platform import daemon_reload_fixes, detect, fix_text
 
 _FRONT = ("nvidia", "nvidiactl", "nvidia-frontend")
@@ -45,6 +46,7 @@ def device_rules(facts):
                        evidence=ev + [f"open({p}) → {nodes[p].get('open')}" for p in sorted(opened)])
     ev += [f"open({p}) → EPERM although it is c {n.get('major')}:{n.get('minor')} mode {n.get('mode', 0):04o}"
            for p, n in denied]
+    ev += cgroup_evidence((facts.get("devices") or {}).get("cgroup"))  # the probe's cgroup and its device programs
     majors = sorted({n.get("major") for _p, n in denied})
     paths = [p for p, _n in denied]
     data = {"platform": plat.kind, "cgroup": plat.cgroup, "cgroup_driver": plat.cgroup_driver, "denied": paths,
@@ -68,3 +70,83 @@ def device_rules(facts):
     hint = fix_text(facts, "denied", node=paths[0], major=majors[0], plat=plat)
     return Finding("boundary.container.device_rules", Status.FAIL, summary, evidence=ev, hint=hint,
                    data={**data, "signature": None})
+
+
+def _rule_allows(rules: list[dict], major: int, minor: int) -> bool:
+    """runc's reading of linux.resources.devices: in order, the last rule matching c major:minor (rw) decides."""
+    allowed = False
+    for r in rules:
+        if r.get("type") not in (None, "a", "c"):
+            continue
+        if r.get("major") not in (None, -1, major) or r.get("minor") not in (None, -1, minor):
+            continue
+        acc = r.get("access") or "rwm"
+        if r.get("allow"):
+            allowed = allowed or ("r" in acc and "w" in acc)
+        elif "r" in acc or "w" in acc:
+            allowed = False
+    return allowed
+
+
+def _v1_allows(lines: list[str], major: int, minor: int) -> bool:
+    """A cgroup v1 devices.list (`c 195:0 rwm`, `a *:* rwm`) lets c major:minor be opened read-write."""
+    for ln in lines:
+        parts = ln.split()
+        if len(parts) != 3 or parts[0] not in ("a", "c"):
+            continue
+        ma, _, mi = parts[1].partition(":")
+        if ma in ("*", str(major)) and mi in ("*", str(minor)) and "r" in parts[2] and "w" in parts[2]:
+            return True
+    return False
+
+
+@check("boundary.container.oci_rules", depends_on=("host.driver.loaded", "host.uvm.loaded"),
+       summary="On the host: each running container's NVIDIA nodes and device rules (runtime config.json, live cgroup) "
+               "match the live majors.")
+def oci_rules(facts):
+    """A container made from a stale spec keeps its dead node; a daemon-reload reset shows as rules the cgroup lost."""
+    from gpudoctor.checks.devices import expected_numbers
+
+    oci = facts.get("oci") or {}
+    live = ((facts.get("host") or {}).get("proc_devices") or {}).get("char") or {}
+    if oci.get("error"):
+        return Finding("boundary.container.oci_rules", Status.UNKNOWN, oci["error"], evidence=[oci["error"]])
+    out = []
+    for c in oci.get("containers") or []:
+        gpu = [d for d in c.get("devices") or [] if str(d.get("path") or "").startswith("/dev/nvidia")]
+        if not gpu or c.get("running") is False or not live:
+            continue
+        who = c.get("name") or c["id"][:12]
+        label = f"{c.get('engine')} container {who}" + (f" (pod {c['pod']})" if c.get("pod") else "")
+        ev = [f"{c['config']}: linux.devices " + ", ".join(f"{d['path']} c {d.get('major')}:{d.get('minor')}" for d in gpu)]
+        problems, recreate, reset = [], False, []
+        for d in gpu:
+            want_major, want_minor, source = expected_numbers(d["path"], live)
+            if want_major is not None and (d.get("major"), d.get("minor")) != (want_major, want_minor):
+                problems.append(f"{d['path']} was made as c {d.get('major')}:{d.get('minor')}, the live {source} is "
+                                f"c {want_major}:{want_minor}")
+                recreate = True
+            elif not _rule_allows(c.get("rules") or [], d.get("major"), d.get("minor")):
+                problems.append(f"its rules (linux.resources.devices) do not allow {d['path']} c {d.get('major')}:"
+                                f"{d.get('minor')}")
+                recreate = True
+            elif c.get("live_rules") is not None and not _v1_allows(c["live_rules"], d.get("major"), d.get("minor")):
+                reset.append(d["path"])
+        if c.get("live_rules") is not None:
+            ev.append(f"{c.get('cgroup')}: devices.list " + ", ".join(x for x in c["live_rules"] if x.strip()))
+        elif c.get("live_error"):
+            ev.append(f"{c.get('cgroup')}: {c['live_error']}")
+        if reset:
+            problems.append(f"its cgroup no longer allows {', '.join(reset)} although its config does: the device-rule "
+                            f"reset (systemctl daemon-reload under the systemd cgroup driver)")
+        if not problems:
+            out.append(Finding("boundary.container.oci_rules", Status.OK, f"{label}: NVIDIA nodes and rules match the "
+                               f"live majors", subject=who, evidence=ev))
+            continue
+        kind = {"docker": "docker", "podman": "podman", "kubernetes": "kubernetes"}.get(c.get("engine"), "docker")
+        hint = ("Recreate it (its nodes and rules are fixed when it is made); regenerate the CDI spec it came from "
+                "first (`gpudoctor fix --only cdi.spec`)." if recreate else "; ".join(daemon_reload_fixes(kind)) + ".")
+        out.append(Finding("boundary.container.oci_rules", Status.WARN, f"{label}: " + "; ".join(problems),
+                           subject=who, evidence=ev, hint=hint,
+                           data={"id": c["id"], "engine": c.get("engine"), "reset": reset, "recreate": recreate}))
+    return out

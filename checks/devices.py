@@ -102,13 +102,11 @@ def present(facts):
                 out.append(Finding("devices.node.present", Status.WARN, f"{p} was missing when probed; cuInit still "
                                    "succeeded (libcuda's nvidia-modprobe can recreate it where mknod is allowed)",
                                    subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}", "cuInit(0) → 0"],
-                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them.",
-                                   remedy="devices.node.create"))
+                                   hint="Create the nodes at boot (`nvidia-modprobe -u -c 0`) so every process finds them."))
                 continue
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN, f"{p} is missing",
                                subject=p, evidence=[f"stat {p} → {n.get('error', 'ENOENT')}"],
                                hint=fix_text(facts, "missing", node=p),
-                               remedy="devices.node.create",
                                explained_by=_module_deps(p) + ("boundary.lxc.mount_entry", "boundary.cdi.*")))
         elif n.get("kind") != "char":
             out.append(Finding("devices.node.present", Status.FAIL if essential else Status.WARN,
@@ -152,7 +150,7 @@ def major(facts):
             out.append(Finding("devices.node.major", Status.FAIL if essential else Status.WARN,
                                f"{p} is {have}, but the live {source} device is {want}", subject=p, evidence=ev,
                                hint=fix_text(facts, "stale", node=p, major=want_major, minor=want_minor),
-                               remedy="devices.node.create", data={"have": have, "want": want},
+                               data={"have": have, "want": want},
                                explained_by=("boundary.cdi.*",)))  # a node made for another major (a stale CDI spec)
         else:
             out.append(Finding("devices.node.major", Status.OK, f"{p} is {have}, as /proc/devices says", subject=p,
@@ -176,7 +174,7 @@ def mode(facts):
             out.append(Finding("devices.node.mode", Status.WARN, f"{p} has mode {m:04o}: users other than "
                                f"{'root' if n.get('uid') == 0 else n.get('uid')} cannot open it", subject=p,
                                evidence=[f"stat {p} → mode {m:04o}, expected 0666"],
-                               hint=f"chmod 0666 {p}", remedy="devices.node.mode", data={"mode": m},
+                               hint=f"chmod 0666 {p}", data={"mode": m},
                                explained_by=()))
         else:
             out.append(Finding("devices.node.mode", Status.OK, f"{p} mode {m:04o}", subject=p,
@@ -184,12 +182,96 @@ def mode(facts):
     return out
 
 
+def _cgroup_proof(facts, errno_name: str) -> dict:
+    """For an EPERM: the cgroup the probe ran in and the device programs (or v1 devices.list) in effect there."""
+    from gpudoctor.gather.cgroup import evidence
+
+    cg = (facts.get("devices") or {}).get("cgroup") if errno_name == "EPERM" else None
+    if not cg:
+        return {"evidence": [], "data": None}
+    v2, v1 = cg.get("v2") or {}, cg.get("v1") or {}
+    data = {"v2_path": v2.get("path"), "device_programs": v2.get("effective"),
+            "attached": v2.get("levels") or [], "v1_path": v1.get("path"), "v1_list": v1.get("list"),
+            "error": cg.get("error") or v2.get("error")}
+    return {"evidence": evidence(cg), "data": data}
+
+
+def mode_grants(identity: dict | None, node: dict, access: str) -> bool | None:
+    """Whether the node's mode bits let this user open it with `access` ("r" or "rw"); None when the user is unknown.
+    Root passes (CAP_DAC_OVERRIDE); otherwise the owner, group or other bits apply, as the kernel checks them."""
+    if not identity:
+        return None
+    if identity.get("uid") == 0:
+        return True
+    m = node.get("mode") or 0
+    if identity.get("uid") == node.get("uid"):
+        bits = (m >> 6) & 7
+    elif node.get("gid") == identity.get("gid") or node.get("gid") in (identity.get("groups") or []):
+        bits = (m >> 3) & 7
+    else:
+        bits = m & 7
+    need = 4 if access == "r" else 6
+    return bits & need == need
+
+
+_CAP_ROLE = {"mig-config": ("MIG config", "create or destroy MIG instances, which is root's job"),
+             "mig-monitor": ("MIG monitor", "read MIG instance state (nvidia-smi mig -lgi)")}
+
+
+def _cap_role(facts, path: str, node: dict) -> tuple[str, str]:
+    """What a capability node grants, from the driver's /proc/driver/nvidia/capabilities (its minor), else by dir."""
+    caps = (facts.get("devices") or {}).get("capabilities") or {}
+    name = caps.get(str(node.get("minor")))
+    if name in _CAP_ROLE:
+        return _CAP_ROLE[name]
+    if path.startswith("/dev/nvidia-caps-imex-channels/"):
+        return "IMEX channel", "share memory across nodes through IMEX"
+    if node.get("minor") in (1, 2) and path.startswith("/dev/nvidia-caps/"):
+        return _CAP_ROLE["mig-config" if node["minor"] == 1 else "mig-monitor"]
+    return "GPU capability", "use this capability (MIG instances)"
+
+
+def _who(identity: dict | None) -> str:
+    if not identity:
+        return "this user"
+    return "root" if identity.get("uid") == 0 else f"uid {identity.get('uid')}"
+
+
+def _capability_open(facts, p: str, n: dict) -> Finding:
+    """A capability node is opened read-only by its consumer; EACCES where the mode does not grant this user read is
+    the driver's design (nvidia-cap1, MIG config, is 0400 root), not a fault."""
+    r, acc = n.get("open"), n.get("access") or "rw"
+    flag = "O_RDONLY" if acc == "r" else "O_RDWR"
+    ident = (facts.get("devices") or {}).get("identity")
+    role, needed_for = _cap_role(facts, p, n)
+    ev = [f"open({p}, {flag}) → {'ok' if r == 'OK' else r}", f"node {n.get('major')}:{n.get('minor')} mode "
+          f"{n.get('mode', 0):04o} owner {n.get('uid')}:{n.get('gid')}"]
+    if r == "OK":
+        return Finding("devices.node.open", Status.OK, f"open({p}) ok: {_who(ident)} holds the {role} capability",
+                       subject=p, evidence=ev)
+    grants = mode_grants(ident, n, "r")
+    if r == "EACCES" and (grants is False or (acc == "rw" and mode_grants(ident, n, "rw") is False)):
+        if acc == "rw" and grants is not False:
+            ev.append("recorded with an O_RDWR open; the driver's consumers open capability nodes read-only")
+        else:
+            ev.append(f"mode {n.get('mode', 0):04o} grants {_who(ident)} no read access: by the driver's design")
+        held = "does not hold" if grants is False else "was probed read-write on"
+        return Finding("devices.node.open", Status.INFO,
+                       f"{p} is the {role} capability: {_who(ident)} {held} it (needed only to {needed_for})",
+                       subject=p, evidence=ev, data={"errno": r, "access": acc, "by_design": True})
+    why = ERRNO_MEANING.get(r, "refused")
+    return Finding("devices.node.open", Status.WARN, f"open({p}) → {r}: {why} ({role} capability)", subject=p,
+                   evidence=ev, data={"errno": r, "access": acc})
+
+
 @check("devices.node.open", summary="A real open() of each node succeeds; the errno names the layer that refuses.",
        depends_on=_HOST_DEPS + ("devices.node.present", "devices.node.major", "devices.node.mode", "boundary.*"))
 def opened(facts):
     """EPERM = device cgroup (mode 0666 does not help; in an LXC guest boundary.lxc.cgroup_allow for this node is its
     cause), EACCES = mode/owner (devices.node.mode), ENXIO = no driver answers (a stale major, devices.node.major, or
-    a live major whose device is absent), ENOENT = missing (devices.node.present)."""
+    a live major whose device is absent), ENOENT = missing (devices.node.present).
+    Capability nodes (nvidia-caps) are opened read-only, as their consumers do, and judged against what this user
+    needs: an ordinary user without the MIG config capability is healthy."""
     nodes = _nodes(facts)
     if nodes is None:
         return None
@@ -200,6 +282,9 @@ def opened(facts):
             continue
         r = n.get("open")
         essential = bool(_ESSENTIAL.match(p))
+        if r and p.startswith(("/dev/nvidia-caps/", "/dev/nvidia-caps-imex-channels/")) and r != "TIMEOUT":
+            out.append(_capability_open(facts, p, n))
+            continue
         if r == "OK":
             out.append(Finding("devices.node.open", Status.OK, f"open({p}) ok", subject=p, evidence=[f"open({p}, O_RDWR) → ok"]))
         elif r == "TIMEOUT":
@@ -208,7 +293,8 @@ def opened(facts):
         elif r:
             why = ERRNO_MEANING.get(r, "refused")
             extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
-            ev = [f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}"]
+            cg = _cgroup_proof(facts, r)
+            ev = [f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}", *cg["evidence"]]
             if r == "ENXIO":
                 want_major, _minor, source = expected_numbers(p, live)
                 if want_major is not None and n.get("major") == want_major:
@@ -223,5 +309,6 @@ def opened(facts):
                                f"open({p}) → {r}{extra}: {why}", subject=p, evidence=ev,
                                hint=(fix_text(facts, "denied", node=p, major=n.get("major"))
                                      if r == "EPERM" else None),
-                               data={"errno": r}, explained_by=_open_causes(r, p)))
+                               data={"errno": r, **({"cgroup": cg["data"]} if cg["data"] else {})},
+                               explained_by=_open_causes(r, p)))
     return out

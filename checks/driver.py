@@ -121,8 +121,6 @@ def _per_gpu(facts, fid, judge):
         f = Finding(fid, status, summary, subject=subject, evidence=ev)
         if rest:
             f.hint = rest[0]
-        if len(rest) > 1:
-            f.remedy = rest[1]
         out.append(f)
     return out
 
@@ -201,3 +199,73 @@ def pcie_width(facts):
                     "Reseat the GPU or riser; check the slot's lane wiring.")
         return Status.OK, f"PCIe link x{p['width_current']} (full width)", ev
     return _per_gpu(facts, "driver.pcie.width", judge)
+
+
+def _gpus_by_pci(facts) -> dict:
+    from gpudoctor.xid import norm_pci
+
+    return {norm_pci(g.get("bus_id")): {"index": i, "recovery_action": g.get("recovery_action")}
+            for i, g in enumerate(_gpus(facts) or []) if g.get("bus_id")}
+
+
+@check("driver.xid", summary="No NVRM Xid in the kernel log of this boot (or the policy's window) that needs action; "
+       "each one graded by NVIDIA's Xid catalog.", depends_on=("host.driver.loaded",))
+def xid(facts):
+    """Reads /dev/kmsg (else `dmesg`); each Xid code is looked up in the shipped catalog (gpudoctor/data/
+    xid_catalog.json): RESET_GPU / RESTART_BM / CONTACT_SUPPORT / … fail, RESTART_APP warns, IGNORE is information;
+    Xid 154 is graded by the recovery action it names, or the one NVML reports now. A kernel log that cannot be read
+    is said so, never ok. Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
+    from gpudoctor.xid import findings_from_lines, XidLine
+
+    k = facts.get("kernel_log")
+    if not k:
+        return None
+    window = f"last {k['window_s']:g} s" if k.get("window_s") else "since boot"
+    if not k.get("source"):
+        errs = k.get("errors") or ["no source"]
+        denied = any(e.split(" → ", 1)[-1].startswith(("EACCES", "EPERM", "ENOENT")) or "not permitted" in e
+                     for e in errs)
+        restrict = (facts.get("host") or {}).get("dmesg_restrict")
+        why = (" (kernel.dmesg_restrict = 1: reading it needs CAP_SYSLOG)" if restrict == 1 else
+               " (a container without /dev/kmsg or CAP_SYSLOG)" if denied else "")
+        return Finding("driver.xid", Status.INFO if denied else Status.UNKNOWN,
+                       f"Could not read the kernel log{why}: Xids were not checked", evidence=errs,
+                       hint="Run the check as root on the host (or give the daemon CAP_SYSLOG); the daemon also "
+                            "watches NVML's Xid events.", data={"read": False})
+    lines = [XidLine(**x) for x in k.get("xids") or []]
+    ev = [f"{k['source']}: {k.get('scanned', 0)} records read ({window})" if k["source"] == "/dev/kmsg"
+          else f"{k['source']}: read ({window})"]
+    if k.get("truncated"):
+        ev.append("stopped before the end of the log (record or time bound): older lines were not all seen")
+    if not lines:
+        return Finding("driver.xid", Status.OK, f"No Xid in the kernel log ({window})", evidence=ev,
+                       data={"read": True, "count": 0})
+    out = findings_from_lines(lines, _gpus_by_pci(facts), window=window, uptime=k.get("uptime"))
+    for f in out:
+        f.evidence.append(ev[0])
+    return out
+
+
+@check("driver.recovery_action", summary="NVML reports no pending GPU recovery action (reset, reboot, drain).",
+       depends_on=("driver.nvml.init",))
+def recovery_action(facts):
+    """The driver's own verdict after an uncorrectable error (what Xid 154 announces): None, or GPU Reset Required,
+    Node Reboot Required, Drain P2P, Drain and Reset. Drivers that do not report it say nothing here."""
+    from gpudoctor.xid import nvml_action
+
+    out = []
+    for i, g in enumerate(_gpus(facts) or []):
+        act = nvml_action(g.get("recovery_action"))
+        if act is None:
+            continue
+        sub = f"GPU {i} ({g.get('bus_id')})"
+        ev = [f"nvidia-smi -q -x: gpu_recovery_action = {g.get('recovery_action')}"]
+        if act == "None":
+            out.append(Finding("driver.recovery_action", Status.OK, "No recovery action pending", subject=sub,
+                               evidence=ev))
+        else:
+            out.append(Finding("driver.recovery_action", Status.FAIL, f"The driver asks for a recovery action: {act}",
+                               subject=sub, evidence=ev, data={"action": act},
+                               hint="Drain the GPU, then " + ("reboot the node" if "Reboot" in act else
+                                                              "reset it (nvidia-smi -r -i N) once no process uses it")))
+    return out or None

@@ -42,7 +42,7 @@ def mrrs(facts):
         if want and p["mrrs"] != want:
             out.append(Finding("fabric.pcie.mrrs", Status.WARN, f"{subj}: MaxReadReq {p['mrrs']} ≠ policy {want}",
                                subject=subj, evidence=ev + [f"policy pcie.mrrs = {want}"],
-                               remedy="fabric.pcie.mrrs", data={"mrrs": p["mrrs"], "want": want}))
+                               data={"mrrs": p["mrrs"], "want": want}))
         else:
             st = Status.OK if want else Status.INFO
             out.append(Finding("fabric.pcie.mrrs", st, f"{subj}: MaxReadReq {p['mrrs']}, MaxPayload {p['mps']}",
@@ -86,7 +86,7 @@ def balancing(facts):
     st = Status.WARN if nodes > 1 else Status.INFO
     return Finding("fabric.numa.balancing", st, f"numa_balancing is {'on' if v == '1' else 'tiering (2)'} "
                    f"on a {nodes}-node machine", evidence=ev, hint="sysctl kernel.numa_balancing=0 "
-                   "(and a file in /etc/sysctl.d to keep it)", remedy="fabric.numa.balancing")
+                   "(and a file in /etc/sysctl.d to keep it)")
 
 
 @check("fabric.topo.cross_numa", summary="GPU pairs whose path crosses the NUMA interconnect (SYS), for TP placement.")
@@ -101,7 +101,8 @@ def cross_numa(facts):
     gpus = topo["gpus"]
     sys_pairs = sorted({tuple(sorted(k.split("-"))) for k, v in topo["pairs"].items() if v == "SYS"})
     if len(gpus) < 2:
-        return Finding("fabric.topo.cross_numa", Status.INFO, "Single GPU: no GPU pairs", evidence=["nvidia-smi topo -m"])
+        return Finding("fabric.topo.cross_numa", Status.INFO, "Single GPU: no GPU pairs",
+                       evidence=[topo.get("skipped") or "nvidia-smi topo -m"])
     groups: dict = {}
     for g, a in (topo.get("affinity") or {}).items():
         groups.setdefault(a.get("numa"), []).append(g)

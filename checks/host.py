@@ -30,7 +30,7 @@ def driver_loaded(facts):
 
 
 @check("host.uvm.loaded", summary="The nvidia_uvm module is loaded (CUDA needs it; nvidia-smi does not).",
-       depends_on=("host.driver.loaded",))
+       depends_on=("host.driver.loaded",), remedy="devices.node.create")
 def uvm_loaded(facts):
     """nvidia-smi works without nvidia_uvm, CUDA does not: cuInit then fails with 999."""
     h = facts.get("host")
@@ -46,8 +46,7 @@ def uvm_loaded(facts):
         return None  # neither /proc/modules (a kernel without module support has none) nor /proc/devices tells
     return Finding("host.uvm.loaded", Status.FAIL, "nvidia_uvm is not loaded: CUDA cannot initialise",
                    evidence=["/proc/modules has no nvidia_uvm", "/proc/devices has no nvidia-uvm"],
-                   hint="Run `nvidia-modprobe -u -c 0` (loads nvidia_uvm and creates /dev/nvidia-uvm*) on the host.",
-                   remedy="devices.node.create")
+                   hint="Run `nvidia-modprobe -u -c 0` (loads nvidia_uvm and creates /dev/nvidia-uvm*) on the host.")
 
 
 @check("host.platform", summary="What the checker runs in: bare metal, VM, LXC or Docker container.")
@@ -63,3 +62,36 @@ def platform(facts):
                    + (f", unit {p.unit}" if p.unit else ""),
                    evidence=p.evidence + extra + ([f"kernel {h['kernel']}"] if h.get("kernel") else []),
                    data={"kind": p.kind, "unit": p.unit, "cgroup": p.cgroup, "cgroup_driver": p.cgroup_driver})
+
+@check("host.privileges", summary="Who the probes run as, and what that user cannot see on this host.")
+def privileges(facts):
+    """An ordinary user can use the GPU fully, but some facts are root-only: the PCIe config space past its first
+    64 bytes (MaxReadReq/MaxPayload), the MIG config capability (nvidia-cap1 is 0400 root by design), other users'
+    open device nodes and environments (/proc/PID/fd, /proc/PID/environ: GPU memory holders are then known from NVML
+    only) and, with kernel.dmesg_restrict=1, the kernel log (XIDs). Information, never a fault."""
+    ident = (facts.get("devices") or {}).get("identity")
+    if not ident:
+        return None
+    h = facts.get("host") or {}
+    caps = (facts.get("tools") or {}).get("caps") or {}
+    restrict = h.get("dmesg_restrict")
+    data = {"uid": ident["uid"], "root": ident["uid"] == 0}
+    if ident["uid"] == 0:
+        ev = ["/proc/self/status: Uid 0"]
+        if caps.get("sys_admin") is False or caps.get("userns"):
+            ev.append("root without CAP_SYS_ADMIN in the initial user namespace (a container): PCIe config space "
+                      "past 64 bytes is not readable here")
+        return Finding("host.privileges", Status.OK if len(ev) == 1 else Status.INFO,
+                       "Probes run as root" + ("" if len(ev) == 1 else " in a restricted container"), evidence=ev,
+                       data=data)
+    blind = ["PCIe config space past its first 64 bytes (MaxReadReq, MaxPayload): needs CAP_SYS_ADMIN",
+             "the MIG config capability (nvidia-cap1 is 0400 root by design; only MIG reconfiguration needs it)",
+             "other users' open GPU device nodes and environments (/proc/PID/fd, /proc/PID/environ): their GPU memory "
+             "is seen through NVML only"]
+    if restrict == 1:
+        blind.append("the kernel log (kernel.dmesg_restrict = 1 needs CAP_SYSLOG): XIDs are not read")
+    return Finding("host.privileges", Status.INFO,
+                   f"Probes run as uid {ident['uid']} (not root): the GPU is fully usable; {len(blind)} kinds of "
+                   "facts are root-only", evidence=[f"/proc/self/status: Uid {ident['uid']}, Gid {ident['gid']}"]
+                   + [f"cannot see: {b}" for b in blind],
+                   hint="Run `sudo gpudoctor check` (or the daemon as root) to see everything.", data=data)

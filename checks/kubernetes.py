@@ -34,9 +34,22 @@ def device_plugin(facts):
         wrong.append(f"cuInit(0) → {cuda['cuinit']}")
     if "devices" in facts and not uvm.get("exists"):
         wrong.append("/dev/nvidia-uvm is missing")
-    if ready and wrong:
+    cp = dp.get("checkpoint") or {}
+    gpu_res = {k: v for k, v in (cp.get("registered") or {}).items() if k.startswith("nvidia.com/")}
+    if gpu_res:
+        ev.append("kubelet checkpoint: " + "; ".join(f"{k} registered {len(v)}" for k, v in gpu_res.items()))
+        uuids = [g.get("uuid") for g in (facts.get("driver") or {}).get("gpus") or [] if g.get("uuid")]
+        offered = {i for v in gpu_res.values() for i in v}
+        absent = [u for u in uuids if u not in offered and not any(i.startswith(u) for i in offered)]
+        if absent and "nvidia.com/gpu" in gpu_res:
+            wrong.append(f"the device plugin does not offer {', '.join(absent)} (unhealthy or not registered), "
+                         f"though NVML sees {len(uuids)} GPU(s)")
+    elif cp.get("error"):
+        ev.append(f"kubelet checkpoint: {cp['error']}")
+    if wrong and (ready or gpu_res):
         return Finding("boundary.k8s.device_plugin", Status.WARN,
-                       f"gpu-operator's validations say ready ({', '.join(ready)}) but {'; '.join(wrong)}",
+                       (f"gpu-operator's validations say ready ({', '.join(ready)}) but " if ready else
+                        "the NVIDIA device plugin's view disagrees: ") + "; ".join(wrong),
                        evidence=ev + wrong,
                        hint="Do not trust the validator's Ready alone (gpu-operator#2685): fix the cause gpudoctor names, "
                             "then restart the validator and device-plugin pods on this node so they re-check.",

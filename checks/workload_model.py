@@ -50,6 +50,15 @@ def _stage_hint(p: dict) -> str:
     return f"gpudoctor model stage --from {src} --to {p['path']} --apply"
 
 
+def _memory_hint(facts: dict, short: int, limit: int) -> str:
+    """Raise the limit by what is missing; the Proxmox command only where the container is known to be one."""
+    vmid = (facts.get("boundary") or {}).get("vmid")
+    more = f" by at least {human_bytes(short)}" if short > 0 else ""
+    mib = -(-(limit + max(short, 0)) // 2**20)
+    how = (f" (on its Proxmox node: `pct set {vmid} --memory {mib}`)" if vmid is not None else "")
+    return f"raise the container's memory limit{more}{how}, or stage to disk"
+
+
 def _tmpfs(p: dict) -> bool:
     return bool((p.get("mount") or {}).get("tmpfs"))
 
@@ -117,7 +126,7 @@ def check_complete(facts: dict):
         if kind == "not_found":  # a reboot, a wipe or no stage at all explains a missing directory
             out.append(Finding("workload.model.complete", Status.FAIL, f"model directory {path} does not exist",
                                subject=path, evidence=[f"stat({path}) → {v.get('bad_input')}"],
-                               hint=_stage_hint(p), remedy=STAGE_REMEDY, data={"kind": kind}))
+                               hint=_stage_hint(p), data={"kind": kind}))
             continue
         if v.get("bad_input"):
             out.append(Finding("workload.model.complete", Status.FAIL, f"{path} is not a model: {v['bad_input']}",
@@ -147,7 +156,7 @@ def check_complete(facts: dict):
         # still there does not (a reboot takes everything): that is its own fault, whatever the provenance.
         gone_only = all(pr.get("kind") in _GONE for pr in probs)
         out.append(Finding("workload.model.complete", Status.FAIL, f"{path}: model incomplete ({what})",
-                           subject=path, evidence=ev, hint=_stage_hint(p), remedy=STAGE_REMEDY,
+                           subject=path, evidence=ev, hint=_stage_hint(p),
                            data={"problems": probs, "missing_bytes": missing_bytes(p)},
                            explained_by=None if gone_only else ()))
     return out or None
@@ -219,7 +228,6 @@ def check_staged_this_boot(facts: dict):
                                      "or by another tool, so its source is unknown")
         hint = None if st in (Status.OK, Status.INFO) else _stage_hint(p)
         out.append(Finding(cid, st, summ, subject=path, evidence=ev, hint=hint,
-                           remedy=STAGE_REMEDY if hint else None,
                            data={"boot_id": boot, "marker_boot_id": (marker or {}).get("boot_id"),
                                  "record": rec}))
     return out or None
@@ -318,8 +326,7 @@ def check_memory_cgroup(facts: dict):
                 out.append(Finding(cid, Status.FAIL, f"{path}: restaging {human_bytes(need)} into tmpfs would exceed "
                                    f"the memory cgroup (headroom {human_bytes(head)} of limit {human_bytes(limit)})",
                                    subject=path, evidence=ev, data={"need": need, "headroom": head, "limit": limit},
-                                   hint="raise the container's memory limit (Proxmox: pct set VMID --memory MiB) "
-                                        "or stage to disk"))
+                                   hint=_memory_hint(facts, need - head, limit)))
                 continue
         model_bytes = expected_total(p) or v.get("bytes") or 0
         share = model_bytes / limit if limit else 0

@@ -44,6 +44,27 @@ def check(id: str, *, summary: str, depends_on: tuple[str, ...] = (), layer: str
     return deco
 
 
+def findings_of(spec: CheckSpec, facts: dict) -> list[Finding]:
+    """One check's findings over facts, each with its layer and the remedy its registration declares — the one
+    place a finding gets its remedy (a finding with remediable=False declines it). A crash is an unknown finding."""
+    from gpudoctor.findings import Status
+
+    try:
+        res = spec.fn(facts)
+    except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other findings
+        res = Finding(spec.id, Status.UNKNOWN, f"check crashed: {type(exc).__name__}: {exc}")
+    out = [res] if isinstance(res, Finding) else list(res or [])
+    for f in out:
+        f.layer = f.layer or spec.layer
+        f.remedy = spec.remedy if spec.remedy and f.bad and f.remediable else None
+    return out
+
+
+def spec_of(fn) -> CheckSpec:
+    """The registration of a check function."""
+    return next(s for s in all_checks() if s.fn is fn)
+
+
 def all_checks() -> list[CheckSpec]:
     """Every registered check, in layer order then id."""
     import gpudoctor.checks  # noqa: F401 - registers the checks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from gpudoctor.checkreg import CHECKS, all_checks
+from gpudoctor.checkreg import CHECKS, all_checks, findings_of
 from gpudoctor.findings import LAYERS, Finding, Status, exit_code, worst
 
 CHECK_SCHEMA = "gpudoctor.check/1"
@@ -72,15 +72,7 @@ def run_checks(facts: dict) -> list[Finding]:
     """Every applicable check's findings, in layer order. A crashing check is an unknown finding, not a crash."""
     out: list[Finding] = []
     for spec in all_checks():
-        try:
-            res = spec.fn(facts)
-        except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other findings
-            res = Finding(spec.id, Status.UNKNOWN, f"check crashed: {type(exc).__name__}: {exc}")
-        for f in [res] if isinstance(res, Finding) else (res or []):
-            f.layer = f.layer or spec.layer
-            if f.remedy is None and f.bad and spec.remedy:
-                f.remedy = spec.remedy
-            out.append(f)
+        out += findings_of(spec, facts)
     return out
 
 

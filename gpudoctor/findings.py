@@ -54,9 +54,10 @@ class Finding:
     subject: str | None = None  # the node, GPU or file the finding is about
     evidence: list[str] = field(default_factory=list)  # command/path, value, expected
     hint: str | None = None  # what to do
-    remedy: str | None = None  # id of a remedy that can fix it
+    remedy: str | None = None  # the remedy its check declares (@check(remedy=)), set by checkreg.findings_of
     blocked_by: str | None = None  # key of the finding this one is a symptom of
     data: dict = field(default_factory=dict)  # machine-readable details
+    remediable: bool = field(default=True, repr=False)  # False: this instance is not for the check's remedy
     # What can explain THIS finding's evidence: patterns "ID" or "ID@SUBJECT" (fnmatch) of the findings it may be a
     # symptom of. None: the check's declared depends_on; (): nothing, it is its own cause (a missing tool or library).
     # Not serialised: the diagnosis resolves it into blocked_by.
@@ -78,6 +79,7 @@ class Finding:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("remediable")
         d.pop("explained_by", None)
         d["status"] = self.status.value
         d["key"] = self.key

@@ -19,7 +19,7 @@ FLEET_SCHEMA = "gpudoctor.fleet/1"
 STATUSES = ("ok", "warn", "fail", "unknown", "unreachable", "error")
 _EXIT = {"ok": EXIT_OK, "warn": EXIT_WARN, "fail": EXIT_FAIL, "unknown": EXIT_UNKNOWN, "unreachable": EXIT_UNKNOWN,
          "error": EXIT_UNKNOWN}
-_RANK = {"fail": 4, "unknown": 3, "unreachable": 3, "error": 3, "warn": 2, "ok": 1}
+RANK = {"fail": 4, "unknown": 3, "unreachable": 3, "error": 3, "warn": 2, "ok": 1}
 
 
 @dataclass
@@ -85,7 +85,7 @@ class FleetResult:
         """The worst host decides, in Nagios order: fail > unknown/unreachable/error > warn > ok."""
         if not self.records:
             return EXIT_OK
-        return _EXIT[max((r.status for r in self.records), key=lambda s: _RANK[s])]
+        return _EXIT[max((r.status for r in self.records), key=lambda s: RANK[s])]
 
     def to_json(self, full: bool = True) -> dict:
         return {"schema": FLEET_SCHEMA, "parallel": self.parallel, "wall_s": round(self.wall_s, 3),
@@ -227,24 +227,3 @@ def default_check_fn(inventory, timeout: float = 10.0):
             return check_host(target)
 
     return check
-
-
-def render(result: FleetResult, console) -> None:
-    """A summary table, worst hosts first, then the counts (rich console)."""
-    from rich.table import Table
-
-    from gpudoctor.term import markup as esc
-
-    style = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "unreachable": "magenta",
-             "error": "magenta"}
-    table = Table(title=f"{len(result.records)} hosts, {result.wall_s:.2f} s at parallel {result.parallel}",
-                  show_lines=False)
-    table.add_column("host")
-    table.add_column("status")
-    table.add_column("root cause / error", overflow="fold")
-    table.add_column("s", justify="right")
-    for r in sorted(result.records, key=lambda r: (-_RANK[r.status], r.host)):
-        table.add_row(esc(r.host), f"[{style[r.status]}]{r.status}[/]", esc(r.headline), f"{r.duration_s:.2f}")
-    console.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
-    console.print(f"summary: {counts}")

@@ -2,7 +2,9 @@
 
 A profile names check-id patterns (fnmatch) that must have run and passed (ok, info, or warn: a warning is an
 explained non-blocker); "!pattern" in a list profile means failures there never block. By default any failure
-anywhere also blocks ("fail-free"). Pure: Diagnosis + profile in, GateResult out. The `gate` command renders it; slurm.py and
+anywhere also blocks ("fail-free"). A profile may also bound the GPU memory other processes hold
+(`max_foreign_mib`, judged on workload.gpu.foreign_memory) and require the serving port free (`free_port`, judged on
+workload.port.serving): the built-in `benchmark` profile allows 1024 MiB and wants the port free. Pure: Diagnosis + profile in, GateResult out. The `gate` command renders it; slurm.py and
 npd.py adapt it to their conventions.
 """
 
@@ -23,7 +25,8 @@ _CORE = ("host.driver.loaded", "driver.nvml.init", "devices.node.present", "devi
 BUILTIN_PROFILES = {
     "default": {"require": [], "fail_free": True},
     "serve": {"require": list(_CORE), "fail_free": True},
-    "benchmark": {"require": [*_CORE, "workload.model.*"], "fail_free": True},
+    "benchmark": {"require": [*_CORE, "workload.model.*", "workload.gpu.foreign_memory"], "fail_free": True,
+                  "max_foreign_mib": 1024, "free_port": True},
 }
 
 
@@ -33,6 +36,8 @@ class Profile:
     require: tuple[str, ...] = ()  # check-id patterns that must run and pass (ok, info or warn)
     ignore: tuple[str, ...] = ()  # check-id patterns whose failures never block
     fail_free: bool = True  # any failure outside `ignore` blocks
+    max_foreign_mib: int | None = None  # GPU memory other processes may hold (workload.gpu.foreign_memory); None: any
+    free_port: bool = False  # the serving port must not be taken by another process (workload.port.serving)
 
 
 def _profile_from(name: str, spec, path: str | None) -> Profile:
@@ -45,18 +50,22 @@ def _profile_from(name: str, spec, path: str | None) -> Profile:
                 "ignore": [p[1:] for p in spec if p.startswith("!")]}
     if not isinstance(spec, dict):
         raise ConfigError(f"profile {name!r} must be a list of check-id patterns or a mapping", path=path)
-    unknown = set(spec) - {"require", "ignore", "fail_free"}
+    unknown = set(spec) - {"require", "ignore", "fail_free", "max_foreign_mib", "free_port"}
     if unknown:
         raise ConfigError(f"profile {name!r}: unknown key(s) {', '.join(sorted(unknown))} (known: require, ignore, "
-                          "fail_free)", path=path)
+                          "fail_free, max_foreign_mib, free_port)", path=path)
     for key in ("require", "ignore"):
         vals = spec.get(key, [])
         if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
             raise ConfigError(f"profile {name!r}: {key} must be a list of check-id patterns", path=path)
-    ff = spec.get("fail_free", True)
-    if not isinstance(ff, bool):
-        raise ConfigError(f"profile {name!r}: fail_free must be true or false", path=path)
-    return Profile(name, tuple(spec.get("require", [])), tuple(spec.get("ignore", [])), ff)
+    ff, port = spec.get("fail_free", True), spec.get("free_port", False)
+    for key, val in (("fail_free", ff), ("free_port", port)):
+        if not isinstance(val, bool):
+            raise ConfigError(f"profile {name!r}: {key} must be true or false", path=path)
+    mx = spec.get("max_foreign_mib")
+    if mx is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < 0):
+        raise ConfigError(f"profile {name!r}: max_foreign_mib must be a number of MiB (0 or more)", path=path)
+    return Profile(name, tuple(spec.get("require", [])), tuple(spec.get("ignore", [])), ff, mx, port)
 
 
 def resolve_profile(name: str | None, inventory_profiles: dict | None = None, *, path: str | None = None) -> Profile:
@@ -175,6 +184,15 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
         for f in matched:
             if f.status in (Status.FAIL, Status.UNKNOWN) and not _match(f.id, profile.ignore):
                 add(f, f.status.value, True)
+    for f in findings:
+        if _match(f.id, profile.ignore):
+            continue
+        if (profile.max_foreign_mib is not None and f.id == "workload.gpu.foreign_memory"
+                and (f.data.get("foreign_mib") or 0) > profile.max_foreign_mib):
+            blockers[f.key] = Blocker(f.key, "fail", f"{f.summary} (the {profile.name} profile allows "
+                                      f"{profile.max_foreign_mib} MiB)", f.hint, f.blocked_by, True)
+        elif profile.free_port and f.id == "workload.port.serving" and f.data.get("in_use_by_other"):
+            blockers[f.key] = Blocker(f.key, "fail", f.summary, f.hint, f.blocked_by, True)
     order = {"fail": 0, "missing": 1, "unknown": 2}
     ranked = sorted(blockers.values(), key=lambda b: (b.symptom_of is not None, order.get(b.status, 9)))
     host = getattr(diagnosis, "host", None) or "?"

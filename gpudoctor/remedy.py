@@ -83,11 +83,18 @@ class RemedyContext:
 
 
 class Remedy:
-    """Base of every remedy. Subclasses set `id`, `fixes`, `summary` and implement plan/apply/verify/rollback."""
+    """Base of every remedy. Subclasses set `id`, `summary` and implement plan/apply/verify/rollback."""
 
     id: str = ""
-    fixes: tuple[str, ...] = ()  # finding ids (fnmatch patterns) this remedy addresses
     summary: str = ""
+
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        """The check ids this remedy addresses: those whose registration names it (@check(remedy=ID)), the one
+        declaration of the link."""
+        from gpudoctor.checkreg import all_checks
+
+        return tuple(c.id for c in all_checks() if c.remedy == self.id)
 
     def __init__(self) -> None:
         self.refusal: str | None = None

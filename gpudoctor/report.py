@@ -218,3 +218,60 @@ def daemon_cycle_lines(found: dict) -> list[str]:
         for remedy, what in r.get("actions") or []:
             lines.append(f"  remedy {remedy}: {what}")
     return lines
+
+
+# --- `gpudoctor lxc audit` --------------------------------------------------------------------------------------
+
+_ORDER = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Status.INFO: 4}
+
+
+def lxc_audit_lines(d: Diagnosis, inp) -> list[str]:
+    """The container's verdict, then every boundary finding worst first, with evidence and fix for the bad ones."""
+    lines = [f"{inp.label} ({inp.cfg.path}): {d.verdict.value.upper()}"]
+    for f in sorted(d.findings, key=lambda f: _ORDER[f.status]):
+        lines.append(f"{f.status.value.upper():7} {f.id}  {f.summary}")
+        if f.bad:
+            lines.extend(f"        {e}" for e in f.evidence)
+            if f.hint:
+                lines.append(f"        fix: {f.hint}")
+    return lines
+
+
+def lxc_audit_json(d: Diagnosis, inp) -> str:
+    return json.dumps({"schema": "gpudoctor.lxc-audit/1", "config": inp.cfg.path, "vmid": inp.vmid,
+                       "verdict": d.verdict.value, "exit_code": d.exit_code,
+                       "findings": [f.to_json() for f in d.findings]}, indent=2, sort_keys=True)
+
+
+# --- fleet (`gpudoctor check --all`) and gate lines -------------------------------------------------------------
+
+def fleet_table(result, console) -> None:
+    """A summary table, worst hosts first, then the counts (rich console)."""
+    from rich.table import Table
+
+    from gpudoctor.fleet import RANK
+
+    style = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "unreachable": "magenta",
+             "error": "magenta"}
+    table = Table(title=f"{len(result.records)} hosts, {result.wall_s:.2f} s at parallel {result.parallel}",
+                  show_lines=False)
+    table.add_column("host")
+    table.add_column("status")
+    table.add_column("root cause / error", overflow="fold")
+    table.add_column("s", justify="right")
+    for r in sorted(result.records, key=lambda r: (-RANK[r.status], r.host)):
+        table.add_row(esc(r.host), f"[{style[r.status]}]{r.status}[/]", esc(r.headline), f"{r.duration_s:.2f}")
+    console.print(table)
+    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
+    console.print(f"summary: {counts}")
+
+
+def gate_lines(result, action=None) -> list[tuple[str, bool]]:
+    """`gpudoctor gate`: only what blocks, one line each; (line, to_stderr)."""
+    lines = []
+    if result.error:
+        lines.append((f"BLOCK {result.host}: could not check: {result.error}", False))
+    lines += [(f"BLOCK {b.line()}", False) for b in result.blockers]
+    if action is not None and action.action != "none":
+        lines.append((f"slurm: {action.detail}", action.action != "failed"))
+    return [(line(text), err) for text, err in lines]  # the rendering rule: one line each, input escaped

@@ -103,9 +103,11 @@ class Target:
 
 def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expect_gpus: int | None = None,
                 models=(), sglang_url: str | None = None, timeout: float = 10.0, policy: dict | None = None,
-                mrrs: int | None = None, host_key_policy: str | None = None, search: bool = True) -> Target:
+                mrrs: int | None = None, host_key_policy: str | None = None, search: bool = True,
+                units=()) -> Target:
     """The Target for --host SPEC (None/"local": this machine), optionally planned from a snapshot (a path or a
-    loaded document). `policy` adds command-line policy (e.g. {"deep": True}); `mrrs` is `fix --mrrs`."""
+    loaded document). `policy` adds command-line policy (e.g. {"deep": True}); `mrrs` is `fix --mrrs`; `units` adds
+    systemd units to audit (`--unit`)."""
     from gpudoctor import snapshot as snap
 
     doc = snap.load(snapshot) if isinstance(snapshot, (str, os.PathLike)) else snapshot
@@ -131,6 +133,8 @@ def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expec
         ctx.model_paths = list(models)
     if sglang_url:
         ctx.sglang_url = sglang_url
+    if units:  # systemd units whose device policy the boundary layer audits (check/fix --unit)
+        ctx.units = list(dict.fromkeys([*ctx.units, *units]))
     if doc is None:
         ctx.timeout = timeout
     return t
@@ -210,7 +214,7 @@ def _recorded_context(doc: dict) -> GatherContext:
                         model_paths=list(c.get("model_paths") or []), vmid=c.get("vmid"),
                         policy=dict(c.get("policy") or {}), sglang_url=c.get("sglang_url"),
                         timeout=c.get("timeout") or 10.0, units=list(c.get("units") or []),
-                        cdi_dirs=list(c.get("cdi_dirs") or []))
+                        cdi_dirs=list(c.get("cdi_dirs") or []), oci_state_dirs=list(c.get("oci_state_dirs") or []))
     if c.get("lxc_config_dir"):
         ctx.lxc_config_dir = c["lxc_config_dir"]
     if c.get("pct"):

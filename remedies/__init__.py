@@ -9,16 +9,19 @@ import fnmatch
 import importlib
 
 # Registry order is the order `gpudoctor fix` applies changes in: host-side config first, then device nodes, their
-# modes, the driver's persistence, sysctls, PCIe registers, and the model last (it needs a working host).
+# modes, the driver's persistence, sysctls, PCIe registers, the model (it needs a working host), and servers left by
+# the bench last.
 REMEDIES: dict[str, str] = {
     "lxc.cgroup_allow": "gpudoctor.remedies.lxc_cgroup:LxcCgroupAllow",
     "cdi.spec": "gpudoctor.remedies.cdi:CdiSpec",
+    "systemd.device_allow": "gpudoctor.remedies.systemd_unit:SystemdDeviceAllow",
     "devices.node.create": "gpudoctor.remedies.devnodes:CreateNodes",
     "devices.node.mode": "gpudoctor.remedies.devnodes:NodeMode",
     "driver.persistence": "gpudoctor.remedies.persistence:Persistence",
     "fabric.numa.balancing": "gpudoctor.remedies.sysctl:NumaBalancing",
     "fabric.pcie.mrrs": "gpudoctor.remedies.pcie:PcieMrrs",
     "model.stage": "gpudoctor.remedies.model_stage:ModelStage",
+    "workload.bench.orphan": "gpudoctor.remedies.bench_orphans:StopOrphanServers",
 }
 
 

@@ -21,8 +21,10 @@ def _flat(res) -> list[Finding]:
 
 
 def run_check(fn, facts: dict) -> list[Finding]:
-    """A registered check's findings over `facts` (the same pure function `gpudoctor check` runs)."""
-    return _flat(fn(facts))
+    """A registered check's findings over `facts`, as `gpudoctor check` gets them (with their declared remedy)."""
+    from gpudoctor.checkreg import findings_of, spec_of
+
+    return findings_of(spec_of(fn), facts)
 
 
 def target_name(facts: dict) -> str:

@@ -149,7 +149,6 @@ def _can_mknod(facts: dict) -> bool | None:
 
 class CreateNodes(Remedy):
     id = ID_CREATE
-    fixes = ("devices.node.present", "devices.node.major", "host.uvm.loaded")
     summary = "create missing /dev/nvidia* nodes, or replace one whose major:minor is not the live one"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:
@@ -361,7 +360,6 @@ def _is_right(st: dict | None, wmaj, wmin) -> bool:
 
 class NodeMode(Remedy):
     id = ID_MODE
-    fixes = ("devices.node.mode",)
     summary = "chmod 0666 the /dev/nvidia* nodes that others cannot open"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

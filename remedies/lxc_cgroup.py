@@ -14,7 +14,7 @@ import base64
 from gpudoctor.edit import EditPlan, apply_edit
 from gpudoctor.findings import Finding, Status
 from gpudoctor.proxmox import pct
-from gpudoctor.proxmox.audit import (AuditInput, check_cgroup_allow, decide, input_from_facts, live_rules,
+from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, check_misplaced, decide, input_from_facts, live_rules,
                                      running_rules)
 from gpudoctor.proxmox.config import ALLOW_KEY, LIVE, Config, parse
 from gpudoctor.proxmox.devices import ProcDevices
@@ -61,7 +61,6 @@ def fix_text(cfg: Config, majors: list[int]) -> tuple[str, list[int], list[str]]
 
 class LxcCgroupAllow(Remedy):
     id = ID
-    fixes = ("boundary.lxc.cgroup_allow", "boundary.lxc.malformed")
     summary = "allow the container's NVIDIA device majors in its Proxmox config (live section only)"
 
     # --- plan ---------------------------------------------------------------------------------
@@ -86,6 +85,12 @@ class LxcCgroupAllow(Remedy):
         unknown = [f for f in allow if f.status == Status.UNKNOWN]
         restart = [f for f in allow if f.bad and f.data.get("restart_needed")]
         bare = [ln for ln in cfg.live if ln.bare_rule is not None]
+        if missing and inp.v1:
+            lines = sorted({f.data["fix_line"] for f in allow if f.bad and f.data.get("fix_line")})
+            return self.refuse(f"{b.get('proxmox') or 'the host'} runs a {inp.layout} cgroup layout, where LXC "
+                               f"ignores lxc.cgroup2 rules: add {', '.join(f'`{x}`' for x in lines)} to the live "
+                               f"section of {cfg.path} by hand (gpudoctor writes cgroup2 rules only), then "
+                               f"{restart_cmd(inp.vmid)}")
         blind = [f for f in unknown if f.data.get("critical", True)]
         if blind:  # no edit can reach the healthy state without the node's live major: refuse rather than half-fix
             return self.refuse(f"{label}: " + "; ".join(f.summary for f in blind)
@@ -127,6 +132,7 @@ class LxcCgroupAllow(Remedy):
             parts.append("remove keyless line" + ("s " if len(removed) > 1 else " ") + ", ".join(map(str, removed)))
         targets = [f.key for f in allow if f.bad and f.data.get("major") in missing]
         targets += [f"boundary.lxc.malformed[{cfg.path}:{n}]" for n in removed]
+        targets += [f.key for f in check_misplaced(inp) if f.remediable]  # stranded allow lines this edit supersedes
         commands = [f"pct reboot {inp.vmid}"] if running and inp.vmid is not None else []
         plan = EditPlan(cfg.path, cfg.data, after)
         data = self._data(b, inp, cfg.data, after, missing, removed, inserted)
@@ -238,14 +244,16 @@ class LxcCgroupAllow(Remedy):
         rules = running_rules(r.text)
         procdev = self._procdev(host, d, ctx)
         after = parse(_unb64(d["after_b64"]), d["path"])
-        still = [n.path for n in _nodes(after)
-                 if n.live_major(procdev) in d["majors"] and not decide(rules, n, n.live_major(procdev)).allowed]
+        judged = [(n, n.live_major(procdev)) for n in _nodes(after) if n.live_major(procdev) is not None]
+        still = [n.path for n, m in judged if m in d["majors"] and not decide(rules, n, m).allowed]
         if still:
             return RebootOutcome(False, f"{res.message}, but its running config still denies {', '.join(still)}",
                                  {"evidence": res.evidence})
-        return RebootOutcome(True, f"{res.message}; its running config now allows "
-                                   f"{', '.join(str(m) for m in d['majors']) or 'every GPU node'}",
-                             {"evidence": res.evidence})
+        others = [n.path for n, m in judged if m not in d["majors"] and not decide(rules, n, m).allowed]
+        said = f"now allows {', '.join(f'c {m}:*' for m in d['majors'])}" if d["majors"] else "was rebuilt"
+        tail = (f"; still denied there: {', '.join(others)}" if others else
+                "; every GPU node the config passes is allowed there")  # said only after looking at each node
+        return RebootOutcome(True, f"{res.message}; its running config {said}{tail}", {"evidence": res.evidence})
 
 
 def _nodes(cfg: Config):

@@ -36,7 +36,6 @@ def _sources(ctx: RemedyContext) -> dict:
 
 class ModelStage(Remedy):
     id = ID
-    fixes = ("workload.model.complete", "workload.model.staged_this_boot")
     summary = "restage a wiped or incomplete model into tmpfs from its persistent source"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:
@@ -108,7 +107,7 @@ class ModelStage(Remedy):
         from gpudoctor.model import probe
         from gpudoctor.model.stage import DEFAULT_JOBS, apply_stage, plan_stage
 
-        src, dst = host._p(a["src"]), host._p(a["dst"])
+        src, dst = host._path(a["src"]), host._path(a["dst"])
         rep = probe.verify_model(dst) if os.path.isdir(dst) else {"complete": False}
         if rep.get("complete") and (rep.get("marker") or {}).get("boot_id") == probe.boot_id():
             return {"dst": a["dst"], "changed": False, "note": "already complete and staged this boot"}

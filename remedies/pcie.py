@@ -63,7 +63,6 @@ def _hex_word(text: str) -> int | None:
 
 class PcieMrrs(Remedy):
     id = ID
-    fixes = ("fabric.pcie.mrrs",)
     summary = "set PCIe MaxReadReq to the policy value (masked DevCtl write + a boot-time unit)"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

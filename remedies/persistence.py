@@ -39,7 +39,6 @@ def _unit_state(host, systemctl: str, timeout: float) -> dict:
 
 class Persistence(Remedy):
     id = ID
-    fixes = ("driver.persistence",)
     summary = "turn GPU persistence mode on (nvidia-persistenced, or nvidia-smi -pm 1 when allowed)"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

@@ -46,7 +46,6 @@ def read_after(path: str) -> bool:
 
 class NumaBalancing(Remedy):
     id = ID
-    fixes = ("fabric.numa.balancing",)
     summary = f"{KEY}=0 now and in {FILE}"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:

@@ -24,6 +24,8 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "lxc-start": (("lxc-start",), "apt-get install lxc"),
     "bpftool": (("bpftool", "/usr/sbin/bpftool"), "apt-get install bpftool"),
     "busybox": (("busybox", "/bin/busybox"), "apt-get install busybox-static"),
+    "podman": (("podman",), "apt-get install podman runc"),
+    "runc": (("runc", "/usr/sbin/runc"), "apt-get install runc"),
 }
 
 

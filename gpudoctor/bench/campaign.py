@@ -15,11 +15,14 @@ from gpudoctor import yamlload
 from gpudoctor.bench.remote import DEFAULT_REMOTE_DIR
 
 DEFAULT_SERVER = "python -m sglang.launch_server"
+DEFAULT_SERVERS = {"sglang": DEFAULT_SERVER, "vllm": "vllm serve"}
+KINDS = ("sglang", "vllm")  # how a server is launched (flags) and which log knowledge applies
 DEFAULT_GATE = "gpudoctor gate --profile benchmark"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory's host names
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
-            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate"}
+            "request_rates", "arrival", "max_error_rate", "slo",
+            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal"}
 MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
@@ -93,6 +96,14 @@ class Campaign:
     gpu_release_mib: int
     on_crash: str
     validate: bool
+    heal: object = None  # gpudoctor.bench.heal.HealSpec when the campaign has a `heal:` section
+    kind: str = "sglang"
+    api: str = "native"
+    request_rates: list[float] = field(default_factory=list)
+    arrival: str = "poisson"
+    max_error_rate: float = 0.0
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
     lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
 
     @property
@@ -115,13 +126,35 @@ class Campaign:
             for m in order:
                 if m.tp is not None and tp not in m.tp:
                     continue
-                argv = [*self.server_command, "--model-path", self.model, "--tp-size", str(tp), "--host", self.host,
-                        "--port", str(self.port), *self.server_args, *m.args]
-                if m.draft_model:
-                    argv += ["--speculative-draft-model-path", m.draft_model]
+                if self.kind == "vllm":
+                    argv = [*self.server_command, self.model, "--tensor-parallel-size", str(tp), "--host", self.host,
+                            "--port", str(self.port), *self.server_args, *_vllm_draft(m.args, m.draft_model)]
+                else:
+                    argv = [*self.server_command, "--model-path", self.model, "--tp-size", str(tp), "--host",
+                            self.host, "--port", str(self.port), *self.server_args, *m.args]
+                    if m.draft_model:
+                        argv += ["--speculative-draft-model-path", m.draft_model]
                 env = {**self.server_env, **self.nccl_env.get(tp, {}), **m.env}
                 out.append(Config(m, tp, argv, env, len(self.server_command)))
         return out
+
+
+def _vllm_draft(args: list[str], draft: str | None) -> list[str]:
+    """vLLM takes the draft model inside --speculative-config's JSON: set its "model" (adding the flag if needed)."""
+    import json
+
+    if not draft:
+        return list(args)
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--speculative-config" and i + 1 < len(out):
+            conf = json.loads(out[i + 1])
+            out[i + 1] = json.dumps({**conf, "model": draft})
+            return out
+        if a.startswith("--speculative-config="):
+            out[i] = "--speculative-config=" + json.dumps({**json.loads(a.split("=", 1)[1]), "model": draft})
+            return out
+    return out + ["--speculative-config", json.dumps({"model": draft})]
 
 
 class _V:
@@ -204,9 +237,11 @@ def load(path: str) -> Campaign:
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)
     base = Path(path).resolve().parent
-    for req in ("model", "methods", "tp", "workloads", "concurrency"):
+    for req in ("model", "methods", "tp", "workloads"):
         if req not in d:
             v.fail(f"missing required key {req!r}")
+    if "concurrency" not in d and "request_rates" not in d:
+        v.fail("missing required key 'concurrency' (closed-loop levels) or 'request_rates' (open-loop levels)")
     target = v.string(d.get("target", "local"), "target")
     if target == "localhost":
         target = "local"
@@ -215,12 +250,20 @@ def load(path: str) -> Campaign:
     model = v.string(d["model"], "model")
     tp = v.int_list(d["tp"], "tp")
     server = v.mapping(d.get("server") or {}, "server",
-                       keys={"command", "host", "port", "client_host", "args", "env", "remote_dir"})
-    command = v.argv(server.get("command", DEFAULT_SERVER), "server", "command")
+                       keys={"command", "host", "port", "client_host", "args", "env", "remote_dir", "kind", "api"})
+    kind = server.get("kind", "sglang")
+    if kind not in KINDS:
+        v.fail(f"server.kind must be one of {', '.join(KINDS)}, got {kind!r}", "server", "kind")
+    api = server.get("api", "native" if kind == "sglang" else "completions")
+    if api not in ("native", "completions", "chat") or (kind == "vllm" and api == "native"):
+        allowed = "completions or chat" if kind == "vllm" else "native, completions or chat"
+        v.fail(f"server.api must be {allowed} for a {kind} server, got {api!r}", "server", "api")
+    command = v.argv(server.get("command", DEFAULT_SERVERS[kind]), "server", "command")
     if not command:
         v.fail("server.command must not be empty", "server", "command")
     host = v.string(server.get("host", "127.0.0.1"), "server", "host")
-    port = int(v.number(server.get("port", 30000), "server", "port", integer=True, lo=1, hi=65535))
+    port = int(v.number(server.get("port", 30000 if kind == "sglang" else 8000), "server", "port", integer=True,
+                        lo=1, hi=65535))
     methods = _methods(v, d["methods"], tp)
     nccl = {}
     for k, env in v.mapping(d.get("nccl_env") or {}, "nccl_env").items():
@@ -244,6 +287,14 @@ def load(path: str) -> Campaign:
     limit = d.get("context_limit")
     limit = None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1,
                                                     hi=MAX_CONTEXT_TOKENS))
+    rates = []
+    for i, r in enumerate(d.get("request_rates") or []):
+        rates.append(float(v.number(r, "request_rates", i, lo=0.001)))
+    arrival = d.get("arrival", "poisson")
+    if arrival not in ("poisson", "constant"):
+        v.fail(f"arrival must be poisson or constant, got {arrival!r}", "arrival")
+    slo = v.mapping(d.get("slo") or {}, "slo", keys={"ttft_ms", "itl_ms"})
+    heal = _heal(v, d["heal"]) if d.get("heal") not in (None, False) else None
     return Campaign(
         path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target,
         target_line=doc.line("target") if "target" in d else None, model=model,
@@ -253,14 +304,34 @@ def load(path: str) -> Campaign:
         remote_dir=v.string(server.get("remote_dir", DEFAULT_REMOTE_DIR), "server", "remote_dir"),
         client_host_given="client_host" in server,
         nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base, limit),
-        concurrency=sorted(v.int_list(d["concurrency"], "concurrency")),
+        concurrency=sorted(v.int_list(d["concurrency"], "concurrency")) if "concurrency" in d else [],
         context_limit=limit,
         timeouts=timeouts, warmup=int(v.number(d.get("warmup", 2), "warmup", integer=True, lo=0)),
         gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
         gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
-        on_crash=on_crash, validate=validate, lines=doc.lines,
+        on_crash=on_crash, validate=validate, heal=heal, kind=kind, api=api, request_rates=sorted(set(rates)),
+        arrival=arrival, max_error_rate=float(v.number(d.get("max_error_rate", 0.0), "max_error_rate", lo=0, hi=1)),
+        slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
+        slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
+        lines=doc.lines,
     )
+
+
+def _heal(v: _V, raw):
+    """`heal:` — judge the target after a crash or a loss and heal what `allow` names (docs/bench.md)."""
+    from gpudoctor.bench.heal import HealSpec
+
+    h = v.mapping({} if raw is True else raw, "heal", keys={"allow", "wait_s", "rounds", "profile"})
+    allow = h.get("allow") or []
+    if isinstance(allow, str):
+        allow = [allow]
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a.strip() for a in allow):
+        v.fail("heal.allow must be a list of remedy ids or patterns (e.g. [model.stage, lxc.cgroup_allow, "
+               "lxc.cgroup_allow.reboot])", "heal", "allow")
+    return HealSpec(allow=tuple(allow), wait_s=float(v.number(h.get("wait_s", 300), "heal", "wait_s", lo=1)),
+                    rounds=int(v.number(h.get("rounds", 3), "heal", "rounds", integer=True, lo=1, hi=20)),
+                    profile=v.string(h.get("profile", "benchmark"), "heal", "profile"))
 
 
 def check_paths(camp: Campaign, host) -> None:

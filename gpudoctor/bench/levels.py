@@ -76,7 +76,8 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
         await asyncio.sleep(max(0.0, min(0.2 if waited < 10 else 1.0, end - time.monotonic())))
 
 
-def _skip(level: Level, reason: str) -> dict:
+def skipped_record(level: Level, reason: str) -> dict:
+    """The record of a level that was not sent, with the reason."""
     return {**level.spec.head(), "status": SKIPPED, "completed": 0, "error": reason, "log_excerpt": None}
 
 
@@ -110,7 +111,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
         if not_ready:
             text = log.read_all() if log is not None else ""
             for lv in todo:
-                rec = _skip(lv, lv.misfit) if lv.misfit else {
+                rec = skipped_record(lv, lv.misfit) if lv.misfit else {
                     **lv.spec.head(), "status": ERROR, "completed": 0,
                     "error": f"server not ready: {not_ready}" + (f"; server log: {logscan.reason(text)}"
                                                                  if text and logscan.reason(text) else ""),
@@ -125,12 +126,12 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     warmed = warmup <= 0
     for lv in todo:
         if lv.misfit:
-            put(_skip(lv, lv.misfit))
+            put(skipped_record(lv, lv.misfit))
             continue
         if broken:
             if not record_skips:
                 break
-            put(_skip(lv, f"not run: {broken}"))
+            put(skipped_record(lv, f"not run: {broken}"))
             continue
         emit("level_start", spec=lv.spec)
         async with new_session(lv.spec.concurrency) as session:
@@ -162,7 +163,8 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
 
 
 async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | None:
-    """The context limit a running SGLang reports in /server_info (context_length, else max_req_input_len + 1)."""
+    """The context limit a running server reports: SGLang's /server_info (context_length, else max_req_input_len + 1),
+    else the max_model_len of /v1/models (vLLM)."""
     import aiohttp
 
     for path in ("/server_info", "/get_server_info"):
@@ -178,7 +180,14 @@ async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | No
             return info["context_length"]
         if isinstance(info.get("max_req_input_len"), int):
             return info["max_req_input_len"] + 1
-    return None
+    try:  # an OpenAI server (vLLM): the model card's max_model_len
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            async with s.get(base_url + "/v1/models") as resp:
+                cards = (await resp.json(content_type=None)).get("data") or [] if resp.status == 200 else []
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+        return None
+    limit = cards[0].get("max_model_len") if cards and isinstance(cards[0], dict) else None
+    return limit if isinstance(limit, int) else None
 
 
 def workload_name(prompt_set: str, context_len: int | None, max_tokens: int) -> str:

@@ -73,6 +73,9 @@ class SpinPacer:
             now = time.perf_counter()
         return now
 
+    def close(self) -> None:
+        pass
+
 
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]

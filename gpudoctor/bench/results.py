@@ -7,6 +7,7 @@ that is not ok are null, never zeros, so nothing downstream can mistake a failur
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -20,7 +21,7 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_
            "connect_ms_p50", "headers_ms_p50", "achieved_req_per_s", "send_late_ms_p50", "send_late_ms_p99")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "request_rate", "arrival",
           "api", "trial", "status", "requests", "completed", "failed", "error_rate", *METRICS, "itl_source",
-          "transport_note", "error", "cause", "diagnosis", "fix", "log_excerpt")
+          "transport_note", "error", "cause", "diagnosis", "fix", "heal", "log_excerpt")
 # Kept out of tables (long text); report.md lists them under the failed levels instead.
 DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
@@ -46,16 +47,24 @@ def check_record(rec, path: str, line: int) -> None:
             bad(f"needs {k} (a non-empty string), got {brief(rec.get(k), 40)}")
     for k, lo in (("concurrency", 1), ("trial", 0)):
         v = rec.get(k, 0 if k == "trial" else None)
+        if k == "concurrency" and v is None and rec.get("request_rate") is not None:
+            continue  # an open-loop level: paced by its rate, no cap on requests in flight
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             bad(f"needs {k} (an integer >= {lo}), got {brief(v, 40)}")
+    rate = rec.get("request_rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
+                             or rate <= 0):
+        bad(f"request_rate must be a number > 0 or null, got {brief(rate, 40)}")
     if rec.get("status") not in STATUSES:
         bad(f"status must be one of {', '.join(STATUSES)}, got {brief(rec.get('status'), 40)}")
     for k in (*METRICS, *_INT_FIELDS):
         v = rec.get(k)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            bad(f"{k} must be a number >= 0 or null, got {brief(v, 40)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+                v < 0 and not k.startswith("send_late")):  # a send can be early; nothing else is negative
+            bad(f"{k} must be a finite number{'' if k.startswith('send_late') else ' >= 0'} or null, "
+                f"got {brief(v, 40)}")
     for k in ("method", "error", "log_excerpt"):
         if rec.get(k) is not None and not isinstance(rec[k], str):
             bad(f"{k} must be a string or null, got {type(rec[k]).__name__}")
@@ -84,6 +93,7 @@ class ResultStore:
     def __init__(self, out_dir: str | Path):
         self.dir = Path(out_dir)
         self.path = self.dir / "results.jsonl"
+        self.stamp: dict = {}  # fields every record appended from now on carries (e.g. {"heal": {...}} after a heal)
 
     def load(self) -> list[dict]:
         """Every record, each checked (check_record); a truncated or wrong-shaped line is InputError FILE:LINE."""
@@ -107,7 +117,7 @@ class ResultStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
-        rec = {"schema": SCHEMA, **rec}
+        rec = {"schema": SCHEMA, **rec, **self.stamp}
         for f in FIELDS:
             rec.setdefault(f, None)
         if rec["status"] != OK:
@@ -116,3 +126,19 @@ class ResultStore:
                     rec[m] = None
         append_jsonl_atomic(self.path, [rec])
         return rec
+
+    def retract(self, keys: list[tuple], why: str) -> list[dict]:
+        """Take records out (they measured a broken target, not the method) so their levels run again: the file is
+        rewritten atomically without them, and they are appended to DIR/retracted.jsonl with the reason — nothing
+        is lost, and no key is ever in results.jsonl twice."""
+        from gpudoctor.atomic import atomic_write
+
+        keys = set(keys)
+        recs = self.load()
+        gone = [{**r, "retracted": why} for r in recs if key(r) in keys]
+        if not gone:
+            return []
+        append_jsonl_atomic(self.dir / "retracted.jsonl", gone)
+        kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs if key(r) not in keys)
+        atomic_write(self.path, kept)
+        return gone

@@ -24,10 +24,11 @@ from typing import Callable
 from gpudoctor.atomic import atomic_write
 from gpudoctor.bench import logscan
 from gpudoctor.bench.campaign import Campaign, Config
-from gpudoctor.bench.levels import Level, run_levels, server_context_limit, wait_ready, workload_name
+from gpudoctor.bench.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.load import LevelSpec
+from gpudoctor.bench.marker import server_env
 from gpudoctor.bench.prompts import build, load_source, misfit
-from gpudoctor.bench.results import CRASHED, ERROR, ResultStore
+from gpudoctor.bench.results import CRASHED, ERROR, OK, ResultStore, key
 from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan, reap_run_dir
 from gpudoctor.bench.server import Launcher, LocalLauncher, port_in_use, reap_orphan, wait_gpu_release
 from gpudoctor.bench.tokens import Counter, load_counter
@@ -51,14 +52,19 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
         for max_tokens in w.max_tokens:
             for ctx in w.context_lengths:
                 for trial in range(w.trials):
-                    for c in camp.concurrency:
-                        n = w.num_prompts or max(8, 4 * c)
+                    loads = [(c, None) for c in camp.concurrency] + [(None, r) for r in camp.request_rates]
+                    for c, rate in loads:
+                        n = w.num_prompts or (max(8, 4 * c) if c else max(16, int(rate * 10)))
                         spec = LevelSpec(label=cfg.label, method=cfg.method.name, tp=cfg.tp, trial=trial,
                                          workload=workload_name(set_name, ctx, max_tokens), concurrency=c,
-                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx)
-                        key = ("p", w.prompts, ctx, n, trial)
+                                         max_tokens=max_tokens, num_prompts=n, context_len=ctx, api=camp.api,
+                                         request_rate=rate, arrival=camp.arrival, max_error_rate=camp.max_error_rate,
+                                         slo_ttft_ms=camp.slo_ttft_ms, slo_itl_ms=camp.slo_itl_ms)
+                        text_only = camp.api == "chat"  # chat messages are text, never token ids
+                        key = ("p", w.prompts, ctx, n, trial, text_only)
                         if key not in cache:
-                            cache[key] = build(n, questions, counter, ctx, seed=1000 * trial + c)
+                            cache[key] = build(n, questions, Counter() if text_only else counter, ctx,
+                                               seed=1000 * trial + (c or int(rate * 1000)))
                         out.append(Level(spec, cache[key]))
     return out
 
@@ -107,7 +113,7 @@ class Runner:
     """
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
-                 inventory_path: str | None = None):
+                 inventory_path: str | None = None, heal_engine_factory=None):
         self.camp, self.host = camp, host
         self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
@@ -117,6 +123,8 @@ class Runner:
         self.counter = Counter()
         self.model_dir: str | None = camp.model  # the model's config files as seen from here
         self.cache: dict = {}
+        self.healer = None  # gpudoctor.bench.heal.Healer when the campaign has `heal:`
+        self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def run(self, resume: bool) -> dict:
@@ -163,6 +171,8 @@ class Runner:
         shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
         (self.dir / "campaign.json").write_text(json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
+             "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
+             "request_rates": self.camp.request_rates,
              "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
              "target": self.camp.target, "server_url": self.camp.base_url,
              "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
@@ -170,8 +180,14 @@ class Runner:
             self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
                                    f"load goes to {self.camp.base_url}")
         self.emit("note", text=f"token counts: {self.counter.source}")
-        for cfg in self.camp.configs():
-            self.run_config(cfg)
+        if self.camp.heal is not None:
+            self.healer = self.make_healer()
+        try:
+            for cfg in self.camp.configs():
+                self.run_config(cfg)
+        finally:
+            if self.healer is not None:
+                self.healer.close()
         recs = self.store.load()
         return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
 
@@ -196,15 +212,66 @@ class Runner:
         if all(lv.misfit for lv in todo):
             asyncio.run(run_levels(camp.base_url, self.store, todo, warmup=0, on_event=self.emit))
             return
-        attempts = 2 if camp.on_crash == "restart" else 1
-        for attempt in range(attempts):
-            last = attempt == attempts - 1
-            if not self.serve(cfg, record_skips=last) or last:
+        restarts = 1 if camp.on_crash == "restart" else 0
+        incidents = 0
+        while True:
+            before = self.store.keys()
+            left, why, lost = self.serve(cfg, record_skips=restarts == 0 and self.healer is None)
+            if not left:
                 return
-            todo = [lv for lv in todo if lv.key not in self.store.keys()]
+            if self.healer is not None and self.heal(cfg, why, lost, before):
+                incidents += 1
+                if incidents > camp.heal.rounds:
+                    raise CampaignStopped(f"the target broke {incidents} times during {cfg.label}; last: {why}; "
+                                          f"run gpudoctor check{'' if not camp.is_remote else ' --host ' + camp.target}"
+                                          f", then {self.resume_hint}")
+                continue
+            todo = [lv for lv in levels_for(camp, cfg, self.counter, self.cache) if lv.key not in self.store.keys()]
             if not todo:
                 return
+            if restarts == 0:  # the healer judged the crash the method's own: the rest is not run
+                for lv in todo:
+                    self.emit("level_done", record=self.store.append(skipped_record(lv, f"not run: {why}")))
+                return
+            restarts -= 1
             self.emit("note", text=f"restarting {cfg.label} for {len(todo)} levels after a crash")
+
+    def make_healer(self):
+        from gpudoctor.bench.heal import Healer
+
+        healer = Healer(self.camp.heal, target=self.camp.target if self.camp.is_remote else None,
+                        inventory=self.inventory_path, models=(self.camp.model,), out_dir=self.dir, emit=self.emit,
+                        resume_hint=self.resume_hint, engine_factory=self.heal_engine_factory)
+        last = next((i for i in reversed(healer.incidents) if i.healed), None)
+        if last is not None:  # a resumed run: what it records now still comes after that heal
+            self.store.stamp = {"heal": last.stamp()}
+        return healer
+
+    @property
+    def resume_hint(self) -> str:
+        return f"gpudoctor bench run {self.camp.path} --out {self.dir} --resume"
+
+    def heal(self, cfg: Config, why: str, lost: bool, before: set) -> bool:
+        """After a crash or a lost target: True when the target was broken and is healed (the records the broken
+        target produced are retracted, their levels run again); False when it is healthy and the crash was the
+        method's own. Stops the campaign with one line when it cannot be healed."""
+        inc = self.healer.recover(f"{why} ({cfg.label})")
+        if inc.healthy and not inc.broken and not lost:
+            self.healer.save(inc)
+            return False
+        if not inc.healthy:
+            self.healer.save(inc)
+            raise CampaignStopped(inc.line())
+        new = [r for r in self.store.load() if key(r) not in before]
+        first = next((i for i, r in enumerate(new) if r["status"] != OK), len(new))
+        keys = [key(r) for r in new[first:]]
+        inc.retracted = [list(k) for k in keys]
+        self.store.retract(keys, f"heal {inc.n}: {inc.reason}")
+        self.healer.save(inc)
+        self.store.stamp = {"heal": inc.stamp()}
+        self.emit("note", text=f"{len(keys)} record(s) of the broken target retracted; {cfg.label} goes on from its "
+                               "first incomplete level")
+        return True
 
     @staticmethod
     def apply_limit(levels: list[Level], limit: int | None) -> None:
@@ -280,15 +347,19 @@ class Runner:
         return counter
 
     # ---- one server -------------------------------------------------------------------------------------------------
-    def serve(self, cfg: Config, record_skips: bool) -> bool:
-        """Start the server, run the levels, stop it. True when a crash left levels for a restart to run."""
+    def serve(self, cfg: Config, record_skips: bool) -> tuple[bool, str | None, bool]:
+        """Start the server, run the levels, stop it: (levels left after a crash, why, the target was lost)."""
         try:
-            return self._serve(cfg, record_skips)
+            broken = self._serve(cfg, record_skips)
+            return bool(broken), broken or None, False
         except HostError as exc:
-            raise CampaignStopped(f"lost {self.camp.target} while running {cfg.label}: {exc.one_line()}; rerun with "
-                                  "--resume (it first stops a server left running there)") from None
+            why = f"lost {self.camp.target} while running {cfg.label}: {exc.one_line()}"
+            if self.healer is None:
+                raise CampaignStopped(f"{why}; rerun with --resume (it first stops a server left running "
+                                      "there)") from None
+            return True, why, True
 
-    def _serve(self, cfg: Config, record_skips: bool) -> bool:
+    def _serve(self, cfg: Config, record_skips: bool) -> str | None:
         camp, t = self.camp, self.camp.timeouts
         if port_in_use(camp.client_host, camp.port):
             raise CampaignStopped(f"port {camp.port} on {camp.client_host} is already in use before starting "
@@ -300,16 +371,19 @@ class Runner:
         self.emit("note", text=f"starting{where}: {' '.join(cfg.argv)}")
         t0 = time.monotonic()
         try:
-            launcher.start(cfg.argv, cfg.env)
+            launcher.start(cfg.argv, {**cfg.env, **server_env(self.remote_dir if camp.is_remote else str(self.dir),
+                                                              cfg.label)})
         except OSError as exc:
             raise CampaignStopped(f"cannot start the server for {cfg.label}: {cfg.argv[0]}: {exc.strerror}") from None
         watch.sync = launcher.sync_log
-        broken = False
+        broken = None
         try:
-            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone))
+            not_ready = asyncio.run(wait_ready(camp.base_url, t["ready_s"], alive=launcher.gone, api=camp.api))
             if not_ready:
-                self.record_not_ready(cfg, launcher.gone() is not None, not_ready, watch.read_new())
-                return False
+                died = launcher.gone() is not None
+                self.record_not_ready(cfg, died, not_ready, watch.read_new())
+                # with a healer, a server that died at start may have met a broken target: let it judge
+                return f"the server never became ready ({not_ready})" if died and self.healer is not None else None
             self.emit("note", text=f"ready in {time.monotonic() - t0:.1f} s")
             todo = [lv for lv in levels_for(camp, cfg, self.counter, self.cache) if lv.key not in self.store.keys()]
             live = asyncio.run(server_context_limit(camp.base_url))
@@ -318,7 +392,10 @@ class Runner:
                 camp.base_url, self.store, todo, stall_s=t["stall_s"], level_timeout_s=t["level_s"],
                 warmup=camp.warmup, log_path=log_path, log_sync=launcher.sync_log, server_gone=launcher.gone,
                 record_skips=record_skips, on_event=self.emit))
-            broken = any(r["status"] == CRASHED for r in written) and len(written) < len(todo)
+            crashed = next((r for r in written if r["status"] == CRASHED), None)
+            if crashed is not None and (len(written) < len(todo) or self.healer is not None):
+                broken = f"the server crashed during workload {crashed['workload']} at concurrency " \
+                         f"{crashed['concurrency']}"
         finally:
             launcher.stop(t["stop_s"])
             self.emit("note", text=f"stopped {cfg.label}")
@@ -341,32 +418,30 @@ class Runner:
 
     # ---- preflight ------------------------------------------------------------------------------------------------
     def validate(self, cfg: Config) -> tuple[str, str] | None:
-        """Check the SGLang flags with `gpudoctor sglang validate` (run here) before a long model load.
+        """Check the SGLang flags with gpudoctor's SGLang rules (in this process) before a long model load.
 
         For a remote target the model's and draft's config.json are the copies read from the target.
         Returns (error, details) when SGLang would refuse them (the levels are recorded as errors, nothing launched),
         None when they are valid, have warnings, or could not be checked (then a note says why).
         """
-        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json"]
+        from gpudoctor.errors import GpudoctorError
+        from gpudoctor.sglang import validate
+
+        model_config = draft_config = None
         if self.camp.is_remote:
-            if self.model_dir:
-                argv += ["--model-config", self.model_dir]
+            model_config = self.model_dir or None
             draft = cfg.method.draft_model
             if draft:
                 tag = hashlib.sha1(draft.encode()).hexdigest()[:8]
                 try:
-                    local = self.mirror(draft, ["config.json"], f"draft-{tag}",
-                                        "sglang validate has no draft model config")
+                    draft_config = self.mirror(draft, ["config.json"], f"draft-{tag}",
+                                               "sglang validate has no draft model config") or None
                 except HostError as exc:
                     raise CampaignStopped(f"lost {self.camp.target} reading {draft}: {exc.one_line()}") from None
-                if local:
-                    argv += ["--draft-config", local]
-        argv += ["--", *cfg.sglang_args]
-        res = self.local.run(argv, timeout=120)
         try:
-            out = json.loads(res.stdout)
-        except ValueError:
-            self.emit("note", text=f"sglang validate could not check {cfg.label}: {res.describe()}")
+            out = validate(list(cfg.sglang_args), model_config, draft_config).to_json()
+        except GpudoctorError as exc:
+            self.emit("note", text=f"sglang validate could not check {cfg.label}: {exc.one_line()}")
             return None
         bad = [f for f in out.get("findings", []) if f.get("status") == "fail"]
         warn = [f for f in out.get("findings", []) if f.get("status") == "warn"]
@@ -395,11 +470,22 @@ class Runner:
                 argv += ["--inventory", self.inventory_path]
         return argv
 
+    def gate_argv(self, cfg: Config) -> list[str]:
+        """The gate command for one configuration. `gpudoctor gate` gets the models it serves as --model (the
+        campaign's model and the method's draft) unless it names its own: the benchmark profile requires
+        workload.model.*, which only runs for a model it is given, so without them a healthy host would block."""
+        argv = self.for_target(self.camp.gate_command)
+        if _is_gpudoctor(argv) and "gate" in argv and not _has_flag(argv, "--model"):
+            for model in (self.camp.model, cfg.method.draft_model):
+                if model:
+                    argv += ["--model", model]
+        return argv
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = self.for_target(camp.gate_command)
+        argv = self.gate_argv(cfg)
         res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
         if res.ok:
             self.emit("note", text=f"gate passed: {' '.join(argv)}")
@@ -471,11 +557,12 @@ def open_campaign_target(camp: Campaign, inventory: str | None = None, host_key_
 
 def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | None = None,
                  inventory: str | None = None, on_event: Callable[..., None] | None = None,
-                 host_key_policy: str | None = None) -> dict:
+                 host_key_policy: str | None = None, heal_engine_factory=None) -> dict:
     """Load, validate and run a campaign file; returns counts of records by status.
 
     A remote `target:` is looked up in the inventory (`inventory`, else gpudoctor's default locations) and
-    connected before anything else happens; `host` overrides where the servers run (tests).
+    connected before anything else happens; `host` overrides where the servers run, `heal_engine_factory` the
+    daemon engine the healer judges and heals with (gpudoctor.daemon.engine.Engine; default: the pipeline).
     """
     from gpudoctor.bench.campaign import check_paths, load
 
@@ -488,6 +575,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
             host = local_host()
     try:
         check_paths(camp, host)
-        return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path).run(resume)
+        return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path,
+                      heal_engine_factory=heal_engine_factory).run(resume)
     finally:
         host.close()

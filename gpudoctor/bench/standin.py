@@ -60,10 +60,15 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
     p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--fail-if-exists", default=None, metavar="PATH",
+                   help="the fault acts only while PATH exists (a host condition a remedy can clear, e.g. the GPU gone)")
     p.add_argument("--death-log", default=None, metavar="FILE",
                    help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
                         " server's traceback, instead of the built-in one")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
+    p.add_argument("--timing-log", default=None, metavar="FILE",
+                   help="stand-in only: append one JSON line per finished request (rid, received, first_sent, "
+                        "finished, tokens; wall-clock seconds): the server-side truth for any client")
     p.add_argument("--model-path", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -118,6 +123,7 @@ class StandIn:
         self.accept_n = 0
         self.last_gen_throughput = 0.0
         self.last_output = time.time()  # the detokenizer's last_receive_tstamp
+        self.timing = open(args.timing_log, "a", buffering=1) if args.timing_log else None
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def trip(self) -> None:
@@ -131,6 +137,9 @@ class StandIn:
                 self.hung.set()
         elif mode in ("http500", "error-chunk"):
             self.failing = True
+
+    def fault_armed(self) -> bool:
+        return self.a.fail_if_exists is None or os.path.exists(self.a.fail_if_exists)
 
     def last_words(self) -> bool:
         """--death-log's lines, raw (a real traceback is printed without the logger's prefix); False without one."""
@@ -164,6 +173,8 @@ class StandIn:
 
     def on_request(self) -> None:
         self.n_requests += 1
+        if not self.fault_armed():
+            return
         mode = self.a.fail_mode
         if self.n_requests == 1 and self.a.fail_after_s > 0 and mode in _TRIGGERED:
             asyncio.get_running_loop().call_later(self.a.fail_after_s, self.trip)
@@ -217,6 +228,8 @@ class StandIn:
                     await asyncio.Event().wait()  # stop sending, keep the connection open
                 st.advance(n)
                 self.last_output = time.time()
+                if st.finished is not None and self.timing is not None and st.rid != "HEALTH_CHECK":
+                    asyncio.get_running_loop().call_soon(self._log_timing, st)
                 if st.finished is not None:
                     if self.spec is not None and st.rid != "HEALTH_CHECK":
                         self.accept_sum += st.done / st.steps
@@ -228,6 +241,11 @@ class StandIn:
             self.running -= 1
             if self.sem is not None:
                 self.sem.release()
+
+    def _log_timing(self, st: wire.ReqState) -> None:
+        """After the final chunk was handed to the socket (call_soon runs once the handler has written it)."""
+        self.timing.write(wire.dumps({"rid": st.rid, "received": st.received, "first_sent": st.sent_first,
+                                      "finished": st.finished, "tokens": st.done}).decode() + "\n")
 
     def check(self, prompt_tokens: int, max_new: int) -> str | None:
         """Why the tokenizer manager would refuse this request (a ValueError in SGLang), or None."""
@@ -428,6 +446,8 @@ class StandIn:
                                                     apispec.QUEUE_FULL_STATUS, fl))
         else:
             async for _ in self.steps(st):
+                if st.sent_first is None:  # _wait_one_response stamps the first output it hands on, /v1 too
+                    st.sent_first = time.time()
                 if req.chat and st.steps == 1:
                     yield wire.sse(wire.openai_role_chunk(st, req, fl))
                 yield wire.sse(wire.openai_chunk(st, req, fl))
@@ -539,9 +559,9 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
-    if args.fail_mode == "die-at-start" and state.last_words():
+    if args.fail_mode == "die-at-start" and state.fault_armed() and state.last_words():
         raise SystemExit(1)
-    if args.fail_mode == "die-at-start":
+    if args.fail_mode == "die-at-start" and state.fault_armed():
         if args.flavor == "vllm":
             state.log.raw("Traceback (most recent call last):")
             state.log.raw('  File "vllm/engine/arg_utils.py", line 1100, in create_engine_config')

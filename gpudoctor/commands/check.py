@@ -18,7 +18,7 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-                      deep_python=None):
+                      deep_python=None, units=()):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
     from gpudoctor.target import open_target
 
@@ -30,7 +30,8 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
         http_url(sglang_url, "--sglang-url")
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
-                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy)
+                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
+                       units=units)
 
 
 _common = [
@@ -64,15 +65,17 @@ def common(f):
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
               help="Fleet mode: hosts checked at once.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path):
+          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
     Layers, bottom-up (a failure marks the layers above as its symptoms):
-      host → driver → devices → boundary (LXC) → cuda → fabric → workload
+      host → driver → devices → boundary (LXC, CDI, container, systemd unit) → cuda → fabric → workload
 
     \b
     Examples:
@@ -81,6 +84,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
       gpudoctor check --snapshot examples/h200-uvm-blocked.json
       gpudoctor check --json | jq .root_cause
       gpudoctor check --explain devices.node.major
+      gpudoctor check --unit sglang.service             also audit a systemd unit's DeviceAllow=
       gpudoctor check --all --parallel 32               every inventory host, one line each (--json: one record each)
       gpudoctor check --group h200 --prom /var/lib/node_exporter/textfile/gpudoctor.prom
 
@@ -99,7 +103,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if not snapshot_path:
         _warm_imports(as_json)
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
-                           deep_python) as target:
+                           deep_python, units=units) as target:
         d = check_host(target, set(only) or None)
     facts = d.facts
     if prom_path:
@@ -130,15 +134,24 @@ def _warm_imports(as_json: bool) -> None:
         import gpudoctor.diagnose  # noqa: F401
 
         if not as_json:
-            import rich.console  # noqa: F401
-            import rich.table  # noqa: F401
+            import io
+
+            from rich.console import Console
+
+            from gpudoctor.diagnose import Diagnosis
+            from gpudoctor.findings import Finding, Status
+            from gpudoctor.report import render
+
+            # One throw-away rendering: rich's first table pays for lazy imports and width tables (~40-80 ms).
+            f = Finding("host.warm", Status.FAIL, "warm", layer="host", evidence=["e"], hint="h")
+            render(Diagnosis("warm", [f], [f], ["warm"]), Console(file=io.StringIO(), width=120, highlight=False))
 
     threading.Thread(target=warm, daemon=True).start()
 
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
-    from gpudoctor.fleet import check_fleet, default_check_fn, render, select_hosts
+    from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
@@ -155,7 +168,9 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
 
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
-        render(result, _console())
+        from gpudoctor.report import fleet_table
+
+        fleet_table(result, _console())
     return result.exit_code
 
 
@@ -182,7 +197,9 @@ def _explain(check_id: str) -> int:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
 @click.option("--deep", is_flag=True, help="Also record the NCCL all-reduce probe per TP group (occupies the GPUs; needs torch).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
-def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python):
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also record this systemd unit's device policy (repeatable); replays with the snapshot.")
+def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python, units=()):
     """Gather a host's facts (and the raw reads behind them) into one JSON file.
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
@@ -195,7 +212,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
     output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
-                           deep_python=deep_python) as target:
+                           deep_python=deep_python, units=units) as target:
         target.connect()
         doc = snap.take(target.host, target.context)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
@@ -209,7 +226,8 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
 def list_checks(markdown, as_json):
     """List every check id, its layer and one-line purpose."""
     from gpudoctor.checkreg import all_checks

@@ -140,9 +140,11 @@ def _confirm(plan, yes: bool) -> bool:
               "(default: the inventory's policy.checks.fabric.pcie.mrrs.expect; without one, MRRS is only reported).")
 @click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
               help="Deadline in seconds for each command or read while gathering and changing.")
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also audit (and fix: systemd.device_allow) this systemd unit's device policy (repeatable).")
 @engine_options
 def fix(host_name, inventory, facts_path, only, yes, allow, models, model_sources, mrrs, timeout, apply, reboot,
-        backup_dir, audit_log, lock_dir, as_json):
+        backup_dir, audit_log, lock_dir, as_json, units=()):
     """Plan guarded fixes for what the checks found; change nothing unless --apply.
 
     Gathers the host's facts (as `gpudoctor check` does), asks every remedy for a plan and shows each change with its
@@ -152,8 +154,10 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     written to the audit log; then the whole check runs again and its verdict is printed and returned.
 
     \b
-    Remedies: lxc.cgroup_allow, devices.node.create, devices.node.mode, driver.persistence,
-              fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage
+    Remedies: lxc.cgroup_allow, cdi.spec, systemd.device_allow (--unit),
+              devices.node.create, devices.node.mode, driver.persistence,
+              fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage,
+              workload.bench.orphan (stops only servers gpudoctor's bench left running)
     \b
     Examples:
       gpudoctor fix                               dry run on this machine: plan and diffs
@@ -173,7 +177,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     # a snapshot names its host: its plan applies to this machine only as "localhost", elsewhere with --host
     with open_target(host_name or ("local" if facts_path else None), inventory,
                      snapshot=_load_facts(facts_path) if facts_path else None, models=() if facts_path else models,
-                     timeout=timeout,
+                     timeout=timeout, units=units,
                      mrrs=int(mrrs) if mrrs else None) as target:
         code = run_fix(target, chosen, apply=apply, as_json=as_json, yes=yes, backup_dir=backup_dir,
                        audit_log=audit_log, lock_dir=lock_dir, reboot=reboot, timeout=timeout, options=options)

@@ -6,7 +6,7 @@ import sys
 import click
 
 from gpudoctor.commands.check import common, open_check_target
-from gpudoctor.errors import GpudoctorError
+from gpudoctor.errors import GpudoctorError, HostError
 
 
 @click.command("gate")
@@ -24,7 +24,9 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
 
     Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
-    device nodes and CUDA to be ok; `benchmark` adds the model staged (workload.model.*). An inventory's
+    device nodes and CUDA to be ok; `benchmark` adds the model staged (workload.model.*), no more than 1024 MiB of
+    GPU memory held by other processes (workload.gpu.foreign_memory) and the serving port free
+    (workload.port.serving). An inventory's
     `profiles:` can define more (a list of check-id patterns, or {require, ignore, fail_free}).
 
     \b
@@ -57,27 +59,27 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
-        from gpudoctor.report import line
+        from gpudoctor.report import gate_lines
 
-        if result.error:
-            click.echo(f"BLOCK {line(result.host)}: could not check: {line(result.error)}")
-        for b in result.blockers:
-            click.echo(f"BLOCK {line(b.line())}")
-        if action is not None and action.action != "none":
-            click.echo(f"slurm: {line(action.detail)}", err=action.action != "failed")
+        for line, err in gate_lines(result, action):
+            click.echo(line, err=err)
     raise SystemExit(result.exit_code)
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
     """The gate's verdict on the target; the profiles come from the same inventory as the target's policy."""
-    from gpudoctor.gate import judge, resolve_profile
+    from gpudoctor.gate import evaluate, resolve_profile, unreachable
     from gpudoctor.pipeline import check_host
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
         inv = target.inventory
         prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
                                path=str(inv.path) if inv is not None else None)
-        return judge(lambda: check_host(target), prof, target.name)  # fail closed: what it could not judge is 3
+        try:
+            diag = check_host(target)
+        except HostError as exc:
+            return unreachable(target.name, prof.name, exc.one_line())
+    return evaluate(diag, prof)
 
 
 def _gate_npd(*args) -> int:

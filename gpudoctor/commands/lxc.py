@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, run_fix
@@ -37,8 +35,9 @@ def _check_args(vmid, config_path, host_name=None, devices_path=None, running_pa
         raise click.UsageError("give exactly one of VMID or --config PATH (or --host NAME)")
 
 
-def _facts(vmid, config_path, devices_path, running_path) -> dict:
-    """Boundary facts from this machine, validated: an unusable input is one line and exit 3."""
+def _facts(vmid, config_path, devices_path, running_path, cgroup_layout=None) -> dict:
+    """Boundary facts from this machine, validated: an unusable input is one line and exit 3. With VMID (on the
+    Proxmox host) the cgroup layout is this machine's; for a --config file it is --cgroup-layout (default: v2)."""
     from gpudoctor.gather.boundary import gather_lxc
     from gpudoctor.proxmox.audit import vmid_from_path
     from gpudoctor.target import local_host
@@ -46,10 +45,13 @@ def _facts(vmid, config_path, devices_path, running_path) -> dict:
     on_host = vmid is not None
     vm = vmid if on_host else vmid_from_path(config_path)
     b = gather_lxc(local_host(), vm, config=config_path, devices=devices_path or "/proc/devices",
-                   running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host)
+                   running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host,
+                   read_layout=on_host and cgroup_layout is None)
+    if cgroup_layout is not None:
+        b["cgroup"] = {"path": None, "error": None, "layout": cgroup_layout, "evidence": "given with --cgroup-layout"}
     if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
         b["offline"] = {"config": config_path, "devices": devices_path}
-    return {"boundary": _validated(b, running_given=running_path is not None)}
+    return {"meta": {"host": b["proxmox"]}, "boundary": _validated(b, running_given=running_path is not None)}
 
 
 def _validated(b: dict, *, running_given: bool, where: str = "") -> dict:
@@ -115,7 +117,7 @@ def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
                 raise InputError(f"cannot find the VMID of {guest} on {pxe.name}: {ev}; put lxc: {{vmid: N}} in the "
                                  f"inventory or pass the VMID", path=inv.path)
         b = gather_lxc(px, int(vmid), name=guest, timeout=timeout, config_dir=pxe.config_dir, pct_cmd=pxe.pct)
-        return {"boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, t
+        return {"meta": {"host": pxe.name}, "boundary": _validated(b, running_given=False, where=f"{pxe.name}:")}, t
     except BaseException:
         t.close()
         raise
@@ -142,15 +144,19 @@ def host_options(f):
 @click.option("--devices", "devices_path", metavar="FILE", help="The host's /proc/devices (default: this machine's).")
 @click.option("--running", "running_path", metavar="PATH",
               help="The running config LXC generated at start (default with VMID: /var/lib/lxc/VMID/config).")
+@click.option("--cgroup-layout", type=click.Choice(["unified", "hybrid", "legacy"]), default=None,
+              help="The host's cgroup layout (default: read from its mount table with VMID or --host; unified for a "
+                   "--config file). On hybrid/legacy hosts LXC ignores lxc.cgroup2 rules and applies lxc.cgroup.*.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
 @host_options
-def audit(vmid, config_path, devices_path, running_path, as_json, host_name, inventory):
+def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json, host_name, inventory):
     """Check that every /dev/nvidia* node the container is given is allowed by its LIVE config section.
 
     For each node from lxc.mount.entry and devN: lines it looks up the node's live major in the host's
     /proc/devices and evaluates the allow/deny rules as LXC does. It reports missing majors, stale majors,
     malformed lines (e.g. a rule that lost its key), GPU lines stranded in a snapshot or [pve:pending], `lock:`,
-    cgroup v1 keys, and a config edited since the container started.
+    cgroup v1 keys, and a config edited since the container started. On a host with the hybrid or legacy cgroup
+    layout it evaluates the lxc.cgroup.devices.* (v1) rules instead: LXC ignores lxc.cgroup2.* there.
 
     \b
     Examples:
@@ -160,35 +166,23 @@ def audit(vmid, config_path, devices_path, running_path, as_json, host_name, inv
       gpudoctor lxc audit --config 200.conf --devices proc-devices.txt
       gpudoctor lxc audit 200 --json
     """
-    from gpudoctor.findings import Status, exit_code, worst
-    from gpudoctor.proxmox.audit import audit as run_audit
+    from gpudoctor import report
+    from gpudoctor.diagnose import diagnose
     from gpudoctor.proxmox.audit import input_from_facts
 
     _check_args(vmid, config_path, host_name, devices_path, running_path)
     if host_name:
         facts, t = _remote(host_name, inventory, vmid)
         t.close()
+        if cgroup_layout is not None:
+            facts["boundary"]["cgroup"] = {"path": None, "error": None, "layout": cgroup_layout,
+                                           "evidence": "given with --cgroup-layout"}
     else:
-        facts = _facts(vmid, config_path, devices_path, running_path)
+        facts = _facts(vmid, config_path, devices_path, running_path, cgroup_layout)
+    d = diagnose(facts, {"boundary"})  # the registered boundary checks, nothing else
     inp = input_from_facts(facts["boundary"])
-    findings = run_audit(inp)
-    verdict = worst(f.status for f in findings)
-    code = exit_code(verdict)
-    if as_json:
-        click.echo(json.dumps({"schema": "gpudoctor.lxc-audit/1", "config": inp.cfg.path, "vmid": inp.vmid,
-                               "verdict": verdict.value, "exit_code": code,
-                               "findings": [f.to_json() for f in findings]}, indent=2, sort_keys=True))
-        raise SystemExit(code)
-    click.echo(f"{inp.label} ({inp.cfg.path}): {verdict.value.upper()}")
-    order = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Status.INFO: 4}
-    for f in sorted(findings, key=lambda f: order[f.status]):
-        click.echo(f"{f.status.value.upper():7} {f.id}  {f.summary}")
-        if f.bad:
-            for e in f.evidence:
-                click.echo(f"        {e}")
-            if f.hint:
-                click.echo(f"        fix: {f.hint}")
-    raise SystemExit(code)
+    click.echo(report.lxc_audit_json(d, inp) if as_json else "\n".join(report.lxc_audit_lines(d, inp)))
+    raise SystemExit(d.exit_code)
 
 
 @lxc.command("fix", epilog=FIX_EXIT_DOC)

@@ -179,7 +179,7 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
     from gpudoctor.model import stage as st
 
     if bool(src) == bool(hub):
-        raise InputError("give exactly one of --from SRC or --from-hub REPO")
+        raise InputError("give exactly one of --from (a model directory) or --from-hub (a Hugging Face repo id)")
     if hub:
         src, revision = st.resolve_hub(hub, revision)
     plan = st.plan_stage(src, dst, revision=revision, exclude=tuple(exclude))
@@ -222,7 +222,7 @@ def _render_plan(plan, do_apply: bool) -> None:
     click.echo(f"  copy      {len(copy)} file(s), {human_bytes(plan.to_copy)}; skip {len(skip)} already whole"
                + (f"; remove first {len(plan.stale)} stale" if plan.stale else ""))
     room = plan.room
-    parts = [f"{plan.mount['mountpoint'] if plan.mount else 'DST'} avail {human_bytes(room.get('fs_avail'))}"]
+    parts = [f"{plan.mount['mountpoint'] if plan.mount else plan.dst} avail {human_bytes(room.get('fs_avail'))}"]
     if "cgroup_headroom" in room and room["cgroup_headroom"] is not None:
         parts.append(f"memory cgroup headroom {human_bytes(room['cgroup_headroom'])}")
     if room.get("mem_available") is not None:

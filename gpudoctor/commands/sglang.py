@@ -44,7 +44,8 @@ def _num(name: str, raw: str | None, kind=int, minimum=0):
               help="Speculative algorithms your SGLang build adds (e.g. DDTREE on a fork).")
 @click.option("--sglang-version", default="0.5.23", show_default=True, help="Which SGLang's flags and rules to use.")
 @click.option("--resolver-python", default=None, metavar="PYTHON",
-              help="A Python where `import sglang` works: also resolve the arguments with SGLang itself and compare.")
+              help="A Python where `import sglang` works (e.g. the server's venv): also run SGLang's own parser, "
+                   "resolve_once, check_server_args and draft config on the arguments and compare (seconds, not ms).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, output_len, fork_algorithms, sglang_version,
@@ -86,7 +87,7 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
         fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version,
         gpu=gpu)
     comparison = None
-    if resolver_python is not None or _sglang_importable():
+    if resolver_python is not None:  # opt-in: importing SGLang and torch alone takes 6-13 s, validate takes ms
         from gpudoctor.sglang.resolver import compare, resolve_with_sglang
 
         real = resolve_with_sglang(result.argv, python=resolver_python)
@@ -97,12 +98,6 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
     else:
         _render(result)
     raise SystemExit(result.exit_code)
-
-
-def _sglang_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("sglang") is not None
 
 
 _MARK = {"fail": "FAIL", "warn": "WARN", "ok": "ok  ", "info": "info", "unknown": "????"}

@@ -61,6 +61,7 @@ class EngineConfig:
     hosts: tuple[str, ...] = ()
     timeout: float = 30.0
     state_dir: str | None = None  # where the remedy engine keeps its audit log, locks and backups
+    models: tuple[str, ...] = ()  # model paths to check on every host (a campaign's model), besides the inventory's
 
 
 def load_factory(spec: str):
@@ -112,6 +113,9 @@ class PipelineEngine:
             # only the inventory given with -i: a healing policy is never picked up implicitly
             self._targets[name] = open_target(None if name == self.local_host else name, self.inventory,
                                               timeout=self.cfg.timeout, search=False)
+            if self.cfg.models:
+                ctx = self._targets[name].context
+                ctx.model_paths = list(dict.fromkeys([*ctx.model_paths, *self.cfg.models]))
         return self._targets[name]
 
     def check(self, host: str):

@@ -1,4 +1,5 @@
-"""Watch NVML for XID errors in a thread and turn the critical ones into "driver.xid" findings.
+"""Watch NVML for XID errors in a thread and turn the critical ones into "driver.xid" findings (the catalog and the
+findings are gpudoctor/xid.py's, shared with `check`'s kernel-log reader).
 
 pynvml is imported lazily inside the thread; no driver, no library or no event support ends the watcher with a
 reason (the check pipeline already reports a missing driver), never an exception in the daemon.
@@ -10,35 +11,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpudoctor.findings import Finding, Status
+from gpudoctor.findings import Finding
+from gpudoctor.xid import critical, findings_from_events
 from gpudoctor.log import get_logger
-
-# XIDs that mean the GPU needs attention now (NVIDIA's XID catalogue, "Xid Errors" in the GPU deployment guide).
-CRITICAL_XIDS = {
-    48: "double-bit ECC error (DBE)",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapper failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-_HINT = {
-    48: "drain the GPU; a GPU reset or reboot clears it; repeated DBEs mean RMA",
-    63: "reset the GPU (or reboot) when idle so the remapped row takes effect",
-    64: "remapping failed: drain the GPU and plan an RMA",
-    74: "check NVLink with `nvidia-smi nvlink -s`; reset the GPU, reseat or RMA if it repeats",
-    79: "the GPU is gone from PCIe: drain the host and reboot it; check power and seating if it repeats",
-    92: "watch `nvidia-smi -q -d ECC`; plan a reset; RMA if the rate keeps growing",
-    94: "the affected process was killed; restart it; reset the GPU if it repeats",
-    95: "reset the GPU (or reboot) before running anything on it",
-    119: "GSP firmware stopped answering: reset the GPU or reboot; update the driver if it repeats",
-    120: "GSP firmware error: reset the GPU or reboot; update the driver if it repeats",
-}
-
 
 @dataclass
 class XidEvent:
@@ -49,33 +24,15 @@ class XidEvent:
 
     @property
     def critical(self) -> bool:
-        return self.xid in CRITICAL_XIDS
+        return critical(self.xid)
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "bus_id": self.bus_id, "xid": self.xid, "at": self.at}
 
 
 def xid_findings(events: list[dict]) -> list[Finding]:
-    """One fail finding per GPU and XID (critical ones only), newest event as evidence."""
-    latest: dict[tuple, dict] = {}
-    counts: dict[tuple, int] = {}
-    for e in events:
-        if int(e["xid"]) not in CRITICAL_XIDS:
-            continue
-        k = (e.get("gpu"), int(e["xid"]))
-        counts[k] = counts.get(k, 0) + 1
-        if k not in latest or e["at"] >= latest[k]["at"]:
-            latest[k] = e
-    out = []
-    for (gpu, xid), e in sorted(latest.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e["at"]))
-        where = f"GPU {gpu}" + (f" ({e['bus_id']})" if e.get("bus_id") else "")
-        out.append(Finding(
-            id="driver.xid", status=Status.FAIL, layer="driver", subject=f"gpu{gpu}:xid{xid}",
-            summary=f"XID {xid} on {where}: {CRITICAL_XIDS[xid]}",
-            evidence=[f"NVML critical XID event {xid} on {where}, last at {when}, {counts[(gpu, xid)]} this boot"],
-            hint=_HINT[xid], data={"gpu": gpu, "xid": xid, "bus_id": e.get("bus_id"), "count": counts[(gpu, xid)]}))
-    return out
+    """One fail finding per GPU and critical Xid (the shipped catalog decides), newest event as evidence."""
+    return findings_from_events(events)
 
 
 class XidWatcher:

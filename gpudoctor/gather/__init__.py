@@ -22,9 +22,12 @@ SUBSYSTEMS = {
     "boundary": "gpudoctor.gather.boundary:gather",
     "platform": "gpudoctor.gather.platform:gather",
     "cdi": "gpudoctor.gather.cdi:gather",
+    "oci": "gpudoctor.gather.oci:gather",
     "model": "gpudoctor.gather.model:gather",
     "deep": "gpudoctor.gather.deep:gather",
     "tools": "gpudoctor.gather.tools:gather",
+    "kernel_log": "gpudoctor.gather.kernel_log:gather",
+    "procs": "gpudoctor.gather.procs:gather",
 }
 
 

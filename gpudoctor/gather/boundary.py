@@ -1,5 +1,6 @@
 """Boundary facts for an LXC guest, read from its Proxmox host: the container config, the host's /proc/devices,
-the running config LXC generated at start, `pct status`, and a stat of each GPU node the config passes.
+the running config LXC generated at start, `pct status`, a stat of each GPU node the config passes, and the
+host's cgroup layout (from its /proc/self/mountinfo: on a hybrid/legacy host LXC applies other device keys).
 
 Facts are plain JSON (the snapshot format); texts keep undecodable bytes as surrogate escapes so that a config
 round-trips byte-for-byte from a snapshot too.
@@ -11,10 +12,12 @@ import os
 
 from gpudoctor.errors import HostUnreachable
 from gpudoctor.proxmox import pct
+from gpudoctor.proxmox.audit import cgroup_layout
 from gpudoctor.proxmox.config import parse as parse_config
 
 CONFIG_DIR = "/etc/pve/lxc"
 PROC_DEVICES = "/proc/devices"
+MOUNTINFO = "/proc/self/mountinfo"
 
 
 def config_path(vmid: int, config_dir: str = CONFIG_DIR) -> str:
@@ -33,13 +36,20 @@ def _read(host, path: str, timeout: float, max_bytes: int = (1 << 20) + 1) -> di
 
 def gather_lxc(px, vmid: int | None, *, config: str | None = None, devices: str = PROC_DEVICES,
                running: str | None = None, name: str | None = None, timeout: float = 10.0,
-               ask_status: bool = True, stat_nodes: bool = True, read_running: bool = True,
+               ask_status: bool = True, stat_nodes: bool = True, read_running: bool = True, read_layout: bool | None = None,
                config_dir: str = CONFIG_DIR, pct_cmd=pct.PCT) -> dict:
-    """Everything the boundary checks and the LXC remedy need, from the Proxmox host `px`."""
+    """Everything the boundary checks and the LXC remedy need, from the Proxmox host `px`. The host's cgroup layout
+    is read (read_layout, default: unless `config` names a file, which may come from another host)."""
     cpath = config or config_path(vmid, config_dir)
     out: dict = {"kind": "lxc", "applicable": True, "proxmox": px.name, "vmid": vmid, "name": name,
                  "pct": list(pct_cmd),
                  "config": _read(px, cpath, timeout), "proc_devices": _read(px, devices, timeout, 1 << 20)}
+    if read_layout if read_layout is not None else config is None:
+        mi = _read(px, MOUNTINFO, timeout, 1 << 20)
+        layout, why = cgroup_layout(mi["text"])
+        out["cgroup"] = {"path": MOUNTINFO, "error": mi["error"], "layout": layout, "evidence": why}
+    else:
+        out["cgroup"] = {"path": None, "error": None, "layout": None, "evidence": "not read (a config file)"}
     rpath = running or (running_path(vmid) if vmid is not None and read_running else None)
     out["running"] = _read(px, rpath, timeout) if rpath else None
     sv = px.statvfs(os.path.dirname(cpath) or ".", timeout)

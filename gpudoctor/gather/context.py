@@ -19,6 +19,7 @@ class GatherContext:
     sglang_url: str | None = None
     units: list[str] = field(default_factory=list)  # systemd units whose device policy to audit (check --unit)
     cdi_dirs: list[str] = field(default_factory=list)  # CDI spec directories (default /etc/cdi, /var/run/cdi)
+    oci_state_dirs: list = field(default_factory=list)  # [engine, dir, shape] of OCI runtime state (gather/oci.py)
     timeout: float = 10.0  # deadline of one command or read
 
     def to_json(self) -> dict:

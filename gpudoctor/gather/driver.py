@@ -61,6 +61,9 @@ def parse_gpu(g) -> dict:
         "memory_total_mib": _int(_t(g, "fb_memory_usage/total")),
         "memory_used_mib": _int(_t(g, "fb_memory_usage/used")),
         "numa_node": _int(_t(g, "numa_node")),
+        "recovery_action": _t(g, "gpu_recovery_action"),
+        "processes": [{"pid": _int(_t(p, "pid")), "type": _t(p, "type"), "name": _t(p, "process_name"),
+                       "used_mib": _int(_t(p, "used_memory"))} for p in g.findall("processes/process_info")],
     }
 
 

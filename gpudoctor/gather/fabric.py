@@ -148,6 +148,12 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         out.update(data)
     else:
         out["error"] = "sysfs probe " + res.describe()
+    if res.ok and len(out.get("gpus") or []) == 1:
+        # One NVIDIA GPU in sysfs: no pairs to place, and no third GPU-driver client contending with cuInit and
+        # nvidia-smi -q -x for the driver's lock (on the H200 that contention alone adds ~45 ms to a check).
+        out["topo"] = {"gpus": ["GPU0"], "pairs": {}, "affinity": {},
+                       "skipped": f"one NVIDIA GPU in sysfs ({out['gpus'][0]['bdf']}): nvidia-smi topo -m not run"}
+        return out
     topo = host.run(["nvidia-smi", "topo", "-m"], timeout=ctx.timeout)
     out["topo"] = parse_topo(topo.stdout) if topo.ok else {"error": topo.describe()}
     if len(out["topo"].get("gpus") or []) > 1:  # peer-to-peer read status of every GPU pair (same table shape)

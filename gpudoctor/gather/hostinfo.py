@@ -67,7 +67,7 @@ _CONTAINER_FILES = ["/run/systemd/container", "/proc/1/environ", "/proc/1/cgroup
 
 
 _KERNEL_FILES = ["/proc/modules", "/proc/driver/nvidia/version", "/proc/devices", "/proc/sys/kernel/osrelease",
-                 "/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id"]
+                 "/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/dmesg_restrict"]
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:
@@ -80,7 +80,7 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     reads = {p: (r[p].text if r[p].ok else None) for p in _CONTAINER_FILES}
     reads["/proc/cpuinfo"] = r["/proc/cpuinfo"].text if r["/proc/cpuinfo"].ok else ""
     mods = sorted({ln.split()[0] for ln in (modules.text or "").splitlines() if ln.strip()})
-    osrel, hostname, boot = (r[p] for p in _KERNEL_FILES[3:])
+    osrel, hostname, boot, restrict = (r[p] for p in _KERNEL_FILES[3:])
     return {
         "modules": {"error": modules.error, "nvidia": [m for m in mods if m.startswith("nv")]},
         "driver_version_file": {"error": version.error, **parse_driver_version(version.text or "")},
@@ -89,4 +89,5 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         "kernel": (osrel.text or "").strip() or None,
         "hostname": (hostname.text or "").strip() or None,
         "boot_id": (boot.text or "").strip() or None,
+        "dmesg_restrict": int(restrict.text.strip()) if restrict.ok and restrict.text.strip().isdigit() else None,
     }

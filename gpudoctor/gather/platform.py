@@ -23,6 +23,25 @@ SERVICEACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 VALIDATIONS_DIR = "/run/nvidia/validations"  # gpu-operator's validator writes <component>-ready files here
 DOCKER_DAEMON = "/etc/docker/daemon.json"
+CHECKPOINT = "kubelet_internal_checkpoint"  # the kubelet's record of each plugin's registered devices and allocations
+
+
+def registered_devices(text: str | None) -> dict:
+    """The kubelet checkpoint → {"registered": {resource: [device ids]}, "allocated": {resource: [ids]}} (the
+    plugin registers only the devices it judges healthy) or {"error": ...}."""
+    import json
+
+    try:
+        data = (json.loads(text or "") or {}).get("Data") or {}
+    except ValueError:
+        return {"error": "not JSON"}
+    alloc: dict = {}
+    for e in data.get("PodDeviceEntries") or []:
+        ids = e.get("DeviceIDs") or []
+        ids = [i for v in ids.values() for i in v] if isinstance(ids, dict) else list(ids)
+        alloc.setdefault(e.get("ResourceName") or "?", []).extend(ids)
+    return {"registered": {k: list(v or []) for k, v in (data.get("RegisteredDevices") or {}).items()},
+            "allocated": alloc}
 
 # What `systemctl show` must tell about a unit's device boundary (one round trip per unit).
 SHOW_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "FragmentPath", "DropInPaths", "DevicePolicy",
@@ -65,17 +84,36 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     if isinstance(val, list) and val:
         reads = host.batch([("read", f"{VALIDATIONS_DIR}/{n}", 4096) for n in val], t)
         out["device_plugin"]["validations"] = {n: (r.text if r.ok else None) for n, r in zip(val, reads)}
+    if isinstance(dp, list) and CHECKPOINT in dp:
+        out["device_plugin"]["checkpoint"] = registered_devices(
+            host.read_file(f"{DEVICE_PLUGIN_DIR}/{CHECKPOINT}", timeout=t, max_bytes=4 << 20).text)
     units = {u: "named" for u in (getattr(ctx, "units", None) or [])}
     probe_unit = unit_of(own_cgroup(out["self_cgroup"]["text"]))
     if probe_unit and probe_unit not in units:
         units[probe_unit] = "probe"
     out["units"] = {u: {"why": why, **show_unit(host, u, ctx.timeout)} for u, why in units.items()}
+    if units:
+        res = host.run(["sh", "-c", _WHICH], timeout=t)
+        out["systemd_analyze"] = (res.stdout.strip().splitlines() or [None])[0] if res.ok else None
     return out
 
 
+_WHICH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; command -v systemd-analyze || true'
+
+
 def show_unit(host: Host, unit: str, timeout: float) -> dict:
-    """One unit's device boundary as systemd sees it now (after the last daemon-reload)."""
+    """One unit's device boundary as systemd sees it now (after the last daemon-reload), with the text of its unit
+    file and of gpudoctor's drop-in (what a remedy verifies and diffs against)."""
+    from gpudoctor.systemd_devices import dropin_path
+
     res = host.run(["systemctl", "show", unit, "--property=" + ",".join(SHOW_PROPERTIES)], timeout=timeout)
     if not res.ok:
         return {"show": None, "rc": res.rc, "error": res.describe()}
-    return {"show": parse_show(res.stdout), "rc": 0, "error": None}
+    show = parse_show(res.stdout)
+    frag, drop = show.get("FragmentPath") or None, dropin_path(unit)
+    reads = host.batch([("read", p, 1 << 20) for p in ([frag] if frag else []) + [drop]], min(timeout, 3.0))
+    fr = reads[0] if frag else None
+    return {"show": show, "rc": 0, "error": None,
+            "fragment": {"path": frag, "text": fr.text if fr is not None and fr.ok else None,
+                         "error": fr.error if fr is not None else "no FragmentPath"},
+            "dropin": {"path": drop, "text": reads[-1].text if reads[-1].ok else None, "error": reads[-1].error}}

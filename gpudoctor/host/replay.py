@@ -14,6 +14,23 @@ def _key(op: str, *args) -> str:
     return json.dumps([op, *args], separators=(",", ":"))
 
 
+def _open_key(path: str, access: str = "rw") -> str:
+    """An O_RDWR open keeps the key snapshots always had; a read-only open says so."""
+    return _key("open", path) if access == "rw" else _key("open", path, access)
+
+
+# What a replayed command answers when the snapshot never recorded it (older gpudoctor, or another probe set).
+NOT_RECORDED = "not in snapshot"
+
+
+NOT_RECORDED_OPEN = "NOT_RECORDED"
+
+
+def not_recorded(res: CommandResult) -> bool:
+    """True when `res` is a replay's answer for a command its snapshot does not hold (not a real failure)."""
+    return res.rc == 127 and res.stderr.endswith(NOT_RECORDED) and not res.stdout
+
+
 def _run_key(host: Host, argv) -> str:
     """Key of a command; the target's python interpreter path is normalised so replays match anywhere."""
     argv = list(argv)
@@ -58,10 +75,10 @@ class RecordingHost(Host):
             self._keep(_key("stat", p), r.to_json())
         return res
 
-    def try_open_many(self, paths, timeout=5.0):
-        res = self.inner.try_open_many(paths, timeout)
+    def try_open_many(self, paths, timeout=5.0, access="rw"):
+        res = self.inner.try_open_many(paths, timeout, access)
         for p, r in res.items():
-            self._keep(_key("open", p), r)
+            self._keep(_open_key(p, access), r)
         return res
 
     def listdir(self, path, timeout=3.0):
@@ -87,7 +104,7 @@ class RecordingHost(Host):
                     self._keep(_key("stat", p), st.to_json())
             elif kind == "open":
                 for p, v in r.items():
-                    self._keep(_key("open", p), v)
+                    self._keep(_open_key(p, *op[2:3]), v)
         return res
 
     def write_file(self, path, data, **kw):
@@ -121,7 +138,7 @@ class ReplayHost(Host):
     def run(self, argv, timeout=None, input=None, env=None):
         rec = self.transcript.get(_run_key(self, argv))
         if rec is None:
-            return CommandResult(list(argv), 127, "", f"{argv[0]}: not in snapshot")
+            return CommandResult(list(argv), 127, "", f"{argv[0]}: {NOT_RECORDED}")
         return CommandResult(**rec)
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
@@ -135,14 +152,19 @@ class ReplayHost(Host):
             out[p] = StatResult(**rec) if rec else StatResult(p, False, error="ENOENT")
         return out
 
-    def try_open_many(self, paths, timeout=5.0):
-        return {p: self.transcript.get(_key("open", p), "ENOENT") for p in paths}
+    def try_open_many(self, paths, timeout=5.0, access="rw"):
+        # A read-only open an older snapshot never made answers NOT_RECORDED (its gather then asks the O_RDWR record).
+        miss = "ENOENT" if access == "rw" else NOT_RECORDED_OPEN
+        return {p: self.transcript.get(_open_key(p, access), miss) for p in paths}
 
     def listdir(self, path, timeout=3.0):
         return self.transcript.get(_key("listdir", path), "ENOENT")
 
     def statvfs(self, path, timeout=3.0):
         return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})
+
+    def batch(self, ops, timeout=3.0):
+        return self.batch_each(ops, timeout)  # the transcript holds the single operations
 
     def write_file(self, path, data, **kw):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)

@@ -157,6 +157,20 @@ def _hf_root_repos(path: str) -> list[str]:
         return []
 
 
+def _is_model_file(name: str) -> bool:
+    return name in _MODEL_SIGNS or name.endswith(WEIGHT_SUFFIXES + (INDEX_SUFFIX,))
+
+
+def _child_models(names: list[str]) -> list[str]:
+    """The subdirectories that are models when the directory itself has no model file at its top (none of
+    config.json, tokenizer files, weights or an index beside each other): [] for a model directory, including one
+    with subfolders of its own (original/, a diffusers model's unet/ beside model_index.json)."""
+    top = [n for n in names if "/" not in n]
+    if any(_is_model_file(n) or n == "model_index.json" for n in top):
+        return []
+    return sorted({n.split("/", 1)[0] for n in names if n.count("/") == 1 and _is_model_file(n.split("/", 1)[1])})
+
+
 def walk_files(root: str) -> tuple[dict, list, list]:
     """(files {rel: info}, dangling [{file, target}], partials [rel]) for a tree; dot-dirs (.git, .cache) skipped.
 
@@ -262,7 +276,8 @@ def _resolve_hf(repo: str, revision: str, problems: list, notes: list) -> tuple[
 def verify_model(path: str, revision: str = "main") -> dict:
     """Everything about one model path, without reading tensor data. Never raises for a bad path.
 
-    Returns {"path", "kind": dir|hf_repo|not_found|not_a_dir|not_a_model|hf_cache_root, "bad_input": str|None,
+    Returns {"path", "kind": dir|hf_repo|not_found|not_a_dir|not_a_model|hf_cache_root|models_root (then "models":
+    the model directories inside), "bad_input": str|None,
     "complete", "dir" (the directory holding the files), "revision", "problems": [{kind, file, expected, actual,
     detail}], "notes", "weights": {format, index, shards, bytes}, "files": {rel: size}, "bytes", "partials",
     "marker", "marker_error"}.
@@ -330,6 +345,14 @@ def verify_model(path: str, revision: str = "main") -> dict:
     looks_like_model = (marker or partials or ".cache" in entries
                         or any(n.rsplit("/", 1)[-1] in _MODEL_SIGNS or n.endswith(WEIGHT_SUFFIXES + (INDEX_SUFFIX,))
                                for n in names))
+    children = _child_models(names) if rep["kind"] == "dir" and not marker else []
+    if children:  # a folder of models (e.g. /dev/shm holding several): verifying it as one would call it incomplete
+        rep["kind"] = "models_root"
+        rep["models"] = [os.path.join(path, c) for c in children]
+        rep["bad_input"] = (f"not a model directory: it holds {len(children)} model director"
+                            f"{'y' if len(children) == 1 else 'ies'}: " + ", ".join(children[:8])
+                            + (" ..." if len(children) > 8 else "") + "; verify each one")
+        return rep
     if rep["kind"] == "dir" and entries and not looks_like_model:
         rep["kind"] = "not_a_model"
         rep["bad_input"] = "not a model directory (no config.json, no weights, no index)"

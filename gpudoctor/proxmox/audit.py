@@ -5,7 +5,10 @@ Device-rule semantics follow LXC's cgroup2 eBPF program (src/lxc/cgroups/cgroup2
 order and the first rule that matches the device and the requested access decides; a rule identical to an earlier
 one flips that one's allow/deny in place; `a` alone switches the default (Proxmox's common.conf starts with
 `deny = a`: an allow-list). Proxmox emits devN: rules before the raw lxc.* lines (update_lxc_config), and LXC
-ignores lxc.cgroup.* (v1) settings on a pure cgroup2 host ("Ignoring legacy cgroup limits").
+ignores lxc.cgroup.* (v1) settings on a pure cgroup2 host ("Ignoring legacy cgroup limits"). On a hybrid or legacy
+host (cgroup v1 controllers at /sys/fs/cgroup; the host's /proc/self/mountinfo tells) it is the other way round:
+LXC ignores every lxc.cgroup2.* line, devN:'s generated rules included ("Ignoring cgroup2 limits on legacy cgroup
+system"), and only lxc.cgroup.devices.* rules apply.
 """
 
 from __future__ import annotations
@@ -15,11 +18,38 @@ import re
 from dataclasses import dataclass, field
 
 from gpudoctor.findings import Finding, Status
-from gpudoctor.proxmox.config import ALLOW_KEY, DENY_KEY, LIVE, PENDING, Config, DeviceRule, Line
+from gpudoctor.proxmox.config import (ALLOW_KEY, DENY_KEY, LIVE, PENDING, V1_ALLOW_KEY, V1_DENY_KEY, Config,
+                                      DeviceRule, Line)
 from gpudoctor.proxmox.devices import (NVIDIA_MAJOR, NodeKind, ProcDevices, classify_node, is_dynamic_major)
 
 REMEDY_ID = "lxc.cgroup_allow"
 OPEN_ACCESS = "rw"  # what open(O_RDWR) asks the device cgroup for
+V1_LAYOUTS = ("hybrid", "legacy")  # cgroup layouts where LXC applies lxc.cgroup.* and ignores lxc.cgroup2.*
+
+
+def cgroup_layout(mountinfo: str | None) -> tuple[str | None, str]:
+    """The host's cgroup layout from its /proc/self/mountinfo: ('unified' | 'hybrid' | 'legacy' | None, evidence).
+
+    unified: cgroup2 is mounted at /sys/fs/cgroup (PVE 7+ default); hybrid: v1 controllers below /sys/fs/cgroup and
+    cgroup2 only at /sys/fs/cgroup/unified; legacy: v1 only. The last mount at a path is the one in use."""
+    if not mountinfo:
+        return None, "the host's mount table was not read"
+    at: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) >= 5 and r:
+            at[f[4]] = r[0]
+    if at.get("/sys/fs/cgroup") == "cgroup2":
+        return "unified", "cgroup2 is mounted at /sys/fs/cgroup (pure cgroup v2)"
+    v1 = sorted(p for p, fs in at.items() if fs == "cgroup" and p.startswith("/sys/fs/cgroup/"))
+    if not v1:
+        return None, "no cgroup mount at /sys/fs/cgroup"
+    if at.get("/sys/fs/cgroup/unified") == "cgroup2":
+        return "hybrid", (f"cgroup v1 controllers are mounted at {', '.join(v1[:3])}{', …' if len(v1) > 3 else ''} "
+                          f"and cgroup2 only at /sys/fs/cgroup/unified (hybrid layout)")
+    return "legacy", f"cgroup v1 controllers are mounted at {', '.join(v1[:3])}{', …' if len(v1) > 3 else ''} (legacy layout)"
+
 
 
 @dataclass
@@ -109,8 +139,12 @@ def needed_nodes(cfg: Config, section: str = LIVE) -> list[Need]:
     return list(needs.values())
 
 
-def live_rules(cfg: Config) -> list[RuleRef]:
-    """The live section's cgroup2 rules as LXC sees them: devN: rules first, then raw lines in order."""
+def live_rules(cfg: Config, layout: str | None = None) -> list[RuleRef]:
+    """The live section's device rules as LXC applies them: on a cgroup2 host the lxc.cgroup2 rules (devN: rules
+    first, then raw lines in order); on a hybrid/legacy host only the lxc.cgroup.devices.* (v1) lines."""
+    if layout in V1_LAYOUTS:
+        return [RuleRef(ln.key == V1_ALLOW_KEY, ln.rule, f"line {ln.no}", ln) for ln in cfg.rules()
+                if ln.key in (V1_ALLOW_KEY, V1_DENY_KEY) and not ln.error]
     out = []
     for ln in cfg.passthrough():
         dev = ln.device
@@ -125,13 +159,16 @@ def live_rules(cfg: Config) -> list[RuleRef]:
 
 
 _RUN_RULE = re.compile(r"^\s*(lxc\.cgroup2\.devices\.(allow|deny))\s*=\s*(.*?)\s*$")
+_RUN_RULE_V1 = re.compile(r"^\s*(lxc\.cgroup\.devices\.(allow|deny))\s*=\s*(.*?)\s*$")
 
 
-def running_rules(text: str) -> list[RuleRef]:
-    """cgroup2 device rules of a running config (/var/lib/lxc/<vmid>/config, `key = value`)."""
+def running_rules(text: str, layout: str | None = None) -> list[RuleRef]:
+    """Device rules of a running config (/var/lib/lxc/<vmid>/config, `key = value`) that LXC applies on the
+    host's layout: cgroup2 rules, or the v1 ones on a hybrid/legacy host."""
     out = []
+    rx = _RUN_RULE_V1 if layout in V1_LAYOUTS else _RUN_RULE
     for no, line in enumerate(text.splitlines(), 1):
-        m = _RUN_RULE.match(line)
+        m = rx.match(line)
         if not m:
             continue
         try:
@@ -142,11 +179,11 @@ def running_rules(text: str) -> list[RuleRef]:
     return out
 
 
-def allow_list_majors(cfg: Config) -> list[str]:
-    """The majors the live section allows, in file order: '195, 509, 226, 234' (cgroup2 allow lines only)."""
+def allow_list_majors(cfg: Config, key: str = ALLOW_KEY) -> list[str]:
+    """The majors the live section allows, in file order: '195, 509, 226, 234' (allow lines of `key` only)."""
     seen: list[str] = []
     for ln in cfg.rules():
-        if ln.key != ALLOW_KEY or ln.error or ln.rule is None:
+        if ln.key != key or ln.error or ln.rule is None:
             continue
         r = ln.rule
         item = r.path if r.path else ("*" if r.major is None else str(r.major))
@@ -173,11 +210,11 @@ def vmid_from_path(path: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def allow_line(cfg: Config, major: int) -> str:
+def allow_line(cfg: Config, major: int, key: str = ALLOW_KEY) -> str:
     """The line to add, in the file's own style for allow lines (': ' unless it uses ' = ')."""
-    seps = [ln.sep for ln in cfg.rules() if ln.key == ALLOW_KEY]
+    seps = [ln.sep for ln in cfg.rules() if ln.key == key] or [ln.sep for ln in cfg.rules() if ln.is_allow]
     sep = " = " if seps and seps[-1] == "=" else ": "
-    return f"{ALLOW_KEY}{sep}c {major}:* rwm"
+    return f"{key}{sep}c {major}:* rwm"
 
 
 @dataclass
@@ -191,6 +228,13 @@ class AuditInput:
     host_nodes: dict | None = None  # path -> StatResult JSON on the Proxmox host, when gathered
     offline: dict | None = None  # {"config", "devices"} as given to `lxc audit/fix --config` (devices None: this
     #                              machine's /proc/devices, which need not be the Proxmox node's)
+    layout: str | None = None  # the host's cgroup layout (cgroup_layout): None = unknown, read as cgroup v2
+    layout_evidence: str = ""
+
+    @property
+    def v1(self) -> bool:
+        """LXC on this host applies lxc.cgroup.* (v1) device rules and ignores lxc.cgroup2.*."""
+        return self.layout in V1_LAYOUTS
 
     @property
     def label(self) -> str:
@@ -223,20 +267,6 @@ class AuditInput:
         return self.running is not None and self.status != "stopped"
 
 
-def audit(inp: AuditInput) -> list[Finding]:
-    """Every boundary.lxc.* finding for one container."""
-    out: list[Finding] = []
-    out += check_cgroup_allow(inp)
-    out += check_stale(inp)
-    out += check_malformed(inp)
-    out += check_misplaced(inp)
-    out += check_cgroup_v1(inp)
-    out += check_lock(inp)
-    out += check_restart_pending(inp)
-    out += check_mount_sources(inp)
-    return out
-
-
 # --- boundary.lxc.cgroup_allow -----------------------------------------------------------------
 
 def _other_places(inp: AuditInput, major: int, node: NodeKind) -> list[str]:
@@ -253,8 +283,16 @@ def _other_places(inp: AuditInput, major: int, node: NodeKind) -> list[str]:
                          f"apply (a line appended at the end of the file lands in the last section)")
         elif ln.section == LIVE and ln.bare_rule is not None:
             notes.append(f"line {ln.no} `{ln.text.strip()}` has no key: Proxmox ignores it")
-        elif ln.section == LIVE and ln.cgroup_v1 and ln.is_allow:
+        elif ln.section == LIVE and ln.cgroup_v1 and ln.is_allow and not inp.v1:
             notes.append(f"line {ln.no} allows it with the cgroup v1 key {ln.key}, which a cgroup v2 host ignores")
+        elif ln.section == LIVE and ln.key == ALLOW_KEY and ln.is_allow and inp.v1:
+            notes.append(f"line {ln.no} `{ln.text.strip()}` is a cgroup2 rule: LXC ignores it on this host's "
+                         f"{inp.layout} cgroup layout")
+    if inp.v1:
+        for ln in cfg.passthrough():
+            if ln.device is not None and ln.device.path == node.path:
+                notes.append(f"line {ln.no} {ln.key}: Proxmox turns it into a lxc.cgroup2 rule, which LXC ignores on "
+                             f"this host's {inp.layout} cgroup layout")
     return notes
 
 
@@ -263,16 +301,17 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
     needs = needed_nodes(cfg)
     if not needs:
         return []
-    rules = live_rules(cfg)
-    run_rules = running_rules(inp.running) if inp.running_applies else None
-    have = ", ".join(allow_list_majors(cfg)) or "none"
+    rules = live_rules(cfg, inp.layout)
+    run_rules = running_rules(inp.running, inp.layout) if inp.running_applies else None
+    key = V1_ALLOW_KEY if inp.v1 else ALLOW_KEY
+    have = ", ".join(allow_list_majors(cfg, key)) or "none"
     out = []
     for need in needs:
         node = need.node
         major = node.live_major(procdev)
         via = ", ".join(f"line {ln.no} {ln.key}" for ln in need.via)
         base = {"config": cfg.path, "driver": node.driver, "minor": node.minor, "vmid": inp.vmid, "via": via,
-                "host_path": node.path}
+                "host_path": node.path, "layout": inp.layout}
         bad = Status.FAIL if node.critical else Status.WARN
         if major is None:
             out.append(Finding(
@@ -290,7 +329,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
             continue
         base["major"] = major
         minor_s = "*" if node.minor is None else str(node.minor)
-        if need.passthrough is not None and run_rules is None:
+        if need.passthrough is not None and run_rules is None and not inp.v1:
             ln = need.passthrough
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} is passed through by {ln.key}: Proxmox allows its live "
@@ -309,15 +348,19 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                               f"the running config has no rule allowing {major}:{minor_s} {OPEN_ACCESS}"],
                     hint=f"restart the container so LXC rebuilds its device cgroup: {restart_cmd(inp.vmid)} "
                          f"({inp.fix_cmd('--apply', '--reboot')} checks no GPU job runs first)",
-                    remedy=REMEDY_ID, data={**base, "restart_needed": True}))
+                    data={**base, "restart_needed": True}))
                 continue
             out.append(Finding("boundary.lxc.cgroup_allow", Status.OK,
                                f"{node.path} ({node.driver} {major}:{minor_s}) is allowed in {inp.config_label}",
                                subject=need.guest_path, evidence=[f"{cfg.path}: {by}"], data=base))
             continue
-        fix = allow_line(cfg, major)
+        fix = allow_line(cfg, major, key)
         owner = f"{label}'s allow-list" if (inp.name or inp.vmid is not None) else f"the allow-list of {inp.config_label}"
         evidence = [f"major {major} ({node.driver}) is not in {owner} (has {have})"]
+        if inp.v1:
+            evidence = [f"major {major} ({node.driver}) is not in {label}'s {key} list (has {have})",
+                        f"the Proxmox host's {inp.layout} cgroup layout: {inp.layout_evidence}; LXC applies only "
+                        f"lxc.cgroup.devices.* there and ignores every lxc.cgroup2.* line"]
         if live.by is not None:
             evidence = [f"{cfg.path}: {live.by.describe()} denies {major}:{minor_s} before any allow"]
         for p in live.partial:
@@ -326,6 +369,19 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
         evidence += _other_places(inp, major, node)
         first = cfg.first_header
         where = f" (before line {first.no} `{first.text.strip()}`)" if first else ""
+        if inp.v1:
+            out.append(Finding(
+                "boundary.lxc.cgroup_allow", bad,
+                f"{node.path}: major {major} ({node.driver}) is not allowed by {inp.config_label} on this "
+                f"{inp.layout} cgroup host (its lxc.cgroup2 rules are ignored there); opening it in the container "
+                f"fails with EPERM", subject=need.guest_path, evidence=evidence,
+                hint=(f"add `{fix}` to the live section of {cfg.path}{where} (the key LXC applies on a "
+                      f"{inp.layout} host; keep the lxc.cgroup2 line for when it runs cgroup v2), then "
+                      f"{restart_cmd(inp.vmid)}; or boot the host with the unified cgroup layout (the PVE 7+ default), "
+                      f"where the lxc.cgroup2 rules and devN: apply"),
+                remediable=live.by is None,
+                data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
+            continue
         out.append(Finding(
             "boundary.lxc.cgroup_allow", bad,
             f"{node.path}: major {major} ({node.driver}) is not allowed by {inp.config_label}; opening it in the "
@@ -333,7 +389,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
             hint=(f"add `{fix}` to the live section of {cfg.path}{where}, then {restart_cmd(inp.vmid)}; "
                   f"`{inp.fix_cmd('--apply')}` does this safely. Durable alternative: pass the node as `devN: {node.path}` (PVE >= 8.1): Proxmox then "
                   f"allows its live major at every start, so a driver update cannot break it again"),
-            remedy=REMEDY_ID if live.by is None else None,
+            remediable=live.by is None,  # an explicit deny is not fixed by adding a line
             data={**base, "fix_line": fix, "denied_by": live.by.origin if live.by else None}))
     return out
 
@@ -388,7 +444,7 @@ def check_malformed(inp: AuditInput) -> list[Finding]:
         where = "" if ln.section == LIVE else f" (in [{ln.section}])"
         out.append(Finding("boundary.lxc.malformed", status, f"{cfg.path}:{ln.no}: {ln.error}{where}",
                            subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text!r}"],
-                           hint=hint, remedy=remedy,
+                           hint=hint, remediable=remedy is not None,
                            data={"config": cfg.path, "line": ln.no, "section": ln.section,
                                  "bare_rule": str(ln.bare_rule) if ln.bare_rule else None}))
     return out
@@ -437,7 +493,7 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
                            subject=section, evidence=ev,
                            hint="live settings go before the first [section] header; gpudoctor lxc fix inserts "
                                 "missing allow rules there and never edits snapshot sections",
-                           remedy=REMEDY_ID if fixable else None, explained_by=explained or None,
+                           remediable=fixable, explained_by=explained or None,
                            data={"config": cfg.path, "section": section, "lines": [ln.no for ln in lines]}))
     return out
 
@@ -446,6 +502,8 @@ def check_misplaced(inp: AuditInput) -> list[Finding]:
 
 def check_cgroup_v1(inp: AuditInput) -> list[Finding]:
     cfg = inp.cfg
+    if inp.v1:  # on a hybrid/legacy host the v1 keys are the ones LXC applies: nothing to rename yet
+        return []
     return [Finding("boundary.lxc.cgroup_v1", Status.WARN, f"{cfg.path}:{ln.no}: {ln.key} is a cgroup v1 key",
                     subject=f"{cfg.path}:{ln.no}", evidence=[f"{cfg.path}:{ln.no}: {ln.text.strip()}", ln.deprecated],
                     hint=f"rename it to lxc.cgroup2.{ln.key[len('lxc.cgroup.'):]}; PVE 9 hosts run cgroup v2 only",
@@ -481,7 +539,7 @@ def check_restart_pending(inp: AuditInput) -> list[Finding]:
         if ln.error or ln.kind != "lxc":
             continue
         gpu_mount = ln.mount is not None and classify_node(ln.mount.source)
-        if ln.key in (ALLOW_KEY, DENY_KEY) or gpu_mount:
+        if ln.key in (ALLOW_KEY, DENY_KEY, V1_ALLOW_KEY, V1_DENY_KEY) or gpu_mount:
             want = " ".join(f"{ln.key} = {ln.value}".split())
             if want not in run_lines:
                 missing.append(ln)
@@ -549,9 +607,11 @@ def input_from_facts(b: dict) -> AuditInput:
     pd = b.get("proc_devices") or {}
     run = b.get("running") or {}
     st = (b.get("status") or {}).get("status")
+    cg = b.get("cgroup") or {}
     return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
                       vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
-                      name=b.get("name"), host_nodes=b.get("host_nodes"), offline=b.get("offline"))
+                      name=b.get("name"), host_nodes=b.get("host_nodes"), offline=b.get("offline"),
+                      layout=cg.get("layout"), layout_evidence=cg.get("evidence") or "")
 
 
 def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:

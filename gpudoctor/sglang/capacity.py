@@ -26,7 +26,12 @@ def parallel_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts
         out.append(F("sglang.tp.gpus", "fail", f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} GPUs wanted, host has {opt.gpus}",
                      source="python/sglang/srt/entrypoints/engine.py (one scheduler process per GPU)", stage="load",
                      fix=f"lower --tp-size to at most {opt.gpus // max(1, pp * dp)}"))
-    attn_tp = tp // max(1, a.get("attn_dp_size") or 1)
+    from gpudoctor.sglang.rules import attn_dp_size
+
+    adp = attn_dp_size(a)
+    if tp < 1 or adp < 1 or tp % adp:
+        return out  # --tp-size 0 / attention DP not dividing tp: their own findings (launch.py); no head split to judge
+    attn_tp = tp // adp
     for facts, who in ((model, "model"), (draft, "draft")):
         if facts is not None:
             out += _heads(facts, attn_tp, who)
@@ -142,12 +147,12 @@ def resolve_memory_defaults(a: ParsedArgs, model: ModelFacts | None, opt: Option
     Sets chunked_prefill_size (after the attention-DP split), cuda_graph_max_bs_decode, page_size and
     mem_fraction_static (SGLang's default when not given) in res.values.
     """
-    from gpudoctor.sglang.rules import effective_page_size
+    from gpudoctor.sglang.rules import default_attention_backend, effective_page_size, gpu_of
 
     gpu_mib = opt.gpu_mem_gib * 1024
     tp, pp = a.get("tp_size"), a.get("pp_size")
-    tp = tp if isinstance(tp, int) and tp >= 0 else 1  # --tp-size 0 resolves (reserve uses tp*pp = 0)
-    pp = pp if isinstance(pp, int) and pp >= 0 else 1
+    tp = tp if isinstance(tp, int) else 1  # --tp-size 0 or -1 resolves: the reserve uses tp*pp as given
+    pp = pp if isinstance(pp, int) else 1
     adp = a.get("attn_dp_size") or 1
     if a.get("enable_dp_attention") and adp == 1:
         adp = a.get("dp_size") or 1  # parallel_hook.py::handle_deprecated_dp_attention
@@ -197,7 +202,15 @@ def resolve_memory_defaults(a: ParsedArgs, model: ModelFacts | None, opt: Option
         chunked //= adp  # parallel_hook.py::handle_data_parallelism
         chunked_src += f", divided by attention DP {adp}"
     res.values.update(chunked_prefill_size=chunked, chunked_prefill_source=chunked_src, cuda_graph_max_bs_decode=max_bs,
-                      page_size=effective_page_size(a)[0], mem_fraction_static=frac)
+                      mem_fraction_static=frac)
+    backend = default_attention_backend(a, model, gpu_of(opt))
+    res.values["attention_backend"] = backend
+    res.values["page_size"] = effective_page_size(a, backend)[0]
+    gpu = gpu_of(opt)
+    if (a.get("kv_cache_dtype") == "nvfp4" and gpu is not None and gpu.sm in (120, 121) and backend == "flashinfer"
+            and a.get("decode_attention_backend") is None and res.values["page_size"] not in (16, 32, 64, 128)):
+        # NVFP4 KV on SM120: flashinfer prefill with trtllm_mha decode, whose page constraint makes it 64
+        res.values["page_size"] = 64
 
 
 def default_mem_fraction(a: ParsedArgs, gpu_mib: float, model: ModelFacts | None = None) -> float:

@@ -14,12 +14,10 @@ Each finding names the SGLang file::function that enforces it; stages as in rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gpudoctor.findings import Finding
 from gpudoctor.sglang.argparser import ParsedArgs
 from gpudoctor.sglang.modelcfg import ModelFacts
-from gpudoctor.sglang.rules import F, Options, Resolved
+from gpudoctor.sglang.rules import F, Options, Resolved, attention_backends, gpu_of
 
 VALIDATION = "python/sglang/srt/arg_groups/validation_hook.py::check_server_args"
 PARALLEL = "python/sglang/srt/arg_groups/parallel_hook.py"
@@ -27,25 +25,6 @@ KV_HOOK = "python/sglang/srt/arg_groups/kv_cache_hook.py"
 MODEL_CFG = "python/sglang/srt/configs/model_config.py"
 TRUE = ("1", "true", "yes", "on")
 
-
-@dataclass(frozen=True)
-class Gpu:
-    """What SGLang reads of a GPU: nvidia-smi memory.total (MiB) and the compute capability."""
-
-    name: str
-    memory_mib: int
-    sm: int  # major*10 + minor
-
-
-# nvidia-smi --query-gpu=memory.total values of the cards (MiB) and their SM.
-GPUS = {
-    "h200": Gpu("NVIDIA H200", 143771, 90),
-    "h100": Gpu("NVIDIA H100 80GB HBM3", 81559, 90),
-    "b200": Gpu("NVIDIA B200", 183359, 100),
-    "rtx_pro_6000": Gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, 120),
-    "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", 81920, 80),
-    "l40s": Gpu("NVIDIA L40S", 46068, 89),
-}
 
 # layers/quantization/__init__.py: BASE_QUANTIZATION_METHODS, plus mxfp4 on CUDA. The parser's choices also list
 # gptq (NPU/CPU/XPU only) and mlx_q4/mlx_q8 (MPS only): on CUDA those end in "Unknown quantization method"
@@ -68,12 +47,9 @@ REQUANT = ("quark_mxfp4",)
 MODELLED_CKPT_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "mxfp4", "bitsandbytes", "w8a8_int8", "w8a8_fp8")
 
 
-def gpu_of(opt: Options) -> Gpu | None:
-    return GPUS.get(opt.gpu) if opt.gpu else None
-
-
 # ---------------------------------------------------------------- resolution hooks
-def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> list[Finding]:
+def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved,
+                     draft: ModelFacts | None = None) -> list[Finding]:
     out: list[Finding] = []
     tp, dp, adp = a.get("tp_size"), a.get("dp_size") or 1, a.get("attn_dp_size")
     if a.get("enable_dp_attention") and (adp or 1) == 1:
@@ -98,31 +74,55 @@ def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res:
                      source=fn, stage="resolve", error="AssertionError (assert cfg.tp_size % cfg.attn_dp_size == 0)",
                      evidence=[f"tp_size {tp} % attn_dp_size {adp} = {tp % adp}"],
                      fix=f"use an --attn-dp-size that divides {tp} ({', '.join(str(d) for d in range(1, tp + 1) if tp % d == 0)})"))
-    out += _kv_dtype(a, opt)
-    out += _quantization(a, model, opt)
+    out += _kv_dtype(a, model, opt, res)
+    algo = str(a.get("speculative_algorithm") or "").upper() or None
+    out += _quantization(a, model, opt, draft, "EAGLE" if algo == "NEXTN" else algo)
     return out
 
 
-def _kv_dtype(a: ParsedArgs, opt: Options) -> list[Finding]:
+KV4_MHA_BACKENDS = ("triton", "torch_native", "flex_attention", "trtllm_mha")
+KV4_MLA_BACKENDS = ("flashinfer", "trtllm_mla")
+
+
+def _kv_dtype(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> list[Finding]:
     d = a.get("kv_cache_dtype") or "auto"
     gpu = gpu_of(opt)
-    if d not in ("nvfp4", "mxfp8"):
+    if d not in ("nvfp4", "mxfp8", "fp4_mx_block16"):
         return []
+    out: list[Finding] = []
+    if d in ("nvfp4", "fp4_mx_block16") and (gpu is None or d != "nvfp4" or gpu.sm in (100, 103, 110, 120, 121)):
+        pre, dec = attention_backends(a, res.values.get("attention_backend"))
+        if d == "nvfp4" and gpu is not None and gpu.sm in (120, 121) and pre == "flashinfer" and \
+                a.get("decode_attention_backend") is None:
+            dec = "trtllm_mha"  # NVFP4 on SM120 decodes with trtllm_mha (kv_cache_hook.py: uses_mixed_nvfp4)
+        mla = bool(model and model.is_mla)
+        if pre is not None and pre == dec and pre != "fa4":
+            allowed = KV4_MLA_BACKENDS if mla else KV4_MHA_BACKENDS
+            if pre not in allowed:
+                how = "auto-selected for this GPU" if not a.get("attention_backend") else "given"
+                out.append(F("sglang.kv_dtype.backend", "fail",
+                             f"--kv-cache-dtype {d} with {'MLA' if mla else 'MHA'} attention needs one of {', '.join(allowed)} "
+                             f"as attention backend; {pre} is {how}",
+                             source=f"{KV_HOOK}::handle_kv4_compatibility", stage="resolve",
+                             error=f"AssertionError: KV4 {'MLA' if mla else 'MHA'} expects attention_backend to be one of {list(allowed)}, but got {pre}",
+                             fix=f"add --attention-backend {allowed[0]}, or use --kv-cache-dtype fp8_e4m3"))
+    if d not in ("nvfp4", "mxfp8"):
+        return out
     if gpu is None:
-        return [F("sglang.kv_dtype.gpu_unknown", "warn", f"--kv-cache-dtype {d} needs a Blackwell GPU; no --gpu given to check",
+        return out + [F("sglang.kv_dtype.gpu_unknown", "warn", f"--kv-cache-dtype {d} needs a Blackwell GPU; no --gpu given to check",
                   source=f"{KV_HOOK}::handle_kv4_compatibility / handle_mxfp8_kv_cache_compatibility", stage="resolve",
                   fix="pass --gpu (h200, b200, rtx_pro_6000, ...) so the GPU's SM is checked")]
     if d == "nvfp4" and gpu.sm not in (100, 103, 110, 120, 121):
-        return [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120; {gpu.name} is SM{gpu.sm}",
+        return out + [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype nvfp4 needs Blackwell SM100 or SM120; {gpu.name} is SM{gpu.sm}",
                   source=f"{KV_HOOK}::handle_kv4_compatibility", stage="resolve",
                   error="RuntimeError: --kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120. Use --kv-cache-dtype=fp4_mx_block16 for the block-size-16 FP4 recipe.",
                   fix="use --kv-cache-dtype fp8_e4m3 (or fp4_mx_block16) on this GPU")]
     if d == "mxfp8" and gpu.sm < 100:
-        return [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype mxfp8 needs an SM100+ (Blackwell) GPU; {gpu.name} is SM{gpu.sm}",
+        return out + [F("sglang.kv_dtype.sm", "fail", f"--kv-cache-dtype mxfp8 needs an SM100+ (Blackwell) GPU; {gpu.name} is SM{gpu.sm}",
                   source=f"{KV_HOOK}::handle_mxfp8_kv_cache_compatibility", stage="resolve",
                   error="ValueError: --kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU for the block-scaled operands used by the FA4 MXFP8 attention path.",
                   fix="use --kv-cache-dtype fp8_e4m3 on this GPU")]
-    return []
+    return out
 
 
 def checkpoint_quant(model: ModelFacts | None) -> dict | None:
@@ -144,13 +144,29 @@ def _marlin_ok(q: dict, method: str) -> bool:
     return bits == 4 and group in (-1, 32, 64, 128) and "zero_point" in q
 
 
-def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list[Finding]:
-    out: list[Finding] = []
+def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options, draft: ModelFacts | None = None,
+                  algo: str | None = None) -> list[Finding]:
+    """The target's quantization at resolve time; the draft's when the draft worker builds its ModelConfig."""
     user = a.get("quantization")
     user = user.lower() if isinstance(user, str) else None
+    out = _verify_quantization(user, model, opt, is_draft=False)
+    if draft is not None and algo in ("EAGLE", "EAGLE3", "STANDALONE", "FROZEN_KV_MTP", "DFLASH", "DSPARK"):
+        # serving_hook.py::handle_missing_default_values: the draft inherits --quantization unless
+        # --speculative-draft-model-quantization is given
+        du = a.get("speculative_draft_model_quantization")
+        du = du.lower() if isinstance(du, str) else user
+        out += _verify_quantization(du, draft, opt, is_draft=True)
+    return out
+
+
+def _verify_quantization(user: str | None, model: ModelFacts | None, opt: Options, is_draft: bool) -> list[Finding]:
+    """model_config.py::ModelConfig._verify_quantization for one checkpoint (target or draft)."""
+    out: list[Finding] = []
     if user == "unquant":
         return out  # serving_hook.py::handle_missing_default_values: an explicit opt-out (quantization None, no auto-detection)
-    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization"
+    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization" + (" (draft ModelConfig, built after the target load)" if is_draft else "")
+    stage = "draft" if is_draft else "resolve"
+    who = "the draft" if is_draft else "the checkpoint"
     q = checkpoint_quant(model)
     final = user
     if q is not None:
@@ -166,10 +182,12 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         elif user != ck:
             if ck in COMPATIBLE_QUANT.get(user, ()) or user in REQUANT:
                 final = user
+            elif is_draft:
+                final = ck  # a draft keeps its own checkpoint's method ("Using draft model's detected quantization")
             else:
                 out.append(F("sglang.quant.mismatch", "fail",
                              f"--quantization {user} does not match the checkpoint's quantization_config.quant_method {ck}",
-                             source=fn, stage="resolve",
+                             source=fn, stage=stage,
                              error=f"ValueError: Quantization method specified in the model config ({ck}) does not match the quantization method specified in the `quantization` argument ({user}).",
                              evidence=[f"{model.path}: quantization_config.quant_method = {q.get('quant_method')!r}"],
                              fix=f"drop --quantization (SGLang reads {ck} from the checkpoint)"))
@@ -178,11 +196,14 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         hint = {"gptq": "drop --quantization (a marlin-compatible GPTQ checkpoint runs as gptq_marlin); other GPTQ "
                         "layouts (3-bit, asymmetric) have no CUDA kernel in this release"}.get(
             final, "drop --quantization or pick a CUDA method")
+        if is_draft:
+            hint = ("use a draft checkpoint in a CUDA format, or pass --speculative-draft-model-quantization "
+                    "gptq_marlin / unquant as fits it (the draft inherits --quantization otherwise)")
         out.append(F("sglang.quant.not_on_cuda", "fail",
-                     f"quantization {final} is not registered on CUDA in SGLang {opt.version}",
-                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage="resolve",
+                     f"{who}'s quantization {final} is not registered on CUDA in SGLang {opt.version}",
+                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage=stage,
                      error=f"ValueError: Unknown quantization method: {final}. Must be one of [...]",
-                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint))
+                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint, subject="draft" if is_draft else None))
     return out
 
 
@@ -196,7 +217,10 @@ def launch_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: 
                      error=error, fix=fix, **kw))
 
     tp, pp, nnodes = a.get("tp_size"), a.get("pp_size"), a.get("nnodes")
-    if a.get("ep_join_mode") != "scale" and all(isinstance(x, int) for x in (tp, pp, nnodes)) and nnodes != 0 \
+    if a.get("ep_join_mode") != "scale" and nnodes == 0:
+        fail("nnodes_zero", "--nnodes 0: check_server_args divides tp_size x pp_size by it",
+             "ZeroDivisionError: integer modulo by zero", "use --nnodes 1 (or the number of machines)")
+    elif a.get("ep_join_mode") != "scale" and all(isinstance(x, int) for x in (tp, pp, nnodes)) \
             and (tp * pp) % nnodes:
         fail("nnodes", f"tp_size {tp} x pp_size {pp} is not divisible by nnodes {nnodes}",
              "AssertionError: tp_size must be divisible by number of nodes", f"choose --tp-size a multiple of {nnodes}")
@@ -231,6 +255,12 @@ def launch_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: 
         fail("served_model_name", f"served model name {served!r} contains ':' (reserved for model:adapter LoRA syntax)",
              f"AssertionError: served_model_name cannot contain a colon (':') character. ... Invalid value: '{served}'",
              "pass --served-model-name without ':'" + (" (it defaults to --model-path)" if not a.get("served_model_name") else ""))
+    mlb = a.get("max_loras_per_batch")
+    if isinstance(mlb, int) and mlb <= 0:
+        out.append(F("sglang.launch.max_loras_per_batch", "fail", f"--max-loras-per-batch {mlb} must be positive",
+                     source="python/sglang/srt/arg_groups/lora_hook.py::check_lora_server_args (from check_server_args)",
+                     stage="launch", error="AssertionError: max_loras_per_batch must be positive",
+                     fix="use --max-loras-per-batch 8 (the default)"))
     algo = res.values.get("speculative_algorithm")
     if algo is not None and a.get("enable_mixed_chunk") and algo not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK", "STANDALONE", "NGRAM",
                                                                         "FROZEN_KV_MTP"):
@@ -366,3 +396,51 @@ def tp_zero_findings(a: ParsedArgs) -> list[Finding]:
                   stage="load", error="ZeroDivisionError: integer division or modulo by zero (while building the attention layers)",
                   fix="use --tp-size 1 or the number of GPUs the model is split over")]
     return []
+
+
+# Values SGLang's resolver and check_server_args accept (the differential shows it) that break later:
+# (dest, flag, bad(value), what, SGLang source, stage, fix, error)
+LATE_VALUES = (
+    ("max_running_requests", "--max-running-requests", lambda v: v <= 0, "the worker starts with no request slot",
+     "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
+     "drop --max-running-requests (SGLang sizes it) or give a positive value", "AssertionError: max_running_request is zero"),
+    ("context_length", "--context-length", lambda v: v <= 0,
+     "every request is at least as long as the context and is refused",
+     f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
+     "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
+     "drop --context-length (the model's own) or give a positive length",
+     "ValueError: The input (N tokens) is longer than the model's context length"),
+    ("pp_size", "--pp-size", lambda v: v < 1, "no pipeline stage to hold the layers",
+     "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load", "use --pp-size 1", None),
+    ("page_size", "--page-size", lambda v: v < 0, "the KV pool cannot be built with a negative page",
+     "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64", None),
+    ("mem_fraction_static", "--mem-fraction-static", lambda v: v > 1, "asks for more than the whole GPU",
+     "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
+     "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
+     "RuntimeError / CUDA out of memory while allocating the KV cache"),
+    ("max_total_tokens", "--max-total-tokens", lambda v: v <= 0, "a KV cache of no tokens",
+     "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
+     "load", "drop --max-total-tokens or give a positive count",
+     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."),
+    ("dp_size", "--dp-size", lambda v: v < 1, "no data-parallel replica is started",
+     "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1", None),
+)
+
+
+def late_value_findings(a: ParsedArgs, res: Resolved) -> list[Finding]:
+    """LATE_VALUES, plus draft steps/topk of 0 (a warning: speculation that proposes nothing)."""
+    out: list[Finding] = []
+    for dest, flag, bad, what, source, stage, fix, error in LATE_VALUES:
+        v = a.get(dest)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and bad(v):
+            out.append(F(f"sglang.value.{dest}", "fail", f"{flag} {v}: {what} (SGLang's resolution accepts it)",
+                         source=source, stage=stage, fix=fix, error=error))
+    if res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
+        for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+            v = a.get(dest)
+            if isinstance(v, int) and v <= 0:
+                out.append(F(f"sglang.value.{dest}", "warn",
+                             f"{flag} {v}: no draft token is proposed, speculation does no work (SGLang's resolution accepts it)",
+                             source="python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)",
+                             stage="request", fix=f"use {flag} 1 or more"))
+    return out

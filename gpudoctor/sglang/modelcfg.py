@@ -122,14 +122,30 @@ def standardized_rope(cfg: dict) -> dict | None:
     return rope
 
 
+# max_position_embeddings a transformers 5.19 config class sets when config.json leaves it out (its __init__ default;
+# read from AutoConfig.for_model(model_type)). SGLang then reads that value like any other.
+TRANSFORMERS_MAX_POS_DEFAULTS = {
+    "llama": 2048, "qwen2": 32768, "qwen3": 32768, "qwen3_moe": 32768, "qwen3_next": 32768, "mistral": 131072,
+    "mixtral": 131072, "deepseek_v2": 2048, "deepseek_v3": 4096, "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072,
+    "phi3": 4096, "glm4_moe": 131072, "gpt_oss": 131072, "granite": 2048, "olmo2": 2048, "starcoder2": 4096,
+    "falcon": 2048, "gpt_neox": 2048, "cohere": 8192, "minimax": 131072,
+}
+
+
 def derive_context_length(cfg: dict) -> tuple[int, str]:
     """utils/hf_transformers/common.py::get_context_length over the config as transformers 5.x loads it."""
+    default_note = ""
+    if cfg.get("max_position_embeddings") is None and cfg.get("model_type") in TRANSFORMERS_MAX_POS_DEFAULTS:
+        cfg = dict(cfg, max_position_embeddings=TRANSFORMERS_MAX_POS_DEFAULTS[cfg["model_type"]])
+        default_note = f" (absent from config.json: transformers' {cfg['model_type']} default)"
     raw = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     rope = standardized_rope(cfg)
     factor = 1
     note = ""
     if rope:
         factor = rope.get("factor", 1) or 1
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            factor = 1  # not a number: no scaling to apply (a str would repeat, not multiply)
         if "original_max_position_embeddings" in rope:
             if isinstance(raw, dict) and "original_max_position_embeddings" not in raw and factor != 1:
                 note = (f" (rope {rope['rope_type']} factor {factor} ignored: transformers inserts "
@@ -145,6 +161,8 @@ def derive_context_length(cfg: dict) -> tuple[int, str]:
             except (TypeError, ValueError):
                 continue
             src = (key if factor == 1 else f"{key} {val} x rope_scaling.factor {factor}") + note
+            if key == "max_position_embeddings":
+                src += default_note
             return n, src
     return 2048, "no length key (SGLang's fallback 2048)"
 
@@ -279,6 +297,12 @@ def _quant_bytes_per_param(cfg: dict, dtype_bytes: int) -> float:
         return float(dtype_bytes)
     method = str(q.get("quant_method", "")).lower()
     bits = q.get("bits") or q.get("num_bits")
+    groups = q.get("config_groups")
+    if not bits and isinstance(groups, dict):  # compressed-tensors: config_groups.*.weights.num_bits
+        found = [g.get("weights", {}).get("num_bits") for g in groups.values()
+                 if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+        found = [b for b in found if isinstance(b, int) and b > 0]
+        bits = max(found) if found else None
     if bits:
         return bits / 8
     if "fp8" in method or "fp8" in str(q.get("fmt", "")):

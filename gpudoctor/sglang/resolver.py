@@ -23,6 +23,7 @@ DEVICES = {
     "h200": {"name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771, "sms": 132, "count": 8},
     "rtx_pro_6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "capability": [12, 0],
                      "memory_mib": 97887, "sms": 188, "count": 8},
+    "b200": {"name": "NVIDIA B200", "capability": [10, 0], "memory_mib": 183359, "sms": 148, "count": 8},
 }
 # CUDA kernel packages a GPU host has and SGLang imports at module level; off-GPU they are stubs (never called).
 STUB_PACKAGES = ("sgl_kernel",)
@@ -84,6 +85,10 @@ def stub_kernel_packages(names):
 if DEVICE:
     fake_devices(DEVICE)
     stub_kernel_packages(set(DEVICE.get("stub_packages", ())))
+    # flashinfer ships with every SGLang install on a GPU host (it is not importable here): say so through SGLang's
+    # own override of platform facts, which get_default_attn_backend reads.
+    from sglang.srt.runtime_context import override_platform
+    override_platform(has_flashinfer=True).install()
 
 def first_line(e):
     s = str(e).strip()
@@ -203,7 +208,8 @@ def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 6
 EARLY_STAGES = ("parse", "resolve", "launch", "draft")
 # Resolved values compared where both accept (None on our side: not predicted, not compared).
 COMPARED = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-            "max_running_requests", "mem_fraction_static", "chunked_prefill_size", "page_size", "context_len")
+            "max_running_requests", "mem_fraction_static", "chunked_prefill_size", "page_size", "context_len",
+            "attention_backend")
 
 
 def predicted_failure(result) -> bool:
@@ -251,11 +257,11 @@ def compare(result, real: dict) -> Finding:
     kind, diffs = judge(result, real)
     if kind == "not_run":
         return Finding("sglang.resolver.unavailable", Status.INFO, f"SGLang's own resolver did not run: {real.get('error')}",
-                       layer="workload", data={"source": src, "real": real})
+                       layer="workload", data={"source": src, "stage": "advice", "real": real})
     if kind != "agree":
         return Finding("sglang.resolver.disagree", Status.WARN, f"SGLang's own resolver disagrees with gpudoctor's rules ({kind})",
                        layer="workload", evidence=diffs, hint="trust SGLang; report the case so the rule is fixed",
-                       data={"source": src, "real": real})
+                       data={"source": src, "stage": "advice", "real": real})
     what = "resolved the same values" if real["ok"] else f"fails the same way ({real.get('error_type')})"
     return Finding("sglang.resolver.agree", Status.OK, f"SGLang {real.get('version', '')} {what}".replace("  ", " "),
-                   layer="workload", data={"source": src, "real": real})
+                   layer="workload", data={"source": src, "stage": "advice", "real": real})

@@ -46,6 +46,30 @@ SPEC_FLAG_DESTS = ("speculative_num_steps", "speculative_eagle_topk", "speculati
                    "speculative_draft_model_path", "speculative_dflash_block_size")
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """What SGLang reads of a GPU: nvidia-smi memory.total (MiB) and the compute capability."""
+
+    name: str
+    memory_mib: int
+    sm: int  # major*10 + minor
+
+
+# nvidia-smi --query-gpu=memory.total values of the cards (MiB) and their SM.
+GPUS = {
+    "h200": Gpu("NVIDIA H200", 143771, 90),
+    "h100": Gpu("NVIDIA H100 80GB HBM3", 81559, 90),
+    "b200": Gpu("NVIDIA B200", 183359, 100),
+    "rtx_pro_6000": Gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, 120),
+    "a100_80g": Gpu("NVIDIA A100-SXM4-80GB", 81920, 80),
+    "l40s": Gpu("NVIDIA L40S", 46068, 89),
+}
+
+
+def gpu_of(opt: "Options") -> Gpu | None:
+    return GPUS.get(opt.gpu) if opt.gpu else None
+
+
 @dataclass
 class Options:
     """What the caller knows beyond the arguments: the GPU, the workload, the environment."""
@@ -225,7 +249,7 @@ def _no_attn_dp(a: ParsedArgs, algo: str, fn: str, error: str) -> list[Finding]:
     if adp > 1:
         return [F("sglang.spec.attn_dp", "fail", f"{algo} speculative decoding does not support attention DP (attn_dp_size {adp})",
                   source=fn, stage="resolve", error=error,
-                  fix=f"drop --attn-dp-size/--enable-dp-attention, or use EAGLE3 (or DFLASH with --enable-dp-lm-head)")]
+                  fix="drop --attn-dp-size/--enable-dp-attention, or use EAGLE3 (or DFLASH with --enable-dp-lm-head)")]
     return []
 
 
@@ -248,18 +272,56 @@ def _max_running_48(a: ParsedArgs, res: Resolved, out: list, fn: str) -> None:
         res.values["max_running_requests"] = a.get("max_running_requests")
 
 
-def attention_backends(a: ParsedArgs) -> tuple[str | None, str | None]:
-    """(prefill, decode) backends as given; None where SGLang auto-selects (overrides.py::attention_backends_of)."""
-    base = a.get("attention_backend")
+def attention_backends(a: ParsedArgs, resolved: str | None = None) -> tuple[str | None, str | None]:
+    """(prefill, decode) backends; None where SGLang auto-selects and `resolved` is unknown (attention_backends_of)."""
+    base = a.get("attention_backend") or resolved
     return a.get("prefill_attention_backend") or base, a.get("decode_attention_backend") or base
 
 
-def effective_page_size(a: ParsedArgs) -> tuple[int, str]:
-    """page_size after overrides.py::_page_size_default and the backend page constraints (CUDA, non-Blackwell)."""
+def default_attention_backend(a: ParsedArgs, model: ModelFacts | None, gpu: Gpu | None) -> str | None:
+    """model_override_base.py::get_default_attn_backend on CUDA (flashinfer installed, as on any SGLang host).
+
+    Decided before the speculative handler runs, on the topk and page size as given. None when the GPU is unknown.
+    """
+    backend = _default_attention_backend(a, model, gpu)
+    if backend == "fa3" and a.get("kv_cache_dtype") == "fp8_e5m2":
+        return "triton"  # overrides.py::_attention_backend_fa3_fp8_fallback (FA3 does only fp8_e4m3)
+    return backend
+
+
+def _default_attention_backend(a: ParsedArgs, model: ModelFacts | None, gpu: Gpu | None) -> str | None:
+    pre, dec = a.get("prefill_attention_backend"), a.get("decode_attention_backend")
+    if pre is not None and pre == dec:
+        return pre
+    if a.get("attention_backend") is not None:
+        return a.get("attention_backend")
+    if gpu is None:
+        return None
+    topk, page = a.get("speculative_eagle_topk"), a.get("page_size")
+    no_spec_or_topk1 = topk is None or (topk == 1 and page in (None, 1))
+    mla = bool(model and model.is_mla)
+    if not mla:
+        if gpu.sm == 90 and no_spec_or_topk1:
+            return "fa3"
+        algo = str(a.get("speculative_algorithm") or "").upper()
+        if gpu.sm in (100, 103) and no_spec_or_topk1 and (not algo or topk is not None or algo == "DFLASH"):
+            return "trtllm_mha"
+        return "flashinfer"
+    if gpu.sm == 90:
+        return "fa3"
+    if gpu.sm in (100, 103):
+        # model_hook.py (DeepSeek on SM100) prefers trtllm_mla over the generic flashinfer choice
+        arch = model.architecture if model else None
+        return "trtllm_mla" if arch in ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM") else "flashinfer"
+    return "triton"
+
+
+def effective_page_size(a: ParsedArgs, backend: str | None = None) -> tuple[int, str]:
+    """page_size after overrides.py::_page_size_default and _mla_backend_page_constraints (CUDA)."""
     page = a.get("page_size")
     src = "--page-size" if page is not None else "default 1 (overrides.py::_page_size_default)"
     page = page if page is not None else 1
-    backends = {a.get("attention_backend"), a.get("decode_attention_backend"), a.get("prefill_attention_backend")}
+    backends = {a.get("attention_backend") or backend, a.get("decode_attention_backend"), a.get("prefill_attention_backend")}
     if "flashmla" in backends and page != 64:
         return 64, "forced to 64 by flashmla (overrides.py)"
     if "trtllm_mla" in backends and page not in (32, 64):
@@ -347,7 +409,7 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
                      fix=f"add {topk_f} 1"))
         res.values.update(speculative_num_steps=steps, speculative_eagle_topk=None, speculative_num_draft_tokens=ndraft)
         return out
-    pre, dec = attention_backends(a)
+    pre, dec = attention_backends(a, res.values.get("attention_backend"))
     if "trtllm_mha" in (pre, dec) and topk is not None and topk > 1:
         out.append(F("sglang.spec.trtllm_topk", "fail", f"trtllm_mha supports only {topk_f} 1 (got {topk})",
                      source=fn, stage="resolve",
@@ -386,10 +448,10 @@ def _eagle_family(a, table, model, draft, opt, res, algo) -> list[Finding]:
                          fix=(f"write {draft_f} {steps + 1} to say what runs, or raise {steps_f} to {ndraft - 1} "
                               f"to really verify {ndraft} tokens")))
         ndraft = steps + 1
-    page, page_src = effective_page_size(a)
+    backend = a.get("attention_backend") or res.values.get("attention_backend")
+    page, page_src = effective_page_size(a, backend)
     allowed = PAGE_TREE_BACKENDS.get(opt.version, PAGE_TREE_BACKENDS["0.5.23"])
     if topk is not None and topk > 1 and page > 1:
-        backend = a.get("attention_backend")
         if backend is None:
             out.append(F("sglang.spec.page_tree_backend", "warn",
                          f"{topk_f} {topk} with page_size {page}: works only if the auto-selected attention backend is one of {', '.join(allowed)}",
@@ -487,8 +549,8 @@ def _ngram(a, table, opt, res) -> list[Finding]:
     topk = a.get("speculative_ngram_max_bfs_breadth") or 10
     ndraft = a.get("speculative_num_draft_tokens") or 12
     steps = a.get("speculative_num_steps") or ndraft // topk
-    page, page_src = effective_page_size(a)
-    backend = a.get("attention_backend")
+    backend = a.get("attention_backend") or res.values.get("attention_backend")
+    page, page_src = effective_page_size(a, backend)
     if topk > 1 and page > 1 and backend != "flashinfer":
         out.append(F("sglang.spec.ngram_page_backend", "fail",
                      f"NGRAM (bfs breadth {topk}) with page_size {page} > 1 needs --attention-backend flashinfer (got {backend or 'auto'})",

@@ -64,9 +64,11 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
         assert r["output_tok_per_s"] == pytest.approx(expected_tok_s(4, r["concurrency"], 40, e2e / 1000), rel=0.04)
         assert r["accept_length"] == (pytest.approx(4.0, abs=1e-9) if r["method"] == "eagle3" else None)
 
-    # The gate ran here, aimed at ct200 through the same inventory, once per configuration.
-    assert lab.gate_calls() == [["gate", "--profile", "benchmark", "--host", "ct200", "--inventory",
-                                 str(lab.inventory)]] * 2
+    # The gate ran here, aimed at ct200 through the same inventory, once per configuration, with the models that
+    # configuration serves (the benchmark profile requires workload.model.*).
+    gate = ["gate", "--profile", "benchmark", "--host", "ct200", "--inventory", str(lab.inventory),
+            "--model", f"{lab.tmp}/model"]
+    assert lab.gate_calls() == [gate, gate + ["--model", "/models/draft"]]
     # GPU release was asked on ct200 (its PATH) after each stop, and the campaign waited out the busy answers.
     calls = lab.smi_calls()
     assert calls.count("--query-compute-apps=pid,used_memory --format=csv,noheader,nounits") == 4
@@ -207,7 +209,8 @@ def test_real_gate_over_ssh_stops_the_campaign(lab):
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("gpudoctor: gate failed before baseline-tp1, campaign stopped (nothing recorded for it): ")
-    assert f"gate --profile benchmark --host ct200 --inventory {lab.inventory} → rc 2: BLOCK host.driver.loaded" in last
+    assert (f"gate --profile benchmark --host ct200 --inventory {lab.inventory} --model {lab.tmp}/model → rc 2: "
+            "BLOCK host.driver.loaded") in last
     assert records(out) == [] and lab.remote_logs() == {}
 
 

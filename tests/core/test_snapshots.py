@@ -37,6 +37,15 @@ def test_snapshot_replays_to_its_verdict(name):
     jsonschema.validate(d.to_json(), SCHEMA)
 
 
+def _recorded_part(recorded, again):
+    """`again` cut down to the keys `recorded` has, at every level of nested mappings."""
+    if isinstance(recorded, list) and isinstance(again, list) and len(recorded) == len(again):
+        return [_recorded_part(a, b) for a, b in zip(recorded, again)]
+    if not isinstance(recorded, dict) or not isinstance(again, dict):
+        return again
+    return {k: _recorded_part(v, again.get(k)) for k, v in recorded.items()}
+
+
 def test_replayed_facts_equal_recorded_facts():
     doc = snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))
     again = snapshot.facts_of(doc)
@@ -44,7 +53,7 @@ def test_replayed_facts_equal_recorded_facts():
         a, b = dict(doc["facts"][key]), dict(again[key])
         for x in (a, b):
             x.pop("duration_s", None)
-        assert a == b, key
+        assert _recorded_part(a, b) == a, key  # every recorded fact is reproduced (newer gathers add keys)
 
 
 def test_uvm_blocked_names_the_node_not_cuda_unknown_error():

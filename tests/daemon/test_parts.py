@@ -297,7 +297,7 @@ def test_critical_xid_becomes_a_finding_of_the_local_host_until_the_next_boot(tm
     assert d.run_cycle() == 2
     hs = store.load().hosts["gpu-node"]
     assert hs.verdict == "fail" and hs.findings["driver.xid[gpu0:xid79]"] == "fail"
-    assert hs.root_cause.startswith("XID 79 on GPU 0")
+    assert hs.root_cause.startswith("Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS on GPU 0")
     # a new boot clears them
     raw = json.loads(store.path.read_text())
     raw["boot_id"] = "some-older-boot"

@@ -1,5 +1,6 @@
-"""One contract, every backend: LocalHost, SSHHost (a real sshd: through the probe agent, and the classic paths with
-and without SFTP) and ReplayHost (a recorded transcript).
+"""One contract, every backend: LocalHost (host/ops.py in process), SSHHost (a real sshd: host/ops.py in the probe
+agent, and one-shot through a login shell per request, on a server with SFTP and on one without: none is needed) and
+ReplayHost (a recorded transcript).
 
 The replay backend records each operation on a RecordingHost over LocalHost, round-trips the transcript through
 JSON, replays it on a fresh ReplayHost, asserts the replay equals the live answer and returns the replay.
@@ -44,8 +45,8 @@ class ReplayThrough(Host):
     def stat_many(self, paths, timeout=3.0):
         return self._replay("stat_many", paths, timeout)
 
-    def try_open_many(self, paths, timeout=5.0):
-        return self._replay("try_open_many", paths, timeout)
+    def try_open_many(self, paths, timeout=5.0, access="rw"):
+        return self._replay("try_open_many", paths, timeout, access)
 
     def listdir(self, path, timeout=3.0):
         return self._replay("listdir", path, timeout)
@@ -58,10 +59,10 @@ class ReplayThrough(Host):
 
 
 def _ssh_kinds(sshd, sshd_nosftp):
-    """ssh: through the probe agent; ssh-classic: a login shell per command and SFTP for files; ssh-nosftp: the
-    classic paths on a server without SFTP (files through python programs)."""
+    """ssh: through the probe agent; ssh-classic: one-shot, a login shell per command and per file operation;
+    ssh-nosftp: the agent on a server without an SFTP subsystem."""
     return {"ssh": sshd.make_host, "ssh-classic": lambda: sshd.make_host(agent=False),
-            "ssh-nosftp": lambda: sshd_nosftp.make_host(agent=False)}
+            "ssh-nosftp": lambda: sshd_nosftp.make_host()}
 
 
 @pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp", "replay"])
@@ -206,6 +207,23 @@ def test_try_open_ok_enoent_enxio(host, tmp_path, unused_major):
     os.mknod(stale, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 0))
     res = host.try_open_many(timeout=T, paths=["/dev/null", str(tmp_path / "nope"), str(stale)])
     assert res == {"/dev/null": "OK", str(tmp_path / "nope"): "ENOENT", str(stale): "ENXIO"}
+
+
+def test_try_open_read_only_opens_the_way_a_capability_consumer_does(host, tmp_path, unused_major):
+    """A 0444 node (MIG monitor capability) refuses O_RDWR to a non-root user but opens read-only; the kernel decides
+    (run as an ordinary user through setpriv where we are root)."""
+    ro = tmp_path / "ro"
+    ro.write_text("x")
+    os.chmod(ro, 0o444)
+    assert host.try_open_many([str(ro)], T, access="r") == {str(ro): "OK"}
+    node = tmp_path / "cap"
+    os.mknod(node, 0o444 | stat.S_IFCHR, os.makedev(unused_major, 2))
+    assert host.try_open_many([str(node)], T, access="r") == {str(node): "ENXIO"}  # permitted; no driver here
+    got = host.batch([("open", [str(ro)], "r"), ("open", [str(ro)])], timeout=T)
+    assert got[0] == {str(ro): "OK"}
+    assert got[1] == {str(ro): "OK" if os.geteuid() == 0 else "EACCES"}
+    with pytest.raises(ValueError):
+        host.try_open_many([str(ro)], T, access="w")
 
 
 # --- listdir / statvfs -----------------------------------------------------------------------------

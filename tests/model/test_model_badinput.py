@@ -28,7 +28,7 @@ CASES = [
     (["model", "verify", "{t}/etc"], "{t}/etc: not a model directory"),
     (["model", "verify", "{t}/hub"], "is a Hugging Face cache root; name one repo folder: models--acme--tiny"),
     (["model", "verify", "--hash", "{t}/m"], "--hash: nothing to compare against"),
-    (["model", "stage", "--to", "{t}/dst"], "give exactly one of --from SRC or --from-hub REPO"),
+    (["model", "stage", "--to", "{t}/dst"], "give exactly one of --from (a model directory) or --from-hub"),
     (["model", "stage", "--from", "{t}/m", "--from-hub", "a/b", "--to", "{t}/dst"], "give exactly one of"),
     (["model", "stage", "--from", "{t}/nope", "--to", "{t}/dst"], "{t}/nope: --from: no such directory"),
     (["model", "stage", "--from", "{t}/etc", "--to", "{t}/dst"], "--from: not a model directory"),

@@ -261,3 +261,20 @@ def test_fast_on_sparse_multi_gigabyte_layout(tmp_path, n_shards):
     (m / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
     rep = probe.verify_model(str(m))
     assert rep["complete"] and rep["weights"]["bytes"] > n_shards << 30
+
+
+def test_a_directory_of_model_directories_is_not_one_model(tmp_path, cli):
+    """#19: `model verify /dev/shm` holding models was verified as one incomplete model (exit 2)."""
+    write_model(tmp_path / "shm" / "Qwen3-a", shards=2)
+    write_model(tmp_path / "shm" / "Llama-b", shards=1)
+    (tmp_path / "shm" / "notes.txt").write_text("scratch\n")
+    r = cli("model", "verify", tmp_path / "shm")
+    assert r.code == 3 and "incomplete" not in (r.out + r.err).lower()
+    assert "not a model directory: it holds 2 model directories: Llama-b, Qwen3-a" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+    r = cli("model", "verify", tmp_path / "shm" / "Qwen3-a")
+    assert r.code == 0
+    # a model with subfolders of its own (a second copy of the weights under original/) stays a model
+    write_model(tmp_path / "m2", shards=1)
+    write_model(tmp_path / "m2" / "original", shards=1)
+    assert cli("model", "verify", tmp_path / "m2").code == 0

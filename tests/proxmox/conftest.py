@@ -66,3 +66,18 @@ def fake_pct(tmp_path):
         """))
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return bindir, state
+
+
+def audit(inp):
+    """The registered boundary.lxc.* checks over the boundary facts these inputs make (as `lxc audit` runs them),
+    without boundary.lxc.config (which says only that both files were read)."""
+    pd = "Character devices:\n" + "".join(f"{m:3d} {n}\n" for m, ns in inp.procdev.char.items() for n in ns)
+    b = {"kind": "lxc", "applicable": True, "proxmox": "pve", "vmid": inp.vmid, "name": inp.name,
+         "config": {"path": inp.cfg.path, "text": inp.cfg.text}, "proc_devices": {"path": "/proc/devices", "text": pd},
+         "running": None if inp.running is None else {"path": f"/var/lib/lxc/{inp.vmid}/config", "text": inp.running},
+         "status": {"status": inp.status}, "host_nodes": inp.host_nodes, "offline": inp.offline,
+         "cgroup": {"layout": inp.layout, "evidence": inp.layout_evidence}}
+    from gpudoctor.diagnose import diagnose
+
+    return [f for f in diagnose({"meta": {"host": "pve"}, "boundary": b}, {"boundary"}).findings
+            if f.id != "boundary.lxc.config"]

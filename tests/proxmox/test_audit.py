@@ -2,10 +2,10 @@
 
 from gpudoctor.findings import Status
 from gpudoctor.proxmox import config as C
-from gpudoctor.proxmox.audit import AuditInput, audit, decide, live_rules, needed_nodes
+from gpudoctor.proxmox.audit import AuditInput, decide, live_rules, needed_nodes
 from gpudoctor.proxmox.devices import ProcDevices, classify_node
 
-from .conftest import CONFIGS, DEV509, DEV511
+from .conftest import CONFIGS, DEV509, DEV511, audit
 
 
 def run(fixture, devices=DEV511, **kw):

@@ -131,7 +131,7 @@ def test_reboot_when_running_and_idle_then_recheck(pve_root, fake_pct):
     (run_dir / "config").write_text("lxc.cgroup2.devices.allow = c 195:* rwm\nlxc.cgroup2.devices.allow = c 511:* rwm\n")
     (out,) = eng.apply(plan)
     assert out.result == "applied" and out.reboot.done, out.reboot
-    assert "now allows 511" in out.reboot.message
+    assert "now allows c 511:*; still denied there: /dev/nvidia-caps" in out.reboot.message  # the stand-in's config has no 234
     calls = (state / "calls").read_text().splitlines()
     assert "exec 200 -- nvidia-smi --query-compute-apps=pid --format=csv,noheader" in calls
     assert "reboot 200" in calls
@@ -191,5 +191,6 @@ def test_restart_only_change_when_the_file_is_already_fixed(pve_root, fake_pct):
         f"lxc.cgroup2.devices.allow = c {m}:* rwm\n" for m in (195, 509, 226, 234, 511)))
     (out,) = engine(pve_root, host, reboot=True).apply(plan)
     assert out.result == "unchanged" and out.reboot.done and t.read_bytes() == before
-    assert "running config now allows 234, 511" in out.reboot.message
+    assert "running config now allows c 234:*, c 511:*; every GPU node the config passes is allowed there" \
+        in out.reboot.message
     assert os.path.exists(pve_root / "audit.jsonl")

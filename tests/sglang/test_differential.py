@@ -130,3 +130,17 @@ def test_seed_eagle3_flags_with_a_2048_context_draft_are_invalid_with_both_fixes
         cases["seed_eagle3_draft_2k_fails_after_load"]["error"]
     assert "(30000) is greater than the derived context_length (2048)" in cases["seed_eagle3_draft_2k_ctx30000_still_fails"]["error"]
     assert cases["seed_eagle3_draft_2k_ctx2048_fits"]["ok"] and cases["seed_eagle3_draft_2k_env_allows"]["ok"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.get("expect")], ids=lambda c: c["name"])
+def test_expected_findings(case, dirs):
+    """The rule each case is about fires with the status the case names (not only the verdict SGLang agrees with)."""
+    ours = D.run_ours(case, dirs)
+    got = {}
+    for f in ours.findings:
+        got.setdefault(f.id, set()).add(f.status.value)
+        assert f.data.get("source"), f.id
+        if f.status.value in ("fail", "warn"):
+            assert f.hint, f"{f.id} has no fix"
+    for fid, status in case["expect"].items():
+        assert status in got.get(fid, set()), f"{fid}: want {status}, got {sorted(got)}"
