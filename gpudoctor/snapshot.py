@@ -166,10 +166,13 @@ def _validate_transcript(transcript: dict, name: str, bad) -> None:
             parts = json.loads(key)
         except ValueError:
             parts = None
-        if not isinstance(parts, list) or len(parts) != 2 or parts[0] not in _OPS:
+        ok = isinstance(parts, list) and len(parts) in (2, 3) and parts[0] in _OPS
+        if ok and len(parts) == 3:  # ["open", path, access]: a read-only open ("r") of a capability node
+            ok = parts[0] == "open" and parts[2] in ("r", "rw")
+        if not ok:
             bad(f"{name} entry {brief(key, 60)} is not a recorded operation (["
                 f"{' | '.join(_OPS)}, argument])")
-        op, arg = parts
+        op, arg = parts[0], parts[1]
         where = f"{name} entry {brief(key, 60)}"
         if op == "run":
             if not isinstance(arg, list) or not arg or not all(isinstance(a, str) for a in arg):

@@ -47,7 +47,7 @@ BAD = {
     "quant_config_not_an_object_is_ignored_but_heads_bad": (
         {"m/config.json": '{\n  "quantization_config": "fp8",\n  "num_hidden_layers": -2\n}\n'},
         ["--model-config", "{d}/m"], ["--model-path", "x"],
-        "{d}/m/config.json:3: num_hidden_layers must be a non-negative integer, found -2"),
+        "{d}/m/config.json:3: num_hidden_layers must be an integer >= 1, found -2"),
 }
 
 
