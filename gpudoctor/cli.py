@@ -134,6 +134,13 @@ def _fast_exit(code) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+def _close_connections() -> None:
+    """An interrupted run closes its SSH connections itself: nothing it started stays on the targets."""
+    ssh = sys.modules.get("gpudoctor.host.ssh")
+    if ssh is not None:
+        ssh.close_all()
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
@@ -158,9 +165,11 @@ def _run(argv) -> None:
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort:
+        _close_connections()
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_UNKNOWN)
     except KeyboardInterrupt:
+        _close_connections()
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     except RecursionError:  # input nested deeper than a parser could follow: bad input, never a traceback

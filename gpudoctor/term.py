@@ -20,10 +20,15 @@ _UNSAFE_LINE = re.compile(r"[^\x20-\x7e]")
 _UNSAFE_TEXT = re.compile(r"[^\n\t\x20-\x7e]")
 
 
+_SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}  # as Python writes them
+
+
 def _esc(m: re.Match) -> str:
     ch = m.group()
     if ch.isprintable():
         return ch
+    if ch in _SHORT:
+        return _SHORT[ch]
     o = ord(ch)
     return f"\\x{o:02x}" if o < 0x100 else (f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
 

@@ -67,10 +67,12 @@ def common(f):
               help="Fleet mode: hosts checked at once.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
+@click.option("--host-timeout", type=seconds(1, 86400), default=300.0, show_default=True, metavar="SECONDS",
+              help="Fleet mode: a host that has not answered by then is reported unreachable (its own deadline).")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
+          deep, deep_python, all_hosts, groups, parallel, host_timeout, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -97,7 +99,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if all_hosts or groups:
         if snapshot_path or host_name:
             raise InputError("--all/--group check inventory hosts; they do not combine with --snapshot or --host")
-        raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path))
+        raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path,
+                                      host_timeout))
     from gpudoctor.pipeline import check_host
 
     if not snapshot_path:
@@ -149,7 +152,7 @@ def _warm_imports(as_json: bool) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
-def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
+def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path, host_timeout=None) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
     from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
@@ -158,7 +161,8 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
     names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
     if not names:
         raise InputError("the inventory selects no hosts", path=inv.path)
-    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout))
+    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout),
+                         host_timeout=host_timeout)
     if prom_path:
         from gpudoctor.promfile import write_prom
 
