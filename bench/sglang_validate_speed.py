@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much faster `gpudoctor sglang validate` judges a launch than SGLang's own resolution does, per case.
 
-    python3 bench/sglang_validate_speed.py --python /work/venvs/sglang-ref/bin/python
+    python3 bench/sglang_validate_speed.py --python /tmp/sglang-ref/bin/python
 
 Over every case of tests/sglang/{corpus,differential}.yaml, in one run:
 - ours: validate() in this process (parse, every rule, the memory plan), median of --repeat runs per case;

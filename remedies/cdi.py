@@ -1,6 +1,6 @@
 """Remedy cdi.spec: make a CDI spec give containers the live major:minor again.
 
-Where the toolkit's generator is on PATH, plan asks it for a fresh spec (`nvidia-ctk cdi generate --format=yaml|json`
+Where the toolkit's generator is on PATH and the spec is its own (kind nvidia.com/gpu), plan asks it for a fresh spec (`nvidia-ctk cdi generate --format=yaml|json`
 writes to stdout: nothing is written while planning) and diffs it against the file; otherwise plan edits exactly the
 stale `major:`/`minor:` scalars of the entries the audit named and nothing else. Either way the new text must parse
 as CDI and pass the same audit before it is proposed, and again (as the edit's validator) before it is renamed into
@@ -25,6 +25,7 @@ from gpudoctor.remedy import Change, Remedy, RemedyContext
 from .common import run_check, target_name, verdict
 
 ID = "cdi.spec"
+TOOLKIT_KIND = "nvidia.com/gpu"  # what `nvidia-ctk cdi generate` writes
 
 
 def _live(facts) -> dict:
@@ -48,7 +49,7 @@ class CdiSpec(Remedy):
     summary = "regenerate (nvidia-ctk cdi generate) or edit a CDI spec whose device nodes name an old major"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:
-        from gpudoctor.checks.cdi import stale_entries
+        from gpudoctor.checks.cdi import parsed, stale_entries
 
         stale = stale_entries(facts)
         if not stale:
@@ -68,10 +69,13 @@ class CdiSpec(Remedy):
         live, host_nodes = _live(facts), c.get("host_nodes") or {}
         ctk = c.get("nvidia_ctk")
         edits, diffs, commands, keys = [], [], [], []
+        kinds = {sp.path: sp.kind for sp in parsed(facts)[0]}
         for path in sorted({s.entry.spec for s in by_spec}):
             before = texts[path]
             mine = [s for s in by_spec if s.entry.spec == path]
-            if ctk:
+            # the generator writes the toolkit's own kind; another writer's spec (the device plugin's, a vendor's)
+            # keeps its content and gets the exact edit
+            if ctk and kinds.get(path) == TOOLKIT_KIND:
                 fmt = "json" if path.endswith(".json") else "yaml"
                 host = ctx.host(target_name(facts))
                 res = host.run([ctk, "cdi", "generate", f"--format={fmt}"], timeout=max(ctx.timeout, 60.0))

@@ -107,7 +107,7 @@ class ModelStage(Remedy):
         from gpudoctor.model import probe
         from gpudoctor.model.stage import DEFAULT_JOBS, apply_stage, plan_stage
 
-        src, dst = host._p(a["src"]), host._p(a["dst"])
+        src, dst = host._path(a["src"]), host._path(a["dst"])
         rep = probe.verify_model(dst) if os.path.isdir(dst) else {"complete": False}
         if rep.get("complete") and (rep.get("marker") or {}).get("boot_id") == probe.boot_id():
             return {"dst": a["dst"], "changed": False, "note": "already complete and staged this boot"}

@@ -3,15 +3,14 @@
 
 Set up a throwaway reference venv (outside the repository; SGLang is never a gpudoctor dependency):
 
-    python3.11 -m venv /work/venvs/sglang-ref
-    /work/venvs/sglang-ref/bin/pip install --no-deps sglang==0.5.23
-    /work/venvs/sglang-ref/bin/pip install torch==2.13.0      # CPU is enough; no GPU is used
-    bash tools/sglang_differential_setup.sh /work/venvs/sglang-ref   # the modules its import names
-    /work/venvs/sglang-ref/bin/pip install transformers==5.19.0 tokenizers==0.23.2   # the versions sglang pins
+    python3.11 -m venv /tmp/sglang-ref
+    /tmp/sglang-ref/bin/pip install --no-deps sglang==0.5.23
+    /tmp/sglang-ref/bin/pip install torch          # any build; no GPU is used (torchvision pulled 2.14.1 here)
+    bash tools/sglang_differential_setup.sh /tmp/sglang-ref   # the modules its import names, transformers 5.19.0
 
 then:
 
-    python tools/sglang_differential.py --python /work/venvs/sglang-ref/bin/python
+    python tools/sglang_differential.py --python /tmp/sglang-ref/bin/python
 
 For every case it writes the model configs, runs gpudoctor's validate() and, in the reference venv, SGLang's
 prepare_server_args -> ServerArgs.resolve_once -> check_server_args -> the draft worker's ModelConfig at the
@@ -116,6 +115,7 @@ def report(rows, version, took) -> tuple[str, bool]:
     """The markdown table and whether the acceptance bound is broken (any false-accept, > 2 false-rejects, or an
     unexplained disagreement)."""
     counts: dict[str, int] = {}
+    stages: dict[str, int] = {}
     lines, unexplained = [], []
     for c, ours, real in rows:
         if isinstance(ours, InputError):
@@ -131,8 +131,12 @@ def report(rows, version, took) -> tuple[str, bool]:
             unexplained.append(c["name"])
         sg = "passes" if real.get("ok") else f"{real.get('stage')}: {real.get('error_type')}: {str(real.get('error'))[:100]}"
         why = known.get("why", "") if kind not in ("agree", "n/a") else ""
+        late = [] if isinstance(ours, InputError) else sorted(
+            {f.id for f in ours.findings if f.status.value == "fail" and f.id not in early})
+        stages[real.get("stage") if real.get("ok") is False else "passes"] = \
+            stages.get(real.get("stage") if real.get("ok") is False else "passes", 0) + 1
         lines.append(f"| {c['name']} | {c.get('device') or D.DEFAULT_DEVICE} | {verdict} | {', '.join(early) or '-'} | "
-                     f"{sg.replace('|', '/')} | {kind}{(': ' + '; '.join(det)) if det and kind != 'agree' else ''}"
+                     f"{', '.join(late) or '-'} | {sg.replace('|', '/')} | {kind}{(': ' + '; '.join(det)) if det and kind != 'agree' else ''}"
                      f"{(' — ' + why) if why else ''} |")
     n = len(rows)
     fa, fr = counts.get("false_accept", 0), counts.get("false_reject", 0)
@@ -148,6 +152,10 @@ def report(rows, version, took) -> tuple[str, bool]:
         f"{counts.get('stage', 0)} stage disagreements, {counts.get('values', 0)} value disagreements, "
         f"{counts.get('n/a', 0)} not comparable**" + (f"; unexplained: {', '.join(unexplained)}" if unexplained else "") + ".",
         "",
+        f"SGLang's verdicts: {stages.get('passes', 0)} pass every stage run; rejected at parse "
+        f"{stages.get('parse', 0)}, resolve {stages.get('resolve', 0)}, check_server_args {stages.get('check', 0)}, "
+        f"the draft worker (after the target load) {stages.get('draft', 0)}.",
+        "",
         "What runs on SGLang's side (gpudoctor/sglang/resolver.py): `prepare_server_args(argv)` (argparse) -> "
         "`ServerArgs.resolve_once()` (every arg_groups hook) -> `check_server_args()` (what the engine runs next) -> "
         "the draft worker's `ModelConfig.from_server_args(..., is_draft_model=True, context_length=<target context_len>)` "
@@ -159,12 +167,12 @@ def report(rows, version, took) -> tuple[str, bool]:
         "Kinds: *agree*; *false_accept* = SGLang stops and our verdict is not invalid; *false_reject* = SGLang passes "
         "every stage it ran and we predict a failure in one of them; *stage* = both reject, we place it later; "
         "*values* = both accept, a resolved value differs (speculative steps/topk/draft tokens, max_running_requests, "
-        "mem_fraction_static, chunked_prefill_size, page_size, context_len). Our fails at stage load/request (heads that "
+        "mem_fraction_static, chunked_prefill_size, page_size, attention backend, context_len). Our fails at stage load/request (heads that "
         "do not split, --tp-size 0, KV cache too small, ...) are beyond what SGLang's run reaches here and agree when "
         "SGLang passes. Every disagreement carries its explanation (the case's `known` entry in tests/sglang/differential.yaml).",
         "",
-        "| case | GPU | our verdict | our fails before the load | SGLang 0.5.23 | result |",
-        "|---|---|---|---|---|---|",
+        "| case | GPU | our verdict | our fails before the load | our later fails | SGLang 0.5.23 | result |",
+        "|---|---|---|---|---|---|---|",
     ]
     return "\n".join(head + lines) + "\n", bad
 

@@ -398,32 +398,30 @@ class Runner:
 
     # ---- preflight ------------------------------------------------------------------------------------------------
     def validate(self, cfg: Config) -> tuple[str, str] | None:
-        """Check the SGLang flags with `gpudoctor sglang validate` (run here) before a long model load.
+        """Check the SGLang flags with gpudoctor's SGLang rules (in this process) before a long model load.
 
         For a remote target the model's and draft's config.json are the copies read from the target.
         Returns (error, details) when SGLang would refuse them (the levels are recorded as errors, nothing launched),
         None when they are valid, have warnings, or could not be checked (then a note says why).
         """
-        argv = [sys.executable, "-m", "gpudoctor", "sglang", "validate", "--json"]
+        from gpudoctor.errors import GpudoctorError
+        from gpudoctor.sglang import validate
+
+        model_config = draft_config = None
         if self.camp.is_remote:
-            if self.model_dir:
-                argv += ["--model-config", self.model_dir]
+            model_config = self.model_dir or None
             draft = cfg.method.draft_model
             if draft:
                 tag = hashlib.sha1(draft.encode()).hexdigest()[:8]
                 try:
-                    local = self.mirror(draft, ["config.json"], f"draft-{tag}",
-                                        "sglang validate has no draft model config")
+                    draft_config = self.mirror(draft, ["config.json"], f"draft-{tag}",
+                                               "sglang validate has no draft model config") or None
                 except HostError as exc:
                     raise CampaignStopped(f"lost {self.camp.target} reading {draft}: {exc.one_line()}") from None
-                if local:
-                    argv += ["--draft-config", local]
-        argv += ["--", *cfg.sglang_args]
-        res = self.local.run(argv, timeout=120)
         try:
-            out = json.loads(res.stdout)
-        except ValueError:
-            self.emit("note", text=f"sglang validate could not check {cfg.label}: {res.describe()}")
+            out = validate(list(cfg.sglang_args), model_config, draft_config).to_json()
+        except GpudoctorError as exc:
+            self.emit("note", text=f"sglang validate could not check {cfg.label}: {exc.one_line()}")
             return None
         bad = [f for f in out.get("findings", []) if f.get("status") == "fail"]
         warn = [f for f in out.get("findings", []) if f.get("status") == "warn"]

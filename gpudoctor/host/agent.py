@@ -3,8 +3,8 @@
 SSHHost starts it on the first operation of a connection, over one session channel, and sends it JSON requests
 from any number of threads; a reader thread hands each answer to the thread waiting for it. Deadlines stay on
 this side: a request that has not been answered in time is abandoned (a command is also killed, process group
-and all). The agent is only an optimisation: where it cannot start (no python on the target, a shell that prints
-before it), SSHHost falls back to a login shell per command and SFTP for files.
+and all). The agent is only an optimisation: where it cannot start (a shell that prints before it, a python that
+cannot run it), SSHHost falls back to a login shell per command and per file operation (one-shot host/ops.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import json
 import socket
 import threading
 import time
-from functools import lru_cache
-from pathlib import Path
 
 from gpudoctor.errors import HostUnreachable
 
@@ -33,10 +31,11 @@ class AgentGone(Exception):
         self.exited = exited
 
 
-@lru_cache(maxsize=1)
 def source() -> str:
-    """The agent program's text, sent as `python3 -I -S -c SOURCE`."""
-    return (Path(__file__).with_name("agent_prog.py")).read_text()
+    """The agent program's text (host/ops.py, then agent_prog.py), sent as `python3 -I -S -c SOURCE`."""
+    from gpudoctor.host.base import program
+
+    return program("agent")
 
 
 class _Slot:

@@ -1,22 +1,17 @@
 """The probe agent: one stdlib python process per SSH connection that answers Host operations sent as JSON lines.
 
-Runs ON THE TARGET, started once per connection as `python3 -I -S -c SOURCE` (gpudoctor/host/agent.py sends this
-file's text). Without it every command and every stat/open/statvfs batch would start its own login shell and
+Runs ON THE TARGET, started once per connection as `python3 -I -S -c SOURCE`, SOURCE being host/ops.py's text (the
+file operations, written once) followed by this file's (gpudoctor/host/agent.py sends them). It adds what only a
+long-lived process can do: commands (run, kill) and many requests in flight at once. Without it every command and every stat/open/statvfs batch would start its own login shell and
 python on the target: the shell sources the user's rc files each time (bash does for ssh commands), which on a
 host with pyenv/conda initialisation costs ~0.1 s of CPU per command.
 
-Protocol (one JSON object per line; stdin: requests, stdout: answers, in any order):
+Protocol (one JSON object per line; stdin: requests, stdout: answers, in any order): every request of host/ops.py
+with an "id" added (answers carry it back), and
     -> {"hello": 1, "pid": N, "python": sys.executable}                         once, at start
-    <- {"id": 7, "op": "read", "path": P, "max": N}      -> {"id": 7, "b": BASE64} | {"id": 7, "e": "ENOENT"}
-    <- {"id": 8, "op": "stat", "paths": [...]}           -> {"id": 8, "r": {path: {...}}}
-    <- {"id": 9, "op": "open", "paths": [...]}           -> {"id": 9, "r": {path: "OK" | "EPERM" | ...}}
-    <- {"id": 10, "op": "listdir", "path": P}            -> {"id": 10, "entries": [...]} | {"id": 10, "error": E}
-    <- {"id": 11, "op": "statvfs", "path": P}            -> {"id": 11, "total": ..., ...} | {"id": 11, "error": E}
     <- {"id": 12, "op": "run", "argv": [...], "timeout": S, "env": {...} | null, "path_prepend": [...], "py": N}
                                                          -> {"id": 12, "rc": N | null, "o": B64, "e": B64, "t": bool}
     <- {"id": 13, "op": "kill", "target": 12}            (no answer: kills request 12's process group)
-    <- {"id": 14, "op": "batch", "ops": [{"op": "read", ...}, ...], "timeout": S}
-                                                         -> {"id": 14, "r": [answer, ...]}  (unfinished: {"timeout": 1})
 
 Each request runs in its own thread, so a hung read or command never blocks the others; the client keeps every
 deadline and abandons what does not answer in time. A command runs in a new session (its own process group,
@@ -31,20 +26,20 @@ import errno
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
 
+try:  # on the target host/ops.py's text comes first; importing is for reading this file on its own
+    from gpudoctor.host.ops import OPS, _guarded
+except ImportError:
+    pass
+
 _out_lock = threading.Lock()
 _runs = {}  # request id -> Popen
 _runs_lock = threading.Lock()
 _running = [0]  # commands in flight (guarded by _runs_lock)
-
-
-def _errname(e):
-    return errno.errorcode.get(e.errno, str(e.errno))
 
 
 def _send(obj):
@@ -60,67 +55,6 @@ def _write_all(data):
     view = memoryview(data)
     while view:
         view = view[os.write(1, view):]
-
-
-def _read(req):
-    n = int(req.get("max", 4 << 20))
-    try:
-        with open(req["path"], "rb", buffering=0) as f:
-            chunks, left = [], n
-            while left > 0:  # modest steps: one huge read() of a /proc/sys file fails with ENOMEM
-                c = f.read(min(65536, left))
-                if not c:
-                    break
-                chunks.append(c)
-                left -= len(c)
-        return {"b": base64.b64encode(b"".join(chunks)).decode()}
-    except OSError as e:
-        return {"e": _errname(e)}
-
-
-def _stat_one(p):
-    try:
-        st = os.lstat(p)
-    except OSError as e:
-        return {"exists": False, "error": _errname(e)}
-    m = st.st_mode
-    kind = ("char" if stat.S_ISCHR(m) else "block" if stat.S_ISBLK(m) else "dir" if stat.S_ISDIR(m)
-            else "link" if stat.S_ISLNK(m) else "file" if stat.S_ISREG(m) else "other")
-    d = {"exists": True, "kind": kind, "mode": stat.S_IMODE(m), "uid": st.st_uid, "gid": st.st_gid,
-         "size": st.st_size, "mtime": st.st_mtime}
-    if kind in ("char", "block"):
-        d["major"], d["minor"] = os.major(st.st_rdev), os.minor(st.st_rdev)
-    if kind == "link":
-        try:
-            d["target"] = os.readlink(p)
-        except OSError:
-            pass
-    return d
-
-
-def _open_one(p, access="rw"):
-    try:
-        fd = os.open(p, (os.O_RDONLY if access == "r" else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-        os.close(fd)
-        return "OK"
-    except OSError as e:
-        return _errname(e)
-
-
-def _listdir(req):
-    try:
-        return {"entries": sorted(os.listdir(req["path"]))}
-    except OSError as e:
-        return {"error": _errname(e)}
-
-
-def _statvfs(req):
-    try:
-        s = os.statvfs(req["path"])
-    except OSError as e:
-        return {"error": _errname(e)}
-    return {"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize,
-            "readonly": bool(s.f_flag & os.ST_RDONLY)}
 
 
 def _killpg(proc):
@@ -173,31 +107,6 @@ def _run(req):
             "o": base64.b64encode(out).decode(), "e": base64.b64encode(err).decode(), "t": timed_out}
 
 
-def _batch(req):
-    """Several read-only operations side by side (a hung one never holds up the rest); at the deadline the
-    unfinished ones answer {"timeout": 1}."""
-    ops = req.get("ops") or []
-    deadline = time.monotonic() + float(req.get("timeout") or 3.0)
-    results = [None] * len(ops)
-
-    def work(i, op):
-        fn = _BATCHABLE.get(op.get("op"))
-        try:
-            results[i] = fn(op) if fn is not None else {"bad": "not a batch operation: %r" % (op.get("op"),)}
-        except Exception as e:  # noqa: BLE001
-            results[i] = {"bad": "%s: %s" % (type(e).__name__, e)}
-
-    threads = []
-    for i, op in enumerate(ops):
-        t = threading.Thread(target=work, args=(i, op))
-        t.daemon = True
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    return {"r": [r if r is not None else {"timeout": 1} for r in results]}
-
-
 def _kill(req):
     with _runs_lock:
         proc = _runs.get(req.get("target"))
@@ -206,22 +115,12 @@ def _kill(req):
     return None
 
 
-_BATCHABLE = {
-    "read": _read,
-    "stat": lambda req: {"r": dict((p, _stat_one(p)) for p in req["paths"])},
-    "open": lambda req: {"r": dict((p, _open_one(p, req.get("access", "rw"))) for p in req["paths"])},
-    "listdir": _listdir,
-    "statvfs": _statvfs,
-}
-OPS = dict(_BATCHABLE, run=_run, kill=_kill, batch=_batch)
+AGENT_OPS = dict(OPS, run=_run, kill=_kill)
 
 
 def _serve(req):
-    try:
-        fn = OPS.get(req.get("op"))
-        res = fn(req) if fn is not None else {"bad": "unknown op %r" % (req.get("op"),)}
-    except Exception as e:  # noqa: BLE001 - one broken request never takes the agent down
-        res = {"bad": "%s: %s" % (type(e).__name__, e)}
+    fn = AGENT_OPS.get(req.get("op"))
+    res = _guarded(fn, req) if fn is not None else {"bad": "unknown op %r" % (req.get("op"),)}
     if res is not None:
         res["id"] = req.get("id")
         _send(res)

@@ -1,23 +1,16 @@
-"""The local backend: subprocesses with deadlines, reads done in-process under a deadline."""
+"""The local backend: subprocesses with deadlines; file operations (host/ops.py) served in process under a deadline."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import stat as statmod
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from gpudoctor.atomic import fsync_dir
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, check_access, read_capped
-
-
-def _errname(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+from gpudoctor.host.base import CommandResult, Host
 
 
 _PRESTARTED: dict = {}  # argv tuple -> (Popen, start time): probes started before the CLI finished loading
@@ -77,7 +70,7 @@ class LocalHost(Host):
     root: str = ""
     path_prepend: list[str] = field(default_factory=list)  # extra PATH entries (tests: fake tools)
 
-    def _p(self, path: str) -> str:
+    def _path(self, path: str) -> str:
         return self.root + path if self.root and path.startswith("/") else path
 
     def run(self, argv, timeout=None, input=None, env=None) -> CommandResult:
@@ -124,134 +117,9 @@ class LocalHost(Host):
         except subprocess.TimeoutExpired:
             pass
 
-    def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
-        def read():
-            try:
-                with open(self._p(path), "rb", buffering=0) as fh:
-                    return FileRead(path, read_capped(fh, max_bytes))
-            except OSError as exc:
-                return FileRead(path, error=_errname(exc))
+    def _call(self, req, timeout):
+        """In process: host/ops.py serves the request here, under the deadline (a read stuck in the kernel is
+        abandoned in its thread)."""
+        from gpudoctor.host import ops
 
-        return with_deadline(read, timeout, FileRead(path, error="TIMEOUT"))
-
-    def stat_many(self, paths, timeout=3.0):
-        def one(p):
-            try:
-                st = os.lstat(self._p(p))
-            except OSError as exc:
-                return StatResult(p, False, error=_errname(exc))
-            m = st.st_mode
-            kind = ("char" if statmod.S_ISCHR(m) else "block" if statmod.S_ISBLK(m) else "dir" if statmod.S_ISDIR(m)
-                    else "link" if statmod.S_ISLNK(m) else "file" if statmod.S_ISREG(m) else "other")
-            r = StatResult(p, True, kind, statmod.S_IMODE(m), st.st_uid, st.st_gid, size=st.st_size, mtime=st.st_mtime)
-            if kind in ("char", "block"):
-                r.major, r.minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-            if kind == "link":
-                r.target = os.readlink(self._p(p))
-            return r
-
-        fallback = {p: StatResult(p, False, error="TIMEOUT") for p in paths}
-        return with_deadline(lambda: {p: one(p) for p in paths}, timeout, fallback)
-
-    def try_open_many(self, paths, timeout=5.0, access="rw"):
-        acc = os.O_RDONLY if check_access(access) == "r" else os.O_RDWR
-
-        def one(p):
-            try:
-                fd = os.open(self._p(p), acc | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-                os.close(fd)
-                return "OK"
-            except OSError as exc:
-                return _errname(exc)
-
-        out: dict[str, str] = {}
-
-        def all_():
-            for p in paths:
-                out[p] = one(p)
-            return out
-
-        res = with_deadline(all_, timeout, None)
-        if res is None:  # the nodes that did not answer are the finding
-            return {p: out.get(p, "TIMEOUT") for p in paths}
-        return res
-
-    def listdir(self, path, timeout=3.0):
-        def ls():
-            try:
-                return sorted(os.listdir(self._p(path)))
-            except OSError as exc:
-                return _errname(exc)
-
-        return with_deadline(ls, timeout, "TIMEOUT")
-
-    def statvfs(self, path, timeout=3.0):
-        def sv():
-            try:
-                s = os.statvfs(self._p(path))
-            except OSError as exc:
-                return {"error": _errname(exc)}
-            return {"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize,
-                    "readonly": bool(s.f_flag & os.ST_RDONLY)}
-
-        return with_deadline(sv, timeout, {"error": "TIMEOUT"})
-
-    # --- writes (see Host for the contract) -------------------------------------------------
-    def _deadline(self, what: str, fn, timeout: float):
-        from gpudoctor.errors import CommandTimeout
-
-        box = with_deadline(lambda: ("done", fn()), timeout, None)
-        if box is None:
-            raise CommandTimeout(what, timeout)
-        return box[1]
-
-    def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0):
-        real = self._p(path)
-
-        def write():
-            flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
-            fd = os.open(real, flags, 0o666 if mode is None else mode)
-            try:
-                view = memoryview(bytes(data))
-                while view:
-                    view = view[os.write(fd, view):]
-                st = os.fstat(fd)
-                if mode is not None and statmod.S_IMODE(st.st_mode) != mode:
-                    os.fchmod(fd, mode)
-                if owner is not None and (st.st_uid, st.st_gid) != tuple(owner):
-                    os.fchown(fd, owner[0], owner[1])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-        self._deadline(f"write {path}", write, timeout)
-
-    def rename(self, src, dst, timeout=10.0):
-        def ren():
-            os.rename(self._p(src), self._p(dst))
-            fsync_dir(os.path.dirname(self._p(dst)))
-
-        self._deadline(f"rename {src}", ren, timeout)
-
-    def unlink(self, path, timeout=10.0):
-        self._deadline(f"unlink {path}", lambda: os.unlink(self._p(path)), timeout)
-
-    def makedirs(self, path, mode=0o700, timeout=10.0):
-        self._deadline(f"mkdir {path}", lambda: os.makedirs(self._p(path), mode, exist_ok=True), timeout)
-
-    def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
-        real = self._p(path)
-
-        def mk():
-            os.mknod(real, statmod.S_IFCHR | mode, os.makedev(major, minor))
-            try:
-                if statmod.S_IMODE(os.lstat(real).st_mode) != mode:
-                    os.chmod(real, mode)  # mknod's mode was cut by the umask
-            except OSError:
-                os.unlink(real)
-                raise
-
-        self._deadline(f"mknod {path}", mk, timeout)
-
-    def chmod(self, path, mode, timeout=10.0):
-        self._deadline(f"chmod {path}", lambda: os.chmod(self._p(path), mode), timeout)
+        return with_deadline(lambda: ops.serve(req), timeout, None)

@@ -163,6 +163,9 @@ class ReplayHost(Host):
     def statvfs(self, path, timeout=3.0):
         return self.transcript.get(_key("statvfs", path), {"error": "ENOENT"})
 
+    def batch(self, ops, timeout=3.0):
+        return self.batch_each(ops, timeout)  # the transcript holds the single operations
+
     def write_file(self, path, data, **kw):
         raise OSError(errno.EROFS, "a snapshot is read-only", path)
 

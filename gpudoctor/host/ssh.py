@@ -1,10 +1,10 @@
 """The SSH backend: one paramiko connection per host, shared by every thread; strict host keys by default.
 
-Probe operations and commands go through one probe agent per connection (host/agent.py: a python process started
-once, so a check costs one login shell on the target, not one per command). Where it cannot run, and for writes:
-commands run as `exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one
-place). Files move over SFTP (no python needed on the target); an SFTP error is asked again through a small
-python program so the caller sees the target's exact errno (EISDIR, EPERM), not SFTP's coarse status.
+Commands and file operations go through one probe agent per connection (host/agent.py: a python process started
+once, so a check costs one login shell on the target, not one per command); the file operations are host/ops.py's,
+the same code LocalHost runs in process. Where the agent cannot run, and for commands with input: commands run as
+`exec ARGV` under the remote login shell, every argument quoted by base.quote_argv (the one place), and a file
+operation runs one-shot (Host._call: host/ops.py as `python -I -S -c`, a login shell per request).
 A transport failure raises HostUnreachable, an unknown or changed host key raises HostKeyError before any
 command runs, a command's deadline passing is a result with timed_out=True and its process group is killed.
 """
@@ -23,23 +23,13 @@ import time
 from dataclasses import dataclass, field
 
 from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
-from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult, check_access, quote_argv, raise_errno, read_capped
+from gpudoctor.host.base import CommandResult, Host, quote_argv
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CLASSIC = object()  # the agent cannot serve this operation: take the classic path
 AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its deadline (a client that went away)
-AGENT_BATCH_GRACE = 1.0  # a batch answers at its deadline with what finished; the client waits this much longer
-
-
-class _SftpTimeout(Exception):
-    pass
-
-
-class _NoSftp(Exception):
-    pass
 
 
 def fingerprint(key) -> str:
@@ -78,8 +68,8 @@ class SSHHost(Host):
     ssh_config: str | None = None  # None: ~/.ssh/config when it exists; "": read none
     allow_agent: bool = True
     look_for_keys: bool | None = None  # None: try ~/.ssh/id_* only when no identity file is known
-    max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; SFTP holds one)
-    agent: bool = True  # probes through one agent process per connection (False: a login shell per command)
+    max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; the agent holds one)
+    agent: bool = True  # probes through one agent process per connection (False: a login shell per request)
     python: list[str] = field(default_factory=lambda: ["python3"])
     root: str = ""  # tests/labs: prefix of every absolute path of a file operation (like LocalHost.root)
     path_prepend: list[str] = field(default_factory=list)  # tests/labs: directories put first on the remote PATH
@@ -88,12 +78,9 @@ class SSHHost(Host):
         if self.host_key_policy not in HOST_KEY_POLICIES:
             raise ValueError(f"host_key_policy must be one of {HOST_KEY_POLICIES}, not {self.host_key_policy!r}")
         self.name = self.name or self.address
-        self._lock = threading.Lock()  # guards the connection; never taken while holding _sftp_lock's waiters
-        self._sftp_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the connection
         self._sessions = threading.BoundedSemaphore(max(1, self.max_sessions))
         self._client = None
-        self._sftp = None
-        self._no_sftp = False
         self._attempts = 0
         self._last_error: HostError | None = None
         self._resolved: _Resolved | None = None
@@ -104,7 +91,7 @@ class SSHHost(Host):
         self.connections_made = 0
 
     # --- connection ---------------------------------------------------------------------------
-    def _p(self, path: str) -> str:
+    def _path(self, path: str) -> str:
         return self.root + path if self.root and path.startswith("/") else path
 
     def resolve(self) -> _Resolved:
@@ -250,14 +237,12 @@ class SSHHost(Host):
         agent = self._agent
         if agent is not None:
             agent.close()
-        sftp, self._sftp = self._sftp, None
         client, self._client = self._client, None
-        for thing in (sftp, client):
-            if thing is not None:
-                try:
-                    thing.close()
-                except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
-                    pass
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
+                pass
 
     def connect(self) -> None:
         """Connect now (host key checked, user authenticated) without running anything; HostKeyError or
@@ -269,11 +254,6 @@ class SSHHost(Host):
         """Close the connection; a later operation reconnects."""
         with self._lock:
             self._drop_locked()
-
-    @property
-    def uses_sftp(self) -> bool:
-        """False once the target turned out to have no SFTP subsystem (files then go through python)."""
-        return not self._no_sftp
 
     @property
     def connected(self) -> bool:
@@ -441,23 +421,26 @@ class SSHHost(Host):
             self.agents_started += 1
             return a
 
-    def _agent_call(self, req: dict, timeout: float, what: str):
-        """The agent's answer (None: the deadline passed), or _CLASSIC when the agent cannot serve it."""
+    def _call(self, req: dict, timeout: float) -> dict | None:
+        """A host/ops.py request through the agent; one-shot (Host._call) where the agent cannot serve it."""
         from gpudoctor.host.agent import AgentGone
 
         a = self._agent_for()
         if a is None:
-            return _CLASSIC
+            return Host._call(self, req, timeout)
+        write = req.get("op") not in ("read", "stat", "open", "listdir", "statvfs", "batch")
         try:
             ans = a.call(req, timeout)
         except AgentGone as exc:
             if not exc.exited:
-                raise HostUnreachable(f"{self.name}: connection lost while {what}") from exc
+                raise HostUnreachable(f"{self.name}: connection lost during {req.get('op')}") from exc
             _log(host=self.name).warning("ssh.agent.exited", op=req.get("op"))
-            return _CLASSIC  # reads are safe to ask again; the next call starts a new agent
-        if ans is not None and "bad" in ans:
+            if write:  # it may have happened: never done twice
+                return {"errno": errno.EIO, "msg": f"the probe agent on {self.name} ended during the operation"}
+            return Host._call(self, req, timeout)  # reads are safe to ask again
+        if ans is not None and "bad" in ans and not write:
             _log(host=self.name).warning("ssh.agent.bad_answer", op=req.get("op"), error=ans["bad"])
-            return _CLASSIC
+            return Host._call(self, req, timeout)
         return ans
 
     def _run_agent(self, agent, argv: list[str], timeout: float, env) -> CommandResult:
@@ -485,264 +468,6 @@ class SSHHost(Host):
         return CommandResult(argv, ans["rc"], base64.b64decode(ans["o"]).decode("utf-8", "replace"),
                              base64.b64decode(ans["e"]).decode("utf-8", "replace"), dur, timeout_s=timeout)
 
-    # --- files ----------------------------------------------------------------------------------
-    def _sftp_call(self, fn, timeout: float):
-        """Run fn(sftp) on the shared SFTP session under a deadline; file errors propagate as OSError."""
-        import paramiko
-
-        if self._no_sftp:
-            raise _NoSftp()
-        with self._sftp_lock:
-            sftp = self._sftp
-            if sftp is None or sftp.get_channel() is None or sftp.get_channel().closed:
-                transport = self._transport()
-                chan = self._open_channel(transport, time.perf_counter() + timeout)
-                if chan is None:
-                    raise _SftpTimeout()
-                try:
-                    chan.invoke_subsystem("sftp")
-                    sftp = paramiko.SFTPClient(chan)
-                except (paramiko.SSHException, EOFError, OSError) as exc:
-                    chan.close()
-                    if not transport.is_active():
-                        raise HostUnreachable(f"{self.name}: connection lost opening SFTP: {exc}") from exc
-                    self._no_sftp = True  # no sftp subsystem on this target: use the python programs
-                    _log(host=self.name).info("ssh.sftp.unavailable", error=str(exc))
-                    raise _NoSftp() from exc
-                self._sftp = sftp
-            sftp.get_channel().settimeout(timeout)
-            try:
-                return fn(sftp)
-            except socket.timeout as exc:
-                self._sftp = None
-                sftp.close()
-                raise _SftpTimeout() from exc
-            except (paramiko.SSHException, EOFError) as exc:
-                self._sftp = None
-                raise HostUnreachable(f"{self.name}: SFTP failed: {_why(exc)}") from exc
-            except OSError as exc:
-                # A closed channel ("Socket is closed") is the connection failing, not the file: never answer
-                # it with a retry through python on a new connection (a rename may already have happened).
-                if sftp.get_channel().closed or not sftp.get_channel().get_transport().is_active():
-                    self._sftp = None
-                    raise HostUnreachable(f"{self.name}: connection lost during a file operation") from exc
-                raise
-
-    def read_file(self, path, timeout=3.0, max_bytes=4 << 20) -> FileRead:
-        rp = self._p(path)
-        op = ("read", path, max_bytes)
-        ans = self._agent_call(self._agent_req(op), timeout, f"reading {path}")
-        if ans is not _CLASSIC:
-            return self._agent_answer(op, ans)
-
-        def read(sftp):
-            with sftp.open(rp, "rb") as fh:
-                return read_capped(fh, max_bytes, step=32768)  # one SFTP request per step
-
-        try:
-            return FileRead(path, self._sftp_call(read, timeout))
-        except _SftpTimeout:
-            return FileRead(path, error="TIMEOUT")
-        except _NoSftp:
-            return _rekey_read(Host.read_file(self, rp, timeout, max_bytes), path)
-        except OSError as exc:
-            if self._plainly_missing(rp, exc, timeout):
-                return FileRead(path, error="ENOENT")
-            exact = Host.read_file(self, rp, timeout, max_bytes)  # ask again for the target's own errno
-            if exact.ok or (exact.error and not exact.error.startswith("PROBE_FAILED")):
-                return _rekey_read(exact, path)
-            return FileRead(path, error=_sftp_errname(exc))
-
-    def listdir(self, path, timeout=3.0):
-        rp = self._p(path)
-        op = ("listdir", path)
-        ans = self._agent_call(self._agent_req(op), timeout, f"listing {path}")
-        if ans is not _CLASSIC:
-            return self._agent_answer(op, ans)
-        try:
-            return sorted(self._sftp_call(lambda s: s.listdir(rp), timeout))
-        except _SftpTimeout:
-            return "TIMEOUT"
-        except _NoSftp:
-            return Host.listdir(self, rp, timeout)
-        except OSError as exc:
-            if self._plainly_missing(rp, exc, timeout):
-                return "ENOENT"
-            exact = Host.listdir(self, rp, timeout)
-            return exact if exact != "TIMEOUT" else _sftp_errname(exc)
-
-    def _plainly_missing(self, rp: str, exc: OSError, timeout: float) -> bool:
-        """SFTP says "no such file" for ENOENT, ENOTDIR and ELOOP alike. When nothing is at the path and its
-        parent is a directory it can only be ENOENT: two quick SFTP round trips instead of a python start."""
-        import stat as statmod
-
-        if exc.errno != errno.ENOENT or rp.endswith("/") or "/" not in rp:
-            return False
-
-        def probe(sftp):
-            try:
-                sftp.lstat(rp)
-                return False  # something is there (e.g. a symlink loop): let python name it
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    return False
-            parent = rp.rsplit("/", 1)[0] or "/"
-            return statmod.S_ISDIR(sftp.stat(parent).st_mode or 0)
-
-        try:
-            return bool(self._sftp_call(probe, timeout))
-        except (OSError, _SftpTimeout, _NoSftp):
-            return False
-
-    def stat_many(self, paths, timeout=3.0):
-        if not paths:
-            return {}
-        back = {self._p(p): p for p in paths}
-        op = ("stat", list(paths))
-        ans = self._agent_call(self._agent_req(op), timeout, "stat of files")
-        if ans is not _CLASSIC:
-            return self._agent_answer(op, ans)
-        res = Host.stat_many(self, list(back), timeout)
-        out = {}
-        for rp, r in res.items():
-            r.path = back[rp]
-            out[back[rp]] = r
-        return out
-
-    def try_open_many(self, paths, timeout=5.0, access="rw"):
-        if not paths:
-            return {}
-        back = {self._p(p): p for p in paths}
-        op = ("open", list(paths), check_access(access))
-        ans = self._agent_call(self._agent_req(op), timeout, "opening device nodes")
-        if ans is not _CLASSIC:
-            return self._agent_answer(op, ans)
-        return {back[rp]: v for rp, v in Host.try_open_many(self, list(back), timeout, access).items()}
-
-    def statvfs(self, path, timeout=3.0):
-        op = ("statvfs", path)
-        ans = self._agent_call(self._agent_req(op), timeout, f"statvfs of {path}")
-        if ans is not _CLASSIC:
-            return self._agent_answer(op, ans)
-        return Host.statvfs(self, self._p(path), timeout)
-
-    def batch(self, ops, timeout=3.0):
-        """Every operation in one agent request, run there side by side, each under `timeout`."""
-        ops = [tuple(op) for op in ops]
-        if not ops:
-            return []
-        reqs = [self._agent_req(op) for op in ops]
-        ans = self._agent_call({"op": "batch", "ops": reqs, "timeout": timeout}, timeout + AGENT_BATCH_GRACE,
-                               "probing files")
-        if ans is _CLASSIC:
-            return Host.batch(self, ops, timeout)
-        answers = ans["r"] if ans is not None else [None] * len(ops)
-        out = []
-        for op, a in zip(ops, answers):
-            if isinstance(a, dict) and "bad" in a:  # that one operation failed in the agent: ask it alone
-                out.append(Host.batch(self, [op], timeout)[0])
-            else:
-                out.append(self._agent_answer(op, a))
-        return out
-
-    def _agent_req(self, op: tuple) -> dict:
-        """The agent request of a batch-style operation (paths mapped under `root`)."""
-        kind = op[0]
-        if kind == "read":
-            return {"op": "read", "path": self._p(op[1]), "max": int(op[2]) if len(op) > 2 else 4 << 20}
-        if kind in ("listdir", "statvfs"):
-            return {"op": kind, "path": self._p(op[1])}
-        if kind == "stat":
-            return {"op": kind, "paths": [self._p(p) for p in op[1]]}
-        if kind == "open":
-            return {"op": kind, "paths": [self._p(p) for p in op[1]], "access": check_access(op[2] if len(op) > 2 else "rw")}
-        raise ValueError(f"unknown batch operation {kind!r}")
-
-    def _agent_answer(self, op: tuple, a: dict | None):
-        """The agent's answer to `op` as the single operation returns it; None or a timeout mark: TIMEOUT."""
-        kind = op[0]
-        late = a is None or "timeout" in a
-        if kind == "read":
-            if late:
-                return FileRead(op[1], error="TIMEOUT")
-            return FileRead(op[1], error=a["e"]) if "e" in a else FileRead(op[1], base64.b64decode(a["b"]))
-        if kind == "listdir":
-            return "TIMEOUT" if late else (a["entries"] if "entries" in a else a["error"])
-        if kind == "statvfs":
-            return {"error": "TIMEOUT"} if late else {k: v for k, v in a.items() if k != "id"}
-        paths = list(op[1])
-        if kind == "stat":
-            if late:
-                return {p: StatResult(p, False, error="TIMEOUT") for p in paths}
-            return {p: StatResult(p, **a["r"][self._p(p)]) for p in paths}
-        return {p: "TIMEOUT" for p in paths} if late else {p: a["r"][self._p(p)] for p in paths}
-
-    def write_file(self, path, data, *, mode=None, owner=None, exclusive=False, timeout=10.0) -> None:
-        """Create or truncate `path` with `data` over SFTP (fsync'd where the server allows).
-
-        With mode, owner or exclusive the portable python program does it in one step (O_EXCL, fchmod, fchown).
-        """
-        rp = self._p(path)
-        if mode is not None or owner is not None or exclusive:
-            Host.write_file(self, rp, data, mode=mode, owner=owner, exclusive=exclusive, timeout=timeout)
-            return
-
-        def write(sftp):
-            # Not pipelined: paramiko never checks the answers to pipelined writes, and it swallows errors on
-            # close, so a connection cut mid-write would look like success. Each request waits for its status;
-            # the size read back afterwards proves the server holds every byte.
-            fh = sftp.open(rp, "wb")
-            try:
-                fh.write(data)
-                fh.flush()
-                _sftp_fsync(sftp, fh)
-            finally:
-                fh.close()
-            size = sftp.stat(rp).st_size
-            if size != len(data):
-                raise OSError(errno.EIO, f"wrote {len(data)} bytes but the file has {size}", rp)
-
-        self._file_op("write", path, write, timeout,
-                      lambda: Host.write_file(self, rp, data, timeout=timeout))
-
-    def unlink(self, path, timeout=10.0) -> None:
-        Host.unlink(self, self._p(path), timeout)
-
-    def makedirs(self, path, mode=0o700, timeout=10.0) -> None:
-        Host.makedirs(self, self._p(path), mode, timeout)
-
-    def chmod(self, path, mode, timeout=10.0) -> None:
-        Host.chmod(self, self._p(path), mode, timeout)
-
-    def mknod(self, path, major, minor, mode=0o666, timeout=10.0) -> None:
-        Host.mknod(self, self._p(path), major, minor, mode, timeout)
-
-    def rename(self, src, dst, timeout=10.0) -> None:
-        """Atomically replace `dst` with `src` (posix-rename@openssh.com)."""
-        rs, rd = self._p(src), self._p(dst)
-        self._file_op("rename", src, lambda s: s.posix_rename(rs, rd), timeout,
-                      lambda: Host.rename(self, rs, rd, timeout))
-
-    def _file_op(self, what, path, fn, timeout, fallback) -> None:
-        from gpudoctor.errors import CommandTimeout
-
-        try:
-            self._sftp_call(fn, timeout)
-            return
-        except _SftpTimeout as exc:
-            raise CommandTimeout(f"{what} {path} on {self.name}", timeout) from exc
-        except _NoSftp:
-            fallback()
-            return
-        except OSError as exc:
-            sftp_exc = exc
-        try:
-            fallback()  # the same operation through python: succeeds, or raises with the exact errno
-        except OSError as exc:
-            if exc.errno:
-                raise
-            raise_errno(_sftp_errname(sftp_exc), path)  # python could not run there: SFTP's errno is all we have
-
 
 def _checked(argv: list[str], env: dict[str, str] | None) -> list[str]:
     """argv as strings; ValueError for what no command line can carry (empty, NUL bytes, bad variable names)."""
@@ -768,25 +493,6 @@ def _shown(argv: list[str]) -> str:
 def _why(exc: BaseException) -> str:
     """paramiko's messages may be empty or end in ': ' ("Server connection dropped: ")."""
     return str(exc).strip().rstrip(":").strip() or type(exc).__name__
-
-
-def _rekey_read(r: FileRead, path: str) -> FileRead:
-    return FileRead(path, r.data, r.error)
-
-
-def _sftp_errname(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno, "EIO") if exc.errno else "EIO"
-
-
-def _sftp_fsync(sftp, fh) -> None:
-    """fsync@openssh.com on an open handle; servers without the extension are left to their own flushing."""
-    from paramiko.sftp import CMD_EXTENDED
-
-    try:
-        sftp._request(CMD_EXTENDED, "fsync@openssh.com", fh.handle)  # paramiko has no public call for it
-    except OSError:
-        if sftp.get_channel().closed:
-            raise  # the connection is gone, not the extension
 
 
 def _policy(host: SSHHost, r: _Resolved, label: str, files: list[str]):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from gpudoctor.findings import Finding
 from gpudoctor.sglang.argparser import ParsedArgs
 from gpudoctor.sglang.modelcfg import ModelFacts
-from gpudoctor.sglang.rules import GPUS, F, Options, Resolved, attention_backends, gpu_of  # noqa: F401 (GPUS: re-exported)
+from gpudoctor.sglang.rules import F, Options, Resolved, attention_backends, gpu_of
 
 VALIDATION = "python/sglang/srt/arg_groups/validation_hook.py::check_server_args"
 PARALLEL = "python/sglang/srt/arg_groups/parallel_hook.py"
@@ -48,7 +48,8 @@ MODELLED_CKPT_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "mxfp4", "b
 
 
 # ---------------------------------------------------------------- resolution hooks
-def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> list[Finding]:
+def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved,
+                     draft: ModelFacts | None = None) -> list[Finding]:
     out: list[Finding] = []
     tp, dp, adp = a.get("tp_size"), a.get("dp_size") or 1, a.get("attn_dp_size")
     if a.get("enable_dp_attention") and (adp or 1) == 1:
@@ -74,7 +75,8 @@ def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res:
                      evidence=[f"tp_size {tp} % attn_dp_size {adp} = {tp % adp}"],
                      fix=f"use an --attn-dp-size that divides {tp} ({', '.join(str(d) for d in range(1, tp + 1) if tp % d == 0)})"))
     out += _kv_dtype(a, model, opt, res)
-    out += _quantization(a, model, opt)
+    algo = str(a.get("speculative_algorithm") or "").upper() or None
+    out += _quantization(a, model, opt, draft, "EAGLE" if algo == "NEXTN" else algo)
     return out
 
 
@@ -142,13 +144,29 @@ def _marlin_ok(q: dict, method: str) -> bool:
     return bits == 4 and group in (-1, 32, 64, 128) and "zero_point" in q
 
 
-def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list[Finding]:
-    out: list[Finding] = []
+def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options, draft: ModelFacts | None = None,
+                  algo: str | None = None) -> list[Finding]:
+    """The target's quantization at resolve time; the draft's when the draft worker builds its ModelConfig."""
     user = a.get("quantization")
     user = user.lower() if isinstance(user, str) else None
+    out = _verify_quantization(user, model, opt, is_draft=False)
+    if draft is not None and algo in ("EAGLE", "EAGLE3", "STANDALONE", "FROZEN_KV_MTP", "DFLASH", "DSPARK"):
+        # serving_hook.py::handle_missing_default_values: the draft inherits --quantization unless
+        # --speculative-draft-model-quantization is given
+        du = a.get("speculative_draft_model_quantization")
+        du = du.lower() if isinstance(du, str) else user
+        out += _verify_quantization(du, draft, opt, is_draft=True)
+    return out
+
+
+def _verify_quantization(user: str | None, model: ModelFacts | None, opt: Options, is_draft: bool) -> list[Finding]:
+    """model_config.py::ModelConfig._verify_quantization for one checkpoint (target or draft)."""
+    out: list[Finding] = []
     if user == "unquant":
         return out  # serving_hook.py::handle_missing_default_values: an explicit opt-out (quantization None, no auto-detection)
-    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization"
+    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization" + (" (draft ModelConfig, built after the target load)" if is_draft else "")
+    stage = "draft" if is_draft else "resolve"
+    who = "the draft" if is_draft else "the checkpoint"
     q = checkpoint_quant(model)
     final = user
     if q is not None:
@@ -164,10 +182,12 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         elif user != ck:
             if ck in COMPATIBLE_QUANT.get(user, ()) or user in REQUANT:
                 final = user
+            elif is_draft:
+                final = ck  # a draft keeps its own checkpoint's method ("Using draft model's detected quantization")
             else:
                 out.append(F("sglang.quant.mismatch", "fail",
                              f"--quantization {user} does not match the checkpoint's quantization_config.quant_method {ck}",
-                             source=fn, stage="resolve",
+                             source=fn, stage=stage,
                              error=f"ValueError: Quantization method specified in the model config ({ck}) does not match the quantization method specified in the `quantization` argument ({user}).",
                              evidence=[f"{model.path}: quantization_config.quant_method = {q.get('quant_method')!r}"],
                              fix=f"drop --quantization (SGLang reads {ck} from the checkpoint)"))
@@ -176,11 +196,14 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         hint = {"gptq": "drop --quantization (a marlin-compatible GPTQ checkpoint runs as gptq_marlin); other GPTQ "
                         "layouts (3-bit, asymmetric) have no CUDA kernel in this release"}.get(
             final, "drop --quantization or pick a CUDA method")
+        if is_draft:
+            hint = ("use a draft checkpoint in a CUDA format, or pass --speculative-draft-model-quantization "
+                    "gptq_marlin / unquant as fits it (the draft inherits --quantization otherwise)")
         out.append(F("sglang.quant.not_on_cuda", "fail",
-                     f"quantization {final} is not registered on CUDA in SGLang {opt.version}",
-                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage="resolve",
+                     f"{who}'s quantization {final} is not registered on CUDA in SGLang {opt.version}",
+                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage=stage,
                      error=f"ValueError: Unknown quantization method: {final}. Must be one of [...]",
-                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint))
+                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint, subject="draft" if is_draft else None))
     return out
 
 
@@ -375,56 +398,49 @@ def tp_zero_findings(a: ParsedArgs) -> list[Finding]:
     return []
 
 
+# Values SGLang's resolver and check_server_args accept (the differential shows it) that break later:
+# (dest, flag, bad(value), what, SGLang source, stage, fix, error)
+LATE_VALUES = (
+    ("max_running_requests", "--max-running-requests", lambda v: v <= 0, "the worker starts with no request slot",
+     "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
+     "drop --max-running-requests (SGLang sizes it) or give a positive value", "AssertionError: max_running_request is zero"),
+    ("context_length", "--context-length", lambda v: v <= 0,
+     "every request is at least as long as the context and is refused",
+     f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
+     "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
+     "drop --context-length (the model's own) or give a positive length",
+     "ValueError: The input (N tokens) is longer than the model's context length"),
+    ("pp_size", "--pp-size", lambda v: v < 1, "no pipeline stage to hold the layers",
+     "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load", "use --pp-size 1", None),
+    ("page_size", "--page-size", lambda v: v < 0, "the KV pool cannot be built with a negative page",
+     "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64", None),
+    ("mem_fraction_static", "--mem-fraction-static", lambda v: v > 1, "asks for more than the whole GPU",
+     "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
+     "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
+     "RuntimeError / CUDA out of memory while allocating the KV cache"),
+    ("max_total_tokens", "--max-total-tokens", lambda v: v <= 0, "a KV cache of no tokens",
+     "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
+     "load", "drop --max-total-tokens or give a positive count",
+     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."),
+    ("dp_size", "--dp-size", lambda v: v < 1, "no data-parallel replica is started",
+     "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1", None),
+)
+
+
 def late_value_findings(a: ParsedArgs, res: Resolved) -> list[Finding]:
-    """Values SGLang's resolver and check_server_args accept (the differential shows it) that break later."""
+    """LATE_VALUES, plus draft steps/topk of 0 (a warning: speculation that proposes nothing)."""
     out: list[Finding] = []
-
-    def late(fid, summary, source, stage, fix, error=None, status="fail"):
-        out.append(F(f"sglang.value.{fid}", status, summary + " (SGLang's resolution accepts it)", source=source,
-                     stage=stage, fix=fix, error=error))
-
-    mrr = a.get("max_running_requests")
-    if isinstance(mrr, int) and mrr <= 0:
-        late("max_running_requests", f"--max-running-requests {mrr}: the worker starts with no request slot",
-             "python/sglang/srt/managers/tp_worker.py (assert model_runner.max_running_requests > 0)", "load",
-             "drop --max-running-requests (SGLang sizes it) or give a positive value",
-             "AssertionError: max_running_request is zero")
-    ctx = a.get("context_length")
-    if isinstance(ctx, int) and ctx <= 0:
-        late("context_length", f"--context-length {ctx}: every request is at least as long as the context and is refused",
-             f"{MODEL_CFG}::ModelConfig._derive_context_length (only a length above the derived one is refused); "
-             "managers/tokenizer_manager.py::TokenizerManager._validate_one_request", "request",
-             "drop --context-length (the model's own) or give a positive length",
-             f"ValueError: The input (N tokens) is longer than the model's context length ({ctx} tokens).")
-    pp = a.get("pp_size")
-    if isinstance(pp, int) and pp < 1:
-        late("pp_size", f"--pp-size {pp}: no pipeline stage to hold the layers",
-             "python/sglang/srt/distributed/utils.py::get_pp_indices (layers split over pp_size)", "load",
-             "use --pp-size 1")
-    page = a.get("page_size")
-    if isinstance(page, int) and page < 0:
-        late("page_size", f"--page-size {page}: the KV pool cannot be built with a negative page",
-             "python/sglang/srt/mem_cache/ (token-to-KV pool sized in pages)", "load", "drop --page-size (1) or use 16/32/64")
-    frac = a.get("mem_fraction_static")
-    if isinstance(frac, (int, float)) and frac > 1:
-        late("mem_fraction_static", f"--mem-fraction-static {frac} asks for more than the whole GPU",
-             "python/sglang/srt/model_executor/pool_configurator.py::MemoryPoolConfig (budget = total x mem_fraction_static)",
-             "load", "drop --mem-fraction-static (SGLang's default) or use a fraction below 1",
-             "RuntimeError / CUDA out of memory while allocating the KV cache")
-    mtt = a.get("max_total_tokens")
-    if isinstance(mtt, int) and mtt <= 0:
-        late("max_total_tokens", f"--max-total-tokens {mtt}: a KV cache of no tokens",
-             "python/sglang/srt/model_executor/pool_configurator.py (max_total_num_tokens capped by --max-total-tokens)",
-             "load", "drop --max-total-tokens or give a positive count",
-             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
-    dp = a.get("dp_size")
-    if isinstance(dp, int) and dp < 1:
-        late("dp_size", f"--dp-size {dp}: no data-parallel replica is started",
-             "python/sglang/srt/entrypoints/engine.py (one scheduler group per dp replica)", "load", "use --dp-size 1")
-    for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+    for dest, flag, bad, what, source, stage, fix, error in LATE_VALUES:
         v = a.get(dest)
-        if isinstance(v, int) and v <= 0 and res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
-            late(dest, f"{flag} {v}: no draft token is proposed, speculation does no work",
-                 "python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)", "request",
-                 f"use {flag} 1 or more", status="warn")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and bad(v):
+            out.append(F(f"sglang.value.{dest}", "fail", f"{flag} {v}: {what} (SGLang's resolution accepts it)",
+                         source=source, stage=stage, fix=fix, error=error))
+    if res.values.get("speculative_algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
+        for dest, flag in (("speculative_num_steps", "--speculative-num-steps"), ("speculative_eagle_topk", "--speculative-eagle-topk")):
+            v = a.get(dest)
+            if isinstance(v, int) and v <= 0:
+                out.append(F(f"sglang.value.{dest}", "warn",
+                             f"{flag} {v}: no draft token is proposed, speculation does no work (SGLang's resolution accepts it)",
+                             source="python/sglang/srt/arg_groups/speculative_hook.py::_handle_eagle_family (no lower bound)",
+                             stage="request", fix=f"use {flag} 1 or more"))
     return out

@@ -143,6 +143,8 @@ def derive_context_length(cfg: dict) -> tuple[int, str]:
     note = ""
     if rope:
         factor = rope.get("factor", 1) or 1
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            factor = 1  # not a number: no scaling to apply (a str would repeat, not multiply)
         if "original_max_position_embeddings" in rope:
             if isinstance(raw, dict) and "original_max_position_embeddings" not in raw and factor != 1:
                 note = (f" (rope {rope['rope_type']} factor {factor} ignored: transformers inserts "

@@ -249,7 +249,7 @@ def _no_attn_dp(a: ParsedArgs, algo: str, fn: str, error: str) -> list[Finding]:
     if adp > 1:
         return [F("sglang.spec.attn_dp", "fail", f"{algo} speculative decoding does not support attention DP (attn_dp_size {adp})",
                   source=fn, stage="resolve", error=error,
-                  fix=f"drop --attn-dp-size/--enable-dp-attention, or use EAGLE3 (or DFLASH with --enable-dp-lm-head)")]
+                  fix="drop --attn-dp-size/--enable-dp-attention, or use EAGLE3 (or DFLASH with --enable-dp-lm-head)")]
     return []
 
 

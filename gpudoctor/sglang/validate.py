@@ -79,14 +79,14 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
 
     model_config / draft_config: a parsed config.json dict, a path (file or model directory), or None. With
     auto_configs, a local --model-path / --speculative-draft-model-path directory is read when not given.
-    gpu: a launch.GPUS key (h200, b200, rtx_pro_6000, ...): its nvidia-smi memory replaces gpu_mem_gib and its SM
+    gpu: a rules.GPUS key (h200, b200, rtx_pro_6000, ...): its nvidia-smi memory replaces gpu_mem_gib and its SM
     decides the KV cache dtypes and kernels SGLang allows.
     Raises InputError for unreadable configs (CLI: one line, exit 3).
     """
     if gpu is not None:
-        if gpu not in launch.GPUS:
-            raise InputError(f"unknown --gpu {gpu!r} (known: {', '.join(sorted(launch.GPUS))})")
-        gpu_mem_gib = launch.GPUS[gpu].memory_mib / 1024
+        if gpu not in rules.GPUS:
+            raise InputError(f"unknown --gpu {gpu!r} (known: {', '.join(sorted(rules.GPUS))})")
+        gpu_mem_gib = rules.GPUS[gpu].memory_mib / 1024
     try:
         table = argparser.load_table(sglang_version)
     except KeyError as exc:
@@ -122,7 +122,7 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     # Even when argparse would stop (exit 2), the rules below report what would fail next.
     findings += launch.tp_zero_findings(parsed)
     capacity.resolve_memory_defaults(parsed, model, opt, res)
-    findings += launch.resolve_findings(parsed, model, opt, res)
+    findings += launch.resolve_findings(parsed, model, opt, res, draft)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)

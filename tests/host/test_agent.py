@@ -68,16 +68,18 @@ def test_a_whole_check_starts_one_remote_command_instead_of_one_per_probe(verbos
     assert facts[True]["tools"]["units"] == facts[False]["tools"]["units"]
 
 
-def test_without_a_usable_python_the_classic_paths_answer_and_the_agent_is_tried_once(verbose_sshd, tmp_path):
-    (tmp_path / "f").write_text("classic")
+def test_without_a_usable_python_commands_answer_file_operations_say_so_and_the_agent_is_tried_once(
+        verbose_sshd, tmp_path):
+    (tmp_path / "f").write_text("one-shot")
     host = verbose_sshd.make_host(python=[str(tmp_path / "no-python3")])
     before = sessions(verbose_sshd)
     assert host.run(["echo", "hi"]).stdout == "hi\n"
-    assert host.read_file(str(tmp_path / "f")).data == b"classic"  # SFTP
+    r = host.read_file(str(tmp_path / "f"))  # host/ops.py needs a python there: "could not probe", not a guess
+    assert (r.data, r.error) == (None, "PROBE_FAILED rc=127")
     assert host.run(["echo", "again"]).stdout == "again\n"
     host.close()
     assert host.agents_started == 0
-    assert wait_for(lambda: sessions(verbose_sshd) - before == 3, 3)  # the failed agent, then one per command
+    assert wait_for(lambda: sessions(verbose_sshd) - before == 4, 3)  # the failed agent, then one per request
 
 
 def test_an_agent_killed_mid_command_is_reported_not_rerun_and_replaced(sshd, tmp_path):

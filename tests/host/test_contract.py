@@ -1,5 +1,6 @@
-"""One contract, every backend: LocalHost, SSHHost (a real sshd: through the probe agent, and the classic paths with
-and without SFTP) and ReplayHost (a recorded transcript).
+"""One contract, every backend: LocalHost (host/ops.py in process), SSHHost (a real sshd: host/ops.py in the probe
+agent, and one-shot through a login shell per request, on a server with SFTP and on one without: none is needed) and
+ReplayHost (a recorded transcript).
 
 The replay backend records each operation on a RecordingHost over LocalHost, round-trips the transcript through
 JSON, replays it on a fresh ReplayHost, asserts the replay equals the live answer and returns the replay.
@@ -58,10 +59,10 @@ class ReplayThrough(Host):
 
 
 def _ssh_kinds(sshd, sshd_nosftp):
-    """ssh: through the probe agent; ssh-classic: a login shell per command and SFTP for files; ssh-nosftp: the
-    classic paths on a server without SFTP (files through python programs)."""
+    """ssh: through the probe agent; ssh-classic: one-shot, a login shell per command and per file operation;
+    ssh-nosftp: the agent on a server without an SFTP subsystem."""
     return {"ssh": sshd.make_host, "ssh-classic": lambda: sshd.make_host(agent=False),
-            "ssh-nosftp": lambda: sshd_nosftp.make_host(agent=False)}
+            "ssh-nosftp": lambda: sshd_nosftp.make_host()}
 
 
 @pytest.fixture(params=["local", "ssh", "ssh-classic", "ssh-nosftp", "replay"])

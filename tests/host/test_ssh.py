@@ -298,13 +298,15 @@ def test_proxy_command_from_ssh_config(sshd, tmp_path):
     host.close()
 
 
-def test_without_sftp_files_go_through_python(sshd, sshd_nosftp, tmp_path):
-    (tmp_path / "f").write_bytes(b"via python")
-    for server, sftp in ((sshd, True), (sshd_nosftp, False)):
-        host = server.make_host(agent=False)  # the classic file paths (with the agent, files never touch SFTP)
-        assert host.read_file(str(tmp_path / "f")).data == b"via python"
-        assert host.uses_sftp is sftp
-        host.close()
+def test_file_operations_need_no_sftp(sshd, sshd_nosftp, tmp_path):
+    (tmp_path / "f").write_bytes(b"host/ops.py")
+    for server in (sshd, sshd_nosftp):
+        for agent in (True, False):  # in the agent, and one-shot
+            host = server.make_host(agent=agent)
+            assert host.read_file(str(tmp_path / "f")).data == b"host/ops.py"
+            host.write_file(str(tmp_path / "g"), b"written", exclusive=False)
+            assert (tmp_path / "g").read_bytes() == b"written"
+            host.close()
 
 
 # --- fake root ----------------------------------------------------------------------------------------

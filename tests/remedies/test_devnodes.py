@@ -172,7 +172,7 @@ class DriverReloadedMidway(LocalHost):
 
     def mknod(self, path, major, minor, mode=0o666, timeout=10.0):
         super().mknod(path, major, minor, mode, timeout)
-        devices = self._p("/proc/devices")
+        devices = self._path("/proc/devices")
         with open(devices) as fh:
             text = fh.read()
         with open(devices, "w") as fh:
@@ -224,7 +224,7 @@ class UdevResetsMode(LocalHost):
 
     def chmod(self, path, mode, timeout=10.0):
         super().chmod(path, mode, timeout)
-        os.chmod(self._p(path), 0o600)
+        os.chmod(self._path(path), 0o600)
 
 
 def test_mode_failed_verify_rolls_back(make_root):

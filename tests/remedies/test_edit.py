@@ -1,5 +1,5 @@
 """gpudoctor.edit on real files: diff, backup outside, temp+rename, validate, conflicts, read-only, mode/owner kept.
-Run over the in-process LocalHost and over a run-only backend (what a remote host without SFTP gets)."""
+Run over the in-process LocalHost and over a run-only backend (host/ops.py one-shot, as without the SSH agent)."""
 
 import errno
 import os
@@ -19,26 +19,20 @@ AFTER = b"arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devic
 
 @dataclass
 class RunOnlyHost(Host):
+    """Every file operation one-shot through run() (what a remote host without the agent gets), under a temp root."""
+
     name: str = "runonly"
     root: str = ""
 
     def __post_init__(self):
-        self._local = LocalHost(root=self.root)
+        self._local = LocalHost()
         self.python = self._local.python
 
     def run(self, argv, timeout=None, input=None, env=None):
-        # argv is [python, -c, program, path, ...]: map the paths under root, as LocalHost does in-process
-        argv = argv[:3] + [self.root + a if a.startswith("/") else a for a in argv[3:]]
         return self._local.run(argv, timeout=timeout, input=input, env=env)
 
-    def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
-        return self._local.read_file(path, timeout, max_bytes)
-
-    def stat_many(self, paths, timeout=3.0):
-        return self._local.stat_many(paths, timeout)
-
-    def listdir(self, path, timeout=3.0):
-        return self._local.listdir(path, timeout)
+    def _path(self, path):
+        return self.root + path if path.startswith("/") else path
 
 
 @pytest.fixture(params=["local", "run-only"])

@@ -43,6 +43,11 @@ BAD = {
     "gpu_mem_not_a_number": ({}, ["--gpu-mem-gib", "lots"], ["--model-path", "x"], "--gpu-mem-gib must be a number"),
     "input_len_negative": ({}, ["--input-len", "-5"], ["--model-path", "x"], "--input-len must be a number >= 0"),
     "unknown_sglang_version": ({}, ["--sglang-version", "0.4.0"], ["--model-path", "x"], "no flag table for SGLang 0.4.0"),
+    "unknown_gpu": ({}, ["--gpu", "h300"], ["--model-path", "x"], "unknown --gpu 'h300' (known: a100_80g, b200, h100"),
+    "quant_config_not_an_object_is_ignored_but_heads_bad": (
+        {"m/config.json": '{\n  "quantization_config": "fp8",\n  "num_hidden_layers": -2\n}\n'},
+        ["--model-config", "{d}/m"], ["--model-path", "x"],
+        "{d}/m/config.json:3: num_hidden_layers must be a non-negative integer, found -2"),
 }
 
 

@@ -1,0 +1,260 @@
+"""Every Host operation on the target's files, written once: read, stat, open, listdir, statvfs, a batch of them,
+and the writes (write, rename, unlink, makedirs, chmod, mknod).
+
+The same functions run three ways; the transports differ only in how a request reaches them: in process
+(LocalHost calls serve()), inside the SSH probe agent (agent_prog.py is sent after this file's text, one process
+per connection), or one-shot where no agent can start (`python -I -S -c SOURCE REQUEST`, one process per
+request). This text runs on the target: stdlib only, python >= 3.6, no gpudoctor imports.
+
+Requests and answers (JSON objects; errno names such as "ENOENT"):
+    {"op": "read", "path": P, "max": N}                     -> {"b": BASE64} | {"e": ERRNO}
+    {"op": "stat", "paths": [...], "timeout": S}            -> {"r": {P: {"exists": ..., "kind": ..., ...}}}
+    {"op": "open", "paths": [...], "access": "rw"|"r", "timeout": S}  -> {"r": {P: "OK" | ERRNO}}
+    {"op": "listdir", "path": P}                            -> {"entries": [...]} | {"error": ERRNO}
+    {"op": "statvfs", "path": P}                            -> {"total", "free", "avail", "readonly"} | {"error": ERRNO}
+    {"op": "batch", "ops": [request, ...], "timeout": S}    -> {"r": [answer | {"timeout": 1}, ...]}
+    {"op": "write", "path": P, "data": BASE64, "mode": M|null, "owner": [U, G]|null, "exclusive": bool}
+    {"op": "rename", "src": A, "dst": B} {"op": "unlink", "path": P} {"op": "makedirs", "path": P, "mode": M}
+    {"op": "chmod", "path": P, "mode": M} {"op": "mknod", "path": P, "mode": M, "major": N, "minor": N}
+                                                            -> {"ok": 1} | {"errno": N, "msg": STRERROR}
+stat and open answer path by path: a path still unanswered at the deadline is missing from "r" (the caller names
+it TIMEOUT: the node that hangs is the finding). Anything unexpected answers {"bad": "..."}.
+"""
+
+import base64
+import errno
+import json
+import os
+import stat
+import sys
+import threading
+import time
+
+
+def _errname(e):
+    return errno.errorcode.get(e.errno or 0, str(e.errno))
+
+
+# --- reads ----------------------------------------------------------------------------------------
+
+def op_read(req):
+    left = int(req.get("max", 4 << 20))
+    try:
+        with open(req["path"], "rb", buffering=0) as f:
+            chunks = []
+            while left > 0:  # modest steps: one huge read() of a /proc/sys file fails with ENOMEM
+                c = f.read(min(65536, left))
+                if not c:
+                    break
+                chunks.append(c)
+                left -= len(c)
+        return {"b": base64.b64encode(b"".join(chunks)).decode()}
+    except OSError as e:
+        return {"e": _errname(e)}
+
+
+def stat_one(p):
+    try:
+        st = os.lstat(p)
+    except OSError as e:
+        return {"exists": False, "error": _errname(e)}
+    m = st.st_mode
+    kind = ("char" if stat.S_ISCHR(m) else "block" if stat.S_ISBLK(m) else "dir" if stat.S_ISDIR(m)
+            else "link" if stat.S_ISLNK(m) else "file" if stat.S_ISREG(m) else "other")
+    d = {"exists": True, "kind": kind, "mode": stat.S_IMODE(m), "uid": st.st_uid, "gid": st.st_gid,
+         "size": st.st_size, "mtime": st.st_mtime}
+    if kind in ("char", "block"):
+        d["major"], d["minor"] = os.major(st.st_rdev), os.minor(st.st_rdev)
+    if kind == "link":
+        try:
+            d["target"] = os.readlink(p)
+        except OSError:
+            pass
+    return d
+
+
+def open_one(p, access="rw"):
+    """O_RDWR as CUDA opens its nodes; O_RDONLY ("r") as a capability node's consumer does."""
+    try:
+        fd = os.open(p, (os.O_RDONLY if access == "r" else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        os.close(fd)
+        return "OK"
+    except OSError as e:
+        return _errname(e)
+
+
+def _each(fn, req):
+    """fn over req["paths"] in order, in a worker: what answered by the deadline (a hung open stays behind)."""
+    out = {}
+
+    def work():
+        for p in req["paths"]:
+            out[p] = fn(p)
+
+    t = threading.Thread(target=work)
+    t.daemon = True
+    t.start()
+    t.join(float(req.get("timeout") or 5.0))
+    return {"r": dict(out)}
+
+
+def op_stat(req):
+    return _each(stat_one, req)
+
+
+def op_open(req):
+    access = req.get("access", "rw")
+    return _each(lambda p: open_one(p, access), req)
+
+
+def op_listdir(req):
+    try:
+        return {"entries": sorted(os.listdir(req["path"]))}
+    except OSError as e:
+        return {"error": _errname(e)}
+
+
+def op_statvfs(req):
+    try:
+        s = os.statvfs(req["path"])
+    except OSError as e:
+        return {"error": _errname(e)}
+    return {"total": s.f_blocks * s.f_frsize, "free": s.f_bfree * s.f_frsize, "avail": s.f_bavail * s.f_frsize,
+            "readonly": bool(s.f_flag & os.ST_RDONLY)}
+
+
+def op_batch(req):
+    """Several reads side by side (a hung one never holds up the rest); unfinished at the deadline: timeout."""
+    ops = req.get("ops") or []
+    timeout = float(req.get("timeout") or 3.0)
+    deadline = time.monotonic() + timeout
+    results = [None] * len(ops)
+
+    def work(i, sub):
+        fn = READS.get(sub.get("op"))
+        if fn is None:
+            results[i] = {"bad": "not a batch operation: %r" % (sub.get("op"),)}
+            return
+        results[i] = _guarded(fn, dict(sub, timeout=timeout))
+
+    threads = []
+    for i, sub in enumerate(ops):
+        t = threading.Thread(target=work, args=(i, sub))
+        t.daemon = True
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return {"r": [r if r is not None else {"timeout": 1} for r in results]}
+
+
+# --- writes (remedies only, through gpudoctor.edit) ---------------------------------------------------
+
+def _done(fn):
+    try:
+        fn()
+        return {"ok": 1}
+    except OSError as e:
+        return {"errno": e.errno or 0, "msg": e.strerror or str(e)}
+
+
+def op_write(req):
+    """Create (or truncate, unless exclusive: EEXIST) and fsync; mode and owner set only where they differ."""
+    path, mode, owner = req["path"], req.get("mode"), req.get("owner")
+    data = base64.b64decode(req.get("data") or "")
+
+    def write():
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if req.get("exclusive") else os.O_TRUNC)
+        fd = os.open(path, flags, 0o666 if mode is None else mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            st = os.fstat(fd)
+            if mode is not None and stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)  # cut by the umask
+            if owner is not None and (st.st_uid, st.st_gid) != tuple(owner):
+                os.fchown(fd, owner[0], owner[1])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    return _done(write)
+
+
+def op_rename(req):
+    def ren():
+        os.rename(req["src"], req["dst"])
+        try:
+            fd = os.open(os.path.dirname(req["dst"]) or ".", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # some filesystems (pmxcfs) refuse fsync on a directory: the rename itself stands
+
+    return _done(ren)
+
+
+def op_mknod(req):
+    path, mode = req["path"], int(req["mode"])
+
+    def mk():
+        os.mknod(path, stat.S_IFCHR | mode, os.makedev(int(req["major"]), int(req["minor"])))
+        try:
+            if stat.S_IMODE(os.lstat(path).st_mode) != mode:
+                os.chmod(path, mode)  # mknod's mode was cut by the umask
+        except OSError:
+            os.unlink(path)
+            raise
+
+    return _done(mk)
+
+
+READS = {"read": op_read, "stat": op_stat, "open": op_open, "listdir": op_listdir, "statvfs": op_statvfs}
+WRITES = {
+    "write": op_write,
+    "rename": op_rename,
+    "unlink": lambda req: _done(lambda: os.unlink(req["path"])),
+    "makedirs": lambda req: _done(lambda: os.makedirs(req["path"], int(req.get("mode", 0o700)), exist_ok=True)),
+    "chmod": lambda req: _done(lambda: os.chmod(req["path"], int(req["mode"]))),
+    "mknod": op_mknod,
+}
+OPS = dict(READS, batch=op_batch, **WRITES)
+
+
+def _guarded(fn, req):
+    try:
+        return fn(req)
+    except Exception as e:  # noqa: BLE001 - one broken request never takes its carrier down
+        return {"bad": "%s: %s" % (type(e).__name__, e)}
+
+
+def serve(req):
+    """The answer to one request (see the module docstring)."""
+    fn = OPS.get(req.get("op"))
+    return _guarded(fn, req) if fn is not None else {"bad": "unknown op %r" % (req.get("op"),)}
+
+
+def _oneshot():
+    """`python -I -S -c SOURCE REQUEST` (or `- LENGTH`: the request is LENGTH bytes on stdin): print the answer and
+    leave at once. A request cut short (the connection lost mid-send) is refused whole: nothing is written."""
+    if sys.argv[1:2] == ["-"]:
+        raw = sys.stdin.buffer.read()
+        if len(raw) != int(sys.argv[2]):
+            _answer({"errno": errno.EIO, "msg": "short input: %d of %s bytes" % (len(raw), sys.argv[2])})
+        raw = raw.decode()
+    else:
+        raw = sys.argv[1]
+    try:
+        ans = serve(json.loads(raw))
+    except ValueError:
+        ans = {"bad": "broken request (%d bytes)" % len(raw)}
+    _answer(ans)
+
+
+def _answer(ans):
+    sys.stdout.write(json.dumps(ans) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # without waiting for a read stuck in the kernel
