@@ -72,9 +72,14 @@ def cli(ctx, verbose):
 _REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory"}
 
 
+def _is_live_check(args: list[str]) -> bool:
+    """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
+    return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in _REMOTE_OR_OFFLINE for a in args)
+
+
 def _prestart_probes(args: list[str]) -> None:
     """A live local check: start the slow probes (cuInit, nvidia-smi) before the rest of gpudoctor is imported."""
-    if not args or args[0] not in ("check", "gate") or any(a.split("=")[0] in _REMOTE_OR_OFFLINE for a in args):
+    if not _is_live_check(args):
         return
     from gpudoctor.gather import cuda, driver
     from gpudoctor.host.local import prestart
@@ -85,7 +90,37 @@ def _prestart_probes(args: list[str]) -> None:
 
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code."""
-    _prestart_probes(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    _prestart_probes(args)
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        if argv is None and _is_live_check(args):
+            _fast_exit(exc.code)
+        raise
+
+
+def _fast_exit(code) -> None:
+    """A live `check`/`gate` process has printed everything: leave without the interpreter's teardown of every loaded
+    module (30-60 ms on the H200, a sixth of a whole check). Output and logs are flushed, unadopted probes killed."""
+    import logging
+    import os
+
+    from gpudoctor.host.local import _reap_prestarted
+
+    if isinstance(code, str):  # sys.exit("message") prints it, as the interpreter would
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    _reap_prestarted()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:

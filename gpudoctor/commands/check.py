@@ -188,7 +188,9 @@ def _explain(check_id: str) -> int:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
 @click.option("--deep", is_flag=True, help="Also record the NCCL all-reduce probe per TP group (occupies the GPUs; needs torch).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
-def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python):
+@click.option("--unit", "units", multiple=True, metavar="UNIT",
+              help="Also record this systemd unit's device policy (repeatable); replays with the snapshot.")
+def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python, units=()):
     """Gather a host's facts (and the raw reads behind them) into one JSON file.
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
@@ -200,7 +202,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor.atomic import atomic_write
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
-                           deep_python=deep_python) as target:
+                           deep_python=deep_python, units=units) as target:
         target.connect()
         doc = snap.take(target.host, target.context)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"

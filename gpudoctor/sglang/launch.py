@@ -48,7 +48,8 @@ MODELLED_CKPT_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "mxfp4", "b
 
 
 # ---------------------------------------------------------------- resolution hooks
-def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved) -> list[Finding]:
+def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res: Resolved,
+                     draft: ModelFacts | None = None) -> list[Finding]:
     out: list[Finding] = []
     tp, dp, adp = a.get("tp_size"), a.get("dp_size") or 1, a.get("attn_dp_size")
     if a.get("enable_dp_attention") and (adp or 1) == 1:
@@ -74,7 +75,8 @@ def resolve_findings(a: ParsedArgs, model: ModelFacts | None, opt: Options, res:
                      evidence=[f"tp_size {tp} % attn_dp_size {adp} = {tp % adp}"],
                      fix=f"use an --attn-dp-size that divides {tp} ({', '.join(str(d) for d in range(1, tp + 1) if tp % d == 0)})"))
     out += _kv_dtype(a, model, opt, res)
-    out += _quantization(a, model, opt)
+    algo = str(a.get("speculative_algorithm") or "").upper() or None
+    out += _quantization(a, model, opt, draft, "EAGLE" if algo == "NEXTN" else algo)
     return out
 
 
@@ -142,13 +144,29 @@ def _marlin_ok(q: dict, method: str) -> bool:
     return bits == 4 and group in (-1, 32, 64, 128) and "zero_point" in q
 
 
-def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list[Finding]:
-    out: list[Finding] = []
+def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options, draft: ModelFacts | None = None,
+                  algo: str | None = None) -> list[Finding]:
+    """The target's quantization at resolve time; the draft's when the draft worker builds its ModelConfig."""
     user = a.get("quantization")
     user = user.lower() if isinstance(user, str) else None
+    out = _verify_quantization(user, model, opt, is_draft=False)
+    if draft is not None and algo in ("EAGLE", "EAGLE3", "STANDALONE", "FROZEN_KV_MTP", "DFLASH", "DSPARK"):
+        # serving_hook.py::handle_missing_default_values: the draft inherits --quantization unless
+        # --speculative-draft-model-quantization is given
+        du = a.get("speculative_draft_model_quantization")
+        du = du.lower() if isinstance(du, str) else user
+        out += _verify_quantization(du, draft, opt, is_draft=True)
+    return out
+
+
+def _verify_quantization(user: str | None, model: ModelFacts | None, opt: Options, is_draft: bool) -> list[Finding]:
+    """model_config.py::ModelConfig._verify_quantization for one checkpoint (target or draft)."""
+    out: list[Finding] = []
     if user == "unquant":
         return out  # serving_hook.py::handle_missing_default_values: an explicit opt-out (quantization None, no auto-detection)
-    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization"
+    fn = f"{MODEL_CFG}::ModelConfig._verify_quantization" + (" (draft ModelConfig, built after the target load)" if is_draft else "")
+    stage = "draft" if is_draft else "resolve"
+    who = "the draft" if is_draft else "the checkpoint"
     q = checkpoint_quant(model)
     final = user
     if q is not None:
@@ -164,10 +182,12 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         elif user != ck:
             if ck in COMPATIBLE_QUANT.get(user, ()) or user in REQUANT:
                 final = user
+            elif is_draft:
+                final = ck  # a draft keeps its own checkpoint's method ("Using draft model's detected quantization")
             else:
                 out.append(F("sglang.quant.mismatch", "fail",
                              f"--quantization {user} does not match the checkpoint's quantization_config.quant_method {ck}",
-                             source=fn, stage="resolve",
+                             source=fn, stage=stage,
                              error=f"ValueError: Quantization method specified in the model config ({ck}) does not match the quantization method specified in the `quantization` argument ({user}).",
                              evidence=[f"{model.path}: quantization_config.quant_method = {q.get('quant_method')!r}"],
                              fix=f"drop --quantization (SGLang reads {ck} from the checkpoint)"))
@@ -176,11 +196,14 @@ def _quantization(a: ParsedArgs, model: ModelFacts | None, opt: Options) -> list
         hint = {"gptq": "drop --quantization (a marlin-compatible GPTQ checkpoint runs as gptq_marlin); other GPTQ "
                         "layouts (3-bit, asymmetric) have no CUDA kernel in this release"}.get(
             final, "drop --quantization or pick a CUDA method")
+        if is_draft:
+            hint = ("use a draft checkpoint in a CUDA format, or pass --speculative-draft-model-quantization "
+                    "gptq_marlin / unquant as fits it (the draft inherits --quantization otherwise)")
         out.append(F("sglang.quant.not_on_cuda", "fail",
-                     f"quantization {final} is not registered on CUDA in SGLang {opt.version}",
-                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage="resolve",
+                     f"{who}'s quantization {final} is not registered on CUDA in SGLang {opt.version}",
+                     source=f"{fn} (layers/quantization/__init__.py::BASE_QUANTIZATION_METHODS)", stage=stage,
                      error=f"ValueError: Unknown quantization method: {final}. Must be one of [...]",
-                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint))
+                     evidence=["CUDA methods: " + ", ".join(CUDA_QUANT_METHODS)], fix=hint, subject="draft" if is_draft else None))
     return out
 
 

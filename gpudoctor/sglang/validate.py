@@ -122,7 +122,7 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     # Even when argparse would stop (exit 2), the rules below report what would fail next.
     findings += launch.tp_zero_findings(parsed)
     capacity.resolve_memory_defaults(parsed, model, opt, res)
-    findings += launch.resolve_findings(parsed, model, opt, res)
+    findings += launch.resolve_findings(parsed, model, opt, res, draft)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)

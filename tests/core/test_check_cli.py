@@ -104,3 +104,20 @@ def test_bad_snapshot_files(tmp_path):
     for path, word in cases.items():
         r = gd("check", "--snapshot", path)
         assert r.returncode == 3 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_live_check_leaves_fast_and_still_prints_everything_with_its_exit_code():
+    """The CLI process of a live check skips the interpreter's teardown (os._exit) only after flushing: the JSON is
+    whole, the exit code the verdict's, and no probe it started outlives it."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    p = _sp.run([_sys.executable, "-m", "gpudoctor", "check", "--json", "--timeout", "20"], capture_output=True,
+                text=True, timeout=120)
+    doc = _json.loads(p.stdout)
+    assert p.returncode == doc["exit_code"]
+    text = _sp.run([_sys.executable, "-m", "gpudoctor", "check", "--timeout", "20"], capture_output=True, text=True,
+                   timeout=120)
+    assert text.returncode == doc["exit_code"] and text.stdout.startswith("gpudoctor check ")
+    assert text.stdout.rstrip().splitlines()[-1].strip()  # the table's last row came out

@@ -232,3 +232,17 @@ def test_the_runner_marks_every_server_it_starts():
     assert set(env) == {"GPUDOCTOR_BENCH_RUN", "GPUDOCTOR_BENCH_LABEL", "GPUDOCTOR_BENCH_OWNER"}
     host, pid, start = parse_owner(env["GPUDOCTOR_BENCH_OWNER"])
     assert host == socket.gethostname() and pid == os.getpid() and start > 0
+
+
+def test_over_ssh_the_same_scan_names_the_holder_and_leaves_the_agents_probes_out(gpu_root, spawn, sshd):
+    """A real sshd on loopback: the scan runs through the probe agent; the process holding the node is found, the
+    agent's own children (the scan itself, other probes) are not."""
+    stranger, user = _stranger(spawn, gpu_root)
+    host = sshd.make_host(root=str(gpu_root))
+    try:
+        facts = gather(host, GatherContext(name="ssh"), only={"procs"})
+    finally:
+        host.close()
+    holders = facts["procs"]["holders"]
+    assert set(holders) == {str(stranger.pid)}  # only it holds a node under this test's root
+    assert holders[str(stranger.pid)]["nodes"] == ["/dev/nvidia0"] and holders[str(stranger.pid)]["user"] == user
