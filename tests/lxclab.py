@@ -52,6 +52,7 @@ STANDINS = REPO / "tests" / "standins"
 CAPTURE = REPO / "tests" / "fixtures" / "captures" / "h200-healthy"
 PROXMOX_FIXTURES = REPO / "tests" / "fixtures" / "proxmox"
 PREFIX = "gpudoctor-lab-"
+REGISTRY = Path("/run/gpudoctor-lab")  # one file per running lab: what a killed session's lab must have removed
 UVM_MAJOR = 7  # the kernel's vcs driver: a real driver that accepts open(O_RDWR) of minors 0 and 1
 CAPS_MAJOR = 234
 PACKAGES = "apt-get install lxc bpftool busybox-static openssh-server gcc util-linux iproute2"
@@ -103,6 +104,9 @@ def skip_reason() -> str | None:
         return f"ip is not installed{needs.MARK}: apt-get install iproute2"
     if _cgroup2_root() is None:
         return "no cgroup2 hierarchy is mounted (/sys/fs/cgroup/unified or /sys/fs/cgroup)"
+    if [str(UVM_MAJOR), "vcs"] not in [ln.split() for ln in Path("/proc/devices").read_text().splitlines()]:
+        return (f"this kernel has no vcs driver on major {UVM_MAJOR} (CONFIG_VT): the LXC lab stands nvidia-uvm on "
+                f"it so that an allowed open reaches a real driver")
     return None
 
 
@@ -292,6 +296,13 @@ BUSYBOX_APPLETS = ("sh", "mount", "umount", "mkdir", "cat", "cp", "ls", "sleep",
                    "grep", "tr", "rm", "env", "true", "false", "echo", "test", "[", "head", "sed", "id")
 
 
+def _apparmor_enabled() -> bool:
+    try:
+        return Path("/sys/module/apparmor/parameters/enabled").read_text().strip() == "Y"
+    except OSError:
+        return False
+
+
 def _v1_hierarchies() -> list[tuple[Path, str, str]]:
     """This machine's cgroup v1 mounts under /sys/fs/cgroup: (mount point, mount options, our cgroup in it)."""
     mine = {}
@@ -375,6 +386,7 @@ class LxcLab:
                   self.node / "dev" / "nvidia-caps", self.lxcpath / str(self.vmid)):
             d.mkdir(parents=True, exist_ok=True)
         self.cgroup.mkdir()
+        self.registry = None
         for mnt, _, cg in self.v1:
             cg.mkdir()
             if (cg / "cpuset.cpus").exists():  # a new cpuset takes no process until it has CPUs and memory nodes
@@ -388,6 +400,10 @@ class LxcLab:
             + "mkdir /sys/fs/cgroup/unified; mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified\n")
         # while the veth is down (before start, across restarts, after a failure) the /30 is unreachable here:
         # nothing aimed at ct200 may leave through the default route
+        REGISTRY.mkdir(exist_ok=True)
+        self.registry = REGISTRY / f"{self.id}.json"
+        self.registry.write_text(json.dumps({"cgroups": [str(self.cgroup), *(str(c) for _, _, c in self.v1)],
+                                             "route": self.net, "pair": self.pair}))
         subprocess.run(["ip", "route", "add", "unreachable", self.net, "metric", "4242"], check=True)
         self._route = True
         self._mkdev(self.node / "dev")
@@ -417,7 +433,12 @@ class LxcLab:
         # relative = 1: LXC 5.0.2 with relative = 0 opens the hierarchy's root through ".." of its own cgroup,
         # which fails (EXDEV) at the root of the node's cgroup namespace; with 1 it builds below it, which there
         # is the same place (the namespace's root)
-        return ["lxc.cgroup.relative = 1", "lxc.tty.dir =", "lxc.mount.entry = /usr usr none ro,bind 0 0"]
+        lines = ["lxc.cgroup.relative = 1", "lxc.tty.dir =", "lxc.mount.entry = /usr usr none ro,bind 0 0"]
+        if _apparmor_enabled() and not shutil.which("apparmor_parser"):
+            # PVE's `generated` profile needs apparmor_parser; a CI machine with AppArmor on but no parser gets
+            # none (this kernel has no AppArmor: LXC then ignores the apparmor lines, as here)
+            lines.append("lxc.apparmor.profile = unconfined")
+        return lines
 
     def session_env(self) -> dict[str, str]:
         d = STANDIN_DIR
@@ -636,8 +657,11 @@ class LxcLab:
         kill_cgroup(self.cgroup)
         for _, _, cg in self.v1:
             kill_cgroup(cg)
+        remove_veth(self.pair)
         if getattr(self, "_route", False):
             subprocess.run(["ip", "route", "del", "unreachable", self.net, "metric", "4242"], capture_output=True)
+        if getattr(self, "registry", None) is not None and not self.leftovers():
+            self.registry.unlink(missing_ok=True)
         left = self.leftovers()
         if check and left:
             raise RuntimeError(f"the LXC lab left behind: {'; '.join(left)}")
@@ -661,6 +685,9 @@ class LxcLab:
             out.append(f"an sshd on 127.0.0.1:{self.node_port}")
         r = subprocess.run(["ip", "-4", "route", "show", self.net, "table", "all"], capture_output=True, text=True)
         out += [f"route {ln.strip()}" for ln in r.stdout.splitlines() if ln.strip()]
+        reg = getattr(self, "registry", None)
+        if reg is not None and reg.exists() and out:
+            out.append(f"registry {reg}")
         return out
 
 
@@ -693,12 +720,37 @@ def kill_cgroup(cg: Path) -> None:
         time.sleep(0.05)
 
 
+def remove_veth(pair: str, timeout: float = 10) -> None:
+    """Wait for the lab's veth to go with ct200's network namespace (the kernel tears a namespace down
+    asynchronously after its last process); delete it if it is still there then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(["ip", "link", "show", pair], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.05)
+    subprocess.run(["ip", "link", "del", pair], capture_output=True)
+
+
 def remove_stale() -> None:
-    """Labs an earlier, killed test session left: their owner pid is gone."""
+    """Labs an earlier, killed test session left (their owner pid is gone): every process in their cgroups (the
+    veth and the namespaces go with them), the cgroups, the unreachable route."""
+    for reg in REGISTRY.glob("*.json") if REGISTRY.is_dir() else []:
+        pid = reg.name.split("-")[0]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            d = json.loads(reg.read_text())
+        except (OSError, ValueError):
+            continue
+        for cg in d.get("cgroups", []):
+            kill_cgroup(Path(cg))
+        if d.get("pair"):
+            remove_veth(d["pair"])
+        if d.get("route"):
+            subprocess.run(["ip", "route", "del", "unreachable", d["route"], "metric", "4242"], capture_output=True)
+        reg.unlink(missing_ok=True)
     root = _cgroup2_root()
-    if root is None:
-        return
-    for cg in root.glob(PREFIX + "*"):
+    for cg in root.glob(PREFIX + "*") if root is not None else []:
         pid = cg.name[len(PREFIX):].split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             kill_cgroup(cg)

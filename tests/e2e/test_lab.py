@@ -21,6 +21,20 @@ NODES = ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"]
 EPERM, ENXIO = "Operation not permitted", "No such device or address"
 
 
+def gone(pid: int, timeout: float = 10) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = L.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def opens(host, env_prefix=()) -> dict:
     r = host.run([*env_prefix, "python3", "-I", "-S", "-c", OPEN, *NODES])
     assert r.rc == 0, r.stderr
@@ -131,7 +145,7 @@ def test_a_lab_cycle_leaves_nothing_behind_even_when_a_start_fails(tmp_path):
             assert t.host.run(["hostname"]).stdout.strip() == "ct200"
     cycle = time.monotonic() - t0
     assert lab.leftovers() == []
-    assert not L.Path(f"/proc/{pid}").exists()  # ct200's init is gone
+    assert gone(pid)  # ct200's init is gone
     # a start that fails (a devN: path the node does not have) cleans up before it raises
     bad = L.LxcLab(tmp_path / "bad")
     bad.config = bad.seed.replace(b"features:", b"dev0: /dev/nvidia9\nfeatures:")
@@ -142,3 +156,39 @@ def test_a_lab_cycle_leaves_nothing_behind_even_when_a_start_fails(tmp_path):
         assert "Device /dev/nvidia9 does not exist" in str(exc)
     assert bad.leftovers() == []
     print(f"\nLXC lab: start to sshd accepting {started:.2f} s, whole cycle {cycle:.2f} s")
+
+
+KILLED = """
+import json, sys, time
+from pathlib import Path
+from tests import lxclab as L
+lab = L.LxcLab(Path(sys.argv[1])).start()
+print(json.dumps({"cgroup": str(lab.cgroup), "pair": lab.pair, "net": lab.net, "port": lab.node_port,
+                  "registry": str(lab.registry), "init": lab.init_pid()}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lab_whose_test_session_was_killed_is_removed_at_the_next_start(tmp_path):
+    """SIGKILL the process that owns a running lab: the node, ct200 and its veth live on; remove_stale() (which
+    every session fixture calls first) kills them through the lab's cgroup and removes cgroups, route, registry."""
+    import os
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path / "lab")], stdout=subprocess.PIPE, text=True,
+                         cwd=str(L.REPO), env={**os.environ, "PYTHONPATH": str(L.REPO)})
+    try:
+        info = json.loads(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait()
+    assert L.Path(info["cgroup"]).is_dir() and L.Path(f"/proc/{info['init']}").exists()  # still running
+    assert subprocess.run(["ip", "link", "show", info["pair"]], capture_output=True).returncode == 0
+    L.remove_stale()
+    assert not L.Path(info["cgroup"]).exists() and not L.Path(info["registry"]).exists()
+    assert gone(info["init"])
+    assert subprocess.run(["ip", "link", "show", info["pair"]], capture_output=True).returncode != 0
+    assert subprocess.run(["ip", "route", "show", info["net"], "table", "all"], capture_output=True,
+                          text=True).stdout.strip() == ""
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", info["port"])) != 0  # the node's sshd is gone

@@ -160,3 +160,24 @@ def test_snapshot_over_ssh_replays_both_hosts_to_the_same_diagnosis(seed_lab, tm
     d = json.loads(r.stdout)
     assert r.returncode == 2 and d["root_cause"]["key"] == ROOT
     assert d["chain"][-1].startswith(f"root cause: /dev/nvidia-uvm: major {M}")
+
+
+def test_lxc_fix_dry_run_shows_the_diff_then_apply_reboot_restarts_the_container_and_uvm_opens(seed_lab, tmp_path):
+    """Acceptance 1 through `gpudoctor lxc fix --host ct200`: the diff, then --apply --reboot edits only the live
+    section, keeps a backup, restarts the real container (new init PID); the next check opens /dev/nvidia-uvm."""
+    lab = seed_lab
+    seed, pid = lab.seed, lab.init_pid()
+    args = ["lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--audit-log",
+            str(tmp_path / "audit.jsonl"), "--lock-dir", str(tmp_path / "locks")]
+    r = gd(*args)
+    assert f"+lxc.cgroup2.devices.allow: c {M}:* rwm" in r.stdout and f"-c {M}:* rwm" in r.stdout, r.stdout + r.stderr
+    assert lab.config_file.read_bytes() == seed and lab.init_pid() == pid
+    r = gd(*args, "--apply", "--reboot")
+    assert "APPLIED" in r.stdout and "rebooted and is running" in r.stdout, r.stdout + r.stderr
+    assert lab.config_file.read_bytes() == fixed(seed) and [b.read_bytes() for b in lab.backups()] == [seed]
+    assert lab.init_pid() != pid
+    lab.wait_ssh()
+    code, d = check_json(lab)
+    status = {f"{f['id']}[{f['subject']}]" if f.get("subject") else f["id"]: f["status"] for f in d["findings"]}
+    assert status["devices.node.open[/dev/nvidia-uvm]"] == "ok" and status[ROOT] == "ok"
+    assert status["cuda.init"] == "ok" and d["root_cause"]["id"] == "boundary.lxc.stale_allow"
