@@ -202,6 +202,16 @@ def server_ttft_ms(timing_log: Path, since: int) -> tuple[float, int]:
 
 
 def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-client-overhead-"))
+    try:
+        run(tmp)
+    finally:  # the throwaway venv (unless --venv named one), the tokenizer, bench_serving's outputs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(tmp: Path) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--requests", type=int, default=512)
@@ -210,7 +220,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--venv", default=None, help="where to make (or reuse) bench_serving's venv [default: a temp dir]")
     a = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-client-overhead-"))
     venv = Path(a.venv) if a.venv else tmp / "venv"
     t0 = time.monotonic()
     try:
