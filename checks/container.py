@@ -64,12 +64,13 @@ def device_rules(facts):
         hint = fix_text(facts, "denied", node=paths[0], major=majors[0], plat=plat)
         return Finding("boundary.container.device_rules", Status.FAIL, summary, evidence=ev, hint=hint,
                        data={**data, "signature": "daemon-reload" if reset else None,
-                             "fixes": list(daemon_reload_fixes(plat.kind)) if reset else []})
+                             "fixes": list(daemon_reload_fixes(plat.kind)) if reset else []},
+                       explained_by=())  # an EPERM on a present node follows from no missing node or module
     summary = (f"the {where}'s device cgroup denies {', '.join(paths)} (c {', '.join(map(str, majors))}) although the "
                f"nodes are there with mode 0666: it was made without a rule for the live major")
     hint = fix_text(facts, "denied", node=paths[0], major=majors[0], plat=plat)
     return Finding("boundary.container.device_rules", Status.FAIL, summary, evidence=ev, hint=hint,
-                   data={**data, "signature": None})
+                   data={**data, "signature": None}, explained_by=())
 
 
 def _rule_allows(rules: list[dict], major: int, minor: int) -> bool:

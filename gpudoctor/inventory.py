@@ -29,8 +29,8 @@ PATTERN_RE = re.compile(r"!?[A-Za-z0-9_.*?\[\]-]+")
 # Keys that describe how to reach a machine; `defaults:` may set any of them.
 SSH_KEYS = ("port", "user", "identity_file", "known_hosts", "host_key_policy", "python", "connect_timeout",
             "ssh_config")
-HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description", "test_root", "test_path")
-PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description", "test_root", "test_path")
+HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description")
+PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description")
 TOP_KEYS = ("version", "defaults", "hosts", "proxmox", "profiles", "policy")
 POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks")
 
@@ -56,8 +56,6 @@ class SSHSettings:
     python: tuple[str, ...] = ()  # () = the backend's default (python3 over SSH, this interpreter locally)
     connect_timeout: float = 10.0
     ssh_config: str | None = None
-    test_root: str = ""
-    test_path: tuple[str, ...] = ()
 
     @property
     def is_local(self) -> bool:
@@ -433,11 +431,6 @@ class _Loader:
                 kw["python"] = self.strings(v, label)
             elif key == "connect_timeout":
                 kw["connect_timeout"] = self.number(v, label)
-            elif key == "test_root":
-                kw["test_root"] = self.remote_path(v, label).rstrip("/")
-            elif key == "test_path":
-                kw["test_path"] = tuple(self.remote_path(n, label) for n in
-                                        (v.value if isinstance(v, self.yaml.SequenceNode) else [v]))
         return SSHSettings(**kw), lines
 
     def proxmox(self, name: str, knode, node, defaults: dict) -> ProxmoxEntry:

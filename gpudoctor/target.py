@@ -184,7 +184,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     if s.is_local:
         from gpudoctor.host.local import LocalHost
 
-        return LocalHost(name=entry.name, root=s.test_root, path_prepend=list(s.test_path), **kw)
+        return LocalHost(name=entry.name, **kw)
     from gpudoctor.host.ssh import SSHHost
 
     for p in s.identity_files:
@@ -194,7 +194,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     return SSHHost(name=entry.name, address=s.address, port=s.port, user=s.user,
                    identity_files=list(s.identity_files), known_hosts=s.known_hosts,
                    host_key_policy=host_key_policy or s.host_key_policy, connect_timeout=s.connect_timeout,
-                   ssh_config=s.ssh_config, root=s.test_root, path_prepend=list(s.test_path), **kw)
+                   ssh_config=s.ssh_config, **kw)
 
 
 def local_host() -> Host:

@@ -200,6 +200,17 @@ def ct_label(vmid: int | None, name: str | None, path: str | None) -> str:
     return os.path.basename(path or "container")
 
 
+def _load_hint(driver: str) -> str:
+    """How the Proxmox host comes to register the driver a node needs."""
+    how = {"nvidia-uvm": "load nvidia_uvm and create its nodes: `nvidia-modprobe -u -c 0`",
+           "nvidia-caps": "the nvidia module registers nvidia-caps when it loads: `modprobe nvidia` "
+                          "(`nvidia-modprobe -f /proc/driver/nvidia/capabilities/mig/config -f "
+                          "/proc/driver/nvidia/capabilities/mig/monitor` creates the nodes)",
+           "nvidia-nvswitch": "NVSwitch nodes come with the nvidia module on NVSwitch systems: `modprobe nvidia`"}
+    return (how.get(driver) or f"load the NVIDIA driver that registers {driver}: `modprobe nvidia`") + \
+        " on the Proxmox host, then re-run"
+
+
 def restart_cmd(vmid: int | None) -> str:
     """How to restart the container: the exact command when its VMID is known, in words when it is not."""
     return f"pct reboot {vmid}" if vmid is not None else "`pct reboot` with the container's VMID"
@@ -323,7 +334,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                           f"{cfg.path}: {via} passes {node.path}"],
                 hint=(("this machine's /proc/devices was read (no --devices): off the Proxmox node, pass a copy of "
                        "the node's /proc/devices with --devices" if inp.devices_unsure else
-                       "load the module on the Proxmox host (nvidia-modprobe -u -c 0 for nvidia-uvm), then re-run")
+                       _load_hint(node.driver))
                       if procdev.text_ok else "read the Proxmox host's /proc/devices"),
                 data={**base, "critical": node.critical}))
             continue

@@ -76,3 +76,16 @@ def test_cgroup2_denied_ctl_nvml_255_says_what_nvidia_smi_printed():
     assert "NVML_ERROR_rc" not in nvml.summary and "nvidia-smi exited 255" in nvml.summary
     assert "Unknown Error" in nvml.summary
     assert nvml.blocked_by == d.root_cause.key and d.root_cause.layer in ("boundary", "devices")
+
+
+def test_a_missing_node_does_not_explain_an_eperm_on_a_present_one():
+    """The H200 with c 195:* denied (a Docker/OCI container), and /dev/nvidia-uvm also gone: the container's device
+    rules stay the cause of the EPERM on the 195 nodes, not a symptom of the missing uvm node."""
+    facts = copy.deepcopy(snapshot.facts_of(snapshot.load(str(H200_1201 / "h200-ctl-cgroup2-denied.json"))))
+    facts["devices"]["nodes"]["/dev/nvidia-uvm"] = {"exists": False, "error": "ENOENT", "path": "/dev/nvidia-uvm"}
+    d = diagnose(facts)
+    by = d.by_key()
+    rules = by.get("boundary.container.device_rules")
+    assert rules is not None and rules.status.value == "fail" and rules.blocked_by is None
+    assert by["devices.node.present[/dev/nvidia-uvm]"].status.value == "fail"
+    assert by["devices.node.open[/dev/nvidia0]"].blocked_by == rules.key

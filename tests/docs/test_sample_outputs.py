@@ -130,3 +130,13 @@ def test_docs_checks_md_is_what_checks_markdown_prints():
     assert code == 0
     assert (ROOT / "docs" / "checks.md").read_text() == text, \
         "docs/checks.md drifted: regenerate it with `gpudoctor checks --markdown > docs/checks.md`"
+
+
+def test_readme_snapshot_table_verdicts_are_what_check_says():
+    """README's "Try it on real captures" table: each snapshot's verdict word is `check --snapshot`'s."""
+    rows = re.findall(r"^\| `(h200[^`]*\.json)` \| (ok|warn|fail|unknown)\b", (ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 4
+    for name, word in rows:
+        code, text = _run(f"gpudoctor check --snapshot examples/{name}")
+        assert text.splitlines()[0].split(": ", 1)[1].startswith(word.upper() if word != "ok" else "ok"), (name, text[:200])
+        assert code == {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}[word], name

@@ -22,6 +22,7 @@ import pytest
 
 from tests.childenv import pythonpath
 from tests.remedies.hostroot import HostRoot
+from tests.rooted import CLI, use_roots
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h200-uvm-blocked.json"
@@ -31,7 +32,7 @@ POLICY = "policy:\n  checks:\n    fabric.pcie.mrrs:\n      expect: 512\n"
 def gd(*args, cwd: Path):
     env = {**os.environ, "PYTHONPATH": pythonpath(), "XDG_CONFIG_HOME": str(cwd / ".xdg")}  # no inventory of ours
     env.pop("GPUDOCTOR_INVENTORY", None)
-    return subprocess.run([sys.executable, "-m", "gpudoctor", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=180)
 
 
@@ -50,6 +51,7 @@ def seed_root(tmp_path, monkeypatch):
     r.node("/dev/nvidia-uvm", 509, 0)  # the seed's stale node: nvidia-uvm moved to 511
     monkeypatch.setenv("GPUDOCTOR_STANDIN_ROOT", str(r.root))
     monkeypatch.setenv("GPUDOCTOR_STANDIN_PYTHON", sys.executable)
+    use_roots(monkeypatch, gpu1=(r.root, [r.bin]))  # tests/rooted.py: gpu1's files live under the temp root
     return r
 
 
@@ -79,16 +81,14 @@ def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
 
 def test_a_local_temp_root(seed_root, tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"version: 1\nhosts:\n  gpu1:\n    address: local\n    test_root: {seed_root.root}\n"
-                   f"    test_path: [{seed_root.bin}]\n" + POLICY)
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n" + POLICY)
     check = consumers_agree(tmp_path, inv, "gpu1")
     assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
 
 
 def test_an_ssh_host_of_the_test_lab(seed_root, sshd, tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(sshd.inventory_yaml("gpu1", extra_host=f"    test_root: {seed_root.root}\n"
-                                                          f"    test_path: [{seed_root.bin}]\n") + POLICY)
+    inv.write_text(sshd.inventory_yaml("gpu1") + POLICY)
     check = consumers_agree(tmp_path, inv, "gpu1")
     assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
 
