@@ -1,8 +1,9 @@
 """What SGLang 0.5.23 and vLLM put on the wire, as data: every field the stand-in emits, where the real server builds it.
 
 Read in the sglang 0.5.23 wheel from PyPI (`pip download sglang==0.5.23 --no-deps`); paths are inside its `sglang/`
-package. The stand-in (gpudoctor.bench.standin) follows these tables (its constants come from here), and tests/bench/test_apispec.py
-checks the stand-in's chunks against them field by field, so a new SGLang release is one table edit away.
+package. The stand-in (gpudoctor.bench.standin) follows these tables (its constants come from here), and
+tests/bench/test_apispec.py checks the stand-in's chunks against them field by field and in order: following a new
+SGLang release starts with an edit here, which the tests then hold the stand-in to.
 Nothing here is SGLang's code: it is a list of names, when they appear, and the function that adds them.
 """
 
