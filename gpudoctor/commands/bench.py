@@ -104,7 +104,8 @@ def bench():
 
 
 @bench.command("load")
-@click.option("--server-url", required=True, help="Base URL of a running SGLang server, e.g. http://127.0.0.1:30000.")
+@click.option("--server-url", required=True, help="Base URL of a running server: SGLang (http://127.0.0.1:30000), or any OpenAI-compatible one with "
+                   "--api completions|chat (vLLM: http://127.0.0.1:8000).")
 @click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
               help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
                    "(SGLang, vLLM, ...).")
@@ -124,18 +125,19 @@ def bench():
               help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
 @click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
 @click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
-              help="Requests per level [default: max(8, 4 x concurrency)].")
+              help="Requests per level [default: max(8, 4 x concurrency); open loop: max(16, 10 x rate)].")
 @click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
 @click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
 @click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
 @click.option("--context-limit", type=click.IntRange(1), default=None,
-              help="Server context length [default: from /server_info].")
+              help="Server context length [default: from /server_info, else /v1/models].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
 @click.option("--stall-timeout", type=float, default=120.0, show_default=True,
               help="Seconds without a byte before a request counts as hung.")
 @click.option("--ready-timeout", type=float, default=30.0, show_default=True,
-              help="Seconds to wait for /health_generate to answer 200 before the first level.")
+              help="Seconds to wait for the server to generate before the first level (/health_generate; with "
+                   "--api completions|chat a one-token completion).")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
