@@ -239,7 +239,11 @@ def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
     if isinstance(doc.get("proxmox_transcript"), dict):
         c = doc.get("context") or {}
         rctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
-    facts = gather(ReplayHost(name=rctx.name, transcript=doc["transcript"]), rctx)
+    from gpudoctor.snapshot import Answers
+
+    answers = Answers(doc["transcript"])
+    facts = gather(ReplayHost(name=rctx.name, transcript=answers), rctx)
+    answers.require_hits(doc)  # a transcript that answered nothing is not "no driver": it cannot be judged
     facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
     facts["meta"]["replayed_from"] = doc.get("created")
     return facts

@@ -119,6 +119,8 @@ def make_lab(tmp_path: Path, sshd) -> RemoteLab:
     gate.chmod(0o755)
     root = tmp_path / "ct200-files"
     root.mkdir()
+    for d in (f"{tmp_path}/model", "/models/draft"):  # the model and draft exist on ct200 (a run checks first)
+        (root / d.lstrip("/")).mkdir(parents=True)
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(sshd.inventory_yaml("ct200"))
     remote = tmp_path / "ct200-runs"

@@ -173,7 +173,7 @@ def test_model_files_are_read_on_the_target(lab):
     from tests.bench.test_prompts_tokens import make_tokenizer_dir
 
     model = lab.files / "models" / "llama"
-    model.parent.mkdir(parents=True)
+    model.parent.mkdir(parents=True, exist_ok=True)
     make_tokenizer_dir(lab.files / "models").rename(model)
     (model / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768, "num_attention_heads": 6,
