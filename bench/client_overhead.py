@@ -171,15 +171,27 @@ def bench_serving_run(py: Path, url: str, tok: Path, out_dir: Path, n: int, inpu
             "--random-output-len", str(output_len), "--random-range-ratio", str(range_ratio), "--num-prompts", str(n),
             "--max-concurrency", str(concurrency), "--tokenizer", str(tok), "--output-file", str(out),
             "--disable-tqdm", "--seed", "1"]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     if p.returncode != 0 or not out.exists():
         raise SystemExit(f"bench_serving failed (rc {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}")
     d = json.loads(out.read_text().splitlines()[-1])
     if d["completed"] != n:
         raise SystemExit(f"bench_serving completed {d['completed']} of {n} requests")
     # one chunk per token here (the stand-in sends 1 token per step): chunks/s = output tokens / duration
-    return {"chunks_s": d["total_output_tokens"] / d["duration"], "cpu_us_chunk": None,
+    return {"chunks_s": d["total_output_tokens"] / d["duration"], "cpu_s": cpu, "chunks": d["total_output_tokens"],
             "ttft_ms_p50": d["median_ttft_ms"]}
+
+
+def bench_serving_cpu_per_chunk(py, url, tok, tmp, n, input_len, k, c) -> dict:
+    """bench_serving's client CPU per chunk: its process's CPU for the full run minus that of a 1-request run (the
+    same imports, start-up and warm-up), over the difference in chunks."""
+    full = bench_serving_run(py, url, tok, tmp, n, input_len, k, 1.0, c, "p1")
+    tiny = bench_serving_run(py, url, tok, tmp, 1, input_len, k, 1.0, 1, "p1-tiny")
+    per = (full["cpu_s"] - tiny["cpu_s"]) / max(1, full["chunks"] - tiny["chunks"]) * 1e6
+    return {"chunks_s": full["chunks_s"], "cpu_us_chunk": per, "ttft_ms_p50": full["ttft_ms_p50"]}
 
 
 def server_ttft_ms(timing_log: Path, since: int) -> tuple[float, int]:
@@ -190,6 +202,16 @@ def server_ttft_ms(timing_log: Path, since: int) -> tuple[float, int]:
 
 
 def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-client-overhead-"))
+    try:
+        run(tmp)
+    finally:  # the throwaway venv (unless --venv named one), the tokenizer, bench_serving's outputs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(tmp: Path) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--requests", type=int, default=512)
@@ -198,7 +220,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--venv", default=None, help="where to make (or reuse) bench_serving's venv [default: a temp dir]")
     a = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-client-overhead-"))
     venv = Path(a.venv) if a.venv else tmp / "venv"
     t0 = time.monotonic()
     try:
@@ -214,11 +235,11 @@ def main() -> None:
     proc, url = start_standin("--decode-tok-s", "0", "--ttft-ms", "0")
     try:
         reqs = bodies(n, a.input_len, [k] * n, seed=1)
-        for _ in range(a.rounds):  # interleaved, so drift on a shared machine hits every client alike
-            for name, fn in (("gpudoctor", lambda: asyncio.run(gpudoctor_run(url, reqs, c))),
-                             ("bench_serving", lambda: bench_serving_run(py, url, tok, tmp, n, a.input_len, k, 1.0,
-                                                                         c, "p1")),
-                             ("minimal aiohttp", lambda: asyncio.run(minimal_run(url, reqs, c)))):
+        clients = [("gpudoctor", lambda: asyncio.run(gpudoctor_run(url, reqs, c))),
+                   ("bench_serving", lambda: bench_serving_cpu_per_chunk(py, url, tok, tmp, n, a.input_len, k, c)),
+                   ("minimal aiohttp", lambda: asyncio.run(minimal_run(url, reqs, c)))]
+        for i in range(a.rounds):  # interleaved, order rotated: drift on a shared machine hits every client alike
+            for name, fn in clients[i % 3:] + clients[:i % 3]:
                 rows["phase1"].setdefault(name, []).append(fn())
     finally:
         proc.kill()
@@ -233,8 +254,8 @@ def main() -> None:
     try:
         rng = random.Random(5)
         reqs = bodies(n2, a.input_len, [rng.randint(8, 40) for _ in range(n2)], seed=2)
-        for _ in range(a.rounds):
-            for name in ("gpudoctor", "bench_serving"):
+        for i in range(a.rounds):
+            for name in ("gpudoctor", "bench_serving")[::1 if i % 2 == 0 else -1]:
                 since = len(timing.read_text().splitlines())
                 if name == "gpudoctor":
                     r = asyncio.run(gpudoctor_run(url, reqs, c))
@@ -251,7 +272,7 @@ def main() -> None:
     med = lambda xs: statistics.median(xs) if xs and None not in xs else None  # noqa: E731
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.1f} at the end (a shared machine: the numbers are medians of "
-          f"{a.rounds} interleaved rounds in this one run)")
+          f"{a.rounds} interleaved rounds in this one run, order rotated)")
     print(f"phase 1, stand-in instant, {n} requests x {k} tokens (cumulative text + output_ids), concurrency {c}:")
     p1 = {name: {key: med([r[key] for r in rs]) for key in rs[0]} for name, rs in rows["phase1"].items()}
     for name, m in p1.items():
@@ -264,7 +285,10 @@ def main() -> None:
               f"TTFT error {m['ttft_err_ms']:+.2f} ms")
     g1, b1 = p1["gpudoctor"], p1["bench_serving"]
     g2, b2 = p2["gpudoctor"], p2["bench_serving"]
-    print(f"ratio gpudoctor / bench_serving: {g1['chunks_s'] / b1['chunks_s']:.2f}x chunks/s; TTFT error "
+    print("  (all three are bound by the stand-in on the other core: chunks/s compares throughput through the same "
+          "server; client CPU per chunk is each client's own cost)")
+    print(f"ratio gpudoctor / bench_serving: {g1['chunks_s'] / b1['chunks_s']:.2f}x chunks/s, "
+          f"{b1['cpu_us_chunk'] / g1['cpu_us_chunk']:.2f}x less client CPU per chunk; TTFT error "
           f"{g2['ttft_err_ms']:.2f} ms vs {b2['ttft_err_ms']:.2f} ms "
           f"({b2['ttft_err_ms'] / g2['ttft_err_ms']:.1f}x smaller)" if g2["ttft_err_ms"] > 0 else "")
     ok_rate = g1["chunks_s"] >= 10_000

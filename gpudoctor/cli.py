@@ -89,15 +89,29 @@ def _prestart_probes(args: list[str]) -> None:
 
 
 def main(argv=None) -> None:
-    """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code."""
+    """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code.
+
+    stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw."""
+    from gpudoctor.term import SafeStream
+
     args = list(sys.argv[1:] if argv is None else argv)
     _prestart_probes(args)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
-        _run(argv)
-    except SystemExit as exc:
-        if argv is None and _is_live_check(args):
-            _fast_exit(exc.code)
-        raise
+        try:
+            _run(argv)
+        except SystemExit as exc:
+            if argv is None and _is_live_check(args):
+                _fast_exit(exc.code)
+            raise
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stdout, sys.stderr = saved
 
 
 def _fast_exit(code) -> None:
@@ -120,6 +134,13 @@ def _fast_exit(code) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+def _close_connections() -> None:
+    """An interrupted run closes its SSH connections itself: nothing it started stays on the targets."""
+    ssh = sys.modules.get("gpudoctor.host.ssh")
+    if ssh is not None:
+        ssh.close_all()
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
@@ -131,15 +152,27 @@ def _run(argv) -> None:
     except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
         msg = " ".join(exc.format_message().split())
+        args = list(sys.argv[1:] if argv is None else argv)
+        if args[:1] == ["gate"] and "--npd" in args:  # node-problem-detector's contract: one line on stdout, 0/1/2
+            from gpudoctor.npd import error_verdict
+
+            code, line = error_verdict(f"{cmd}: {msg}")
+            click.echo(line)
+            sys.exit(code)
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort:
+        _close_connections()
         click.echo("Aborted.", err=True)
         sys.exit(EXIT_UNKNOWN)
     except KeyboardInterrupt:
+        _close_connections()
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except RecursionError:  # input nested deeper than a parser could follow: bad input, never a traceback
+        click.echo("gpudoctor: input nests too deeply to read", err=True)
+        sys.exit(EXIT_UNKNOWN)
     sys.exit(0)

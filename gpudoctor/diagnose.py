@@ -22,8 +22,13 @@ class Diagnosis:
     only_layers: list[str] | None = None  # a filtered view (check --only): findings of these layers only
 
     @property
+    def judged(self) -> bool:
+        """Whether any check could decide anything (ok, warn or fail). A diagnosis of nothing is never healthy."""
+        return any(f.status in (Status.OK, Status.WARN, Status.FAIL) for f in self.findings)
+
+    @property
     def verdict(self) -> Status:
-        return worst(f.status for f in self.findings)
+        return worst(f.status for f in self.findings) if self.judged else Status.UNKNOWN
 
     @property
     def exit_code(self) -> int:

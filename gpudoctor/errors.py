@@ -12,7 +12,7 @@ class GpudoctorError(Exception):
     exit_code = EXIT_UNKNOWN
 
     def one_line(self) -> str:
-        return " ".join(str(self).split()) or type(self).__name__
+        return _short(_printable(" ".join(str(self).split()))) or type(self).__name__
 
 
 class InputError(GpudoctorError):
@@ -27,12 +27,31 @@ class InputError(GpudoctorError):
         if self.path:
             path = _printable(str(self.path))
             where = f"{path}:{self.line}: " if self.line else f"{path}: "
-        return where + " ".join(self.message.split())
+        return _short(where + _printable(" ".join(self.message.split())))
+
+
+MAX_WORD, MAX_LINE = 160, 600
 
 
 def _printable(s: str) -> str:
-    """A path as one line: control characters (a newline in a hostile name) escaped as Python would."""
-    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+    """One line: every control character (a newline or ESC in a hostile name) escaped (gpudoctor.term's rule)."""
+    from gpudoctor.term import printable
+
+    return printable(s)
+
+
+def _short(line: str) -> str:
+    """An error never echoes a huge value whole: a long run is cut with a count, the whole line is capped."""
+    import re
+
+    def cut(m: re.Match) -> str:
+        w = m.group()
+        return f"{w[:MAX_WORD // 2]}…({len(w) - MAX_WORD // 2} more characters)"
+
+    line = re.sub(r"\S{%d,}" % (MAX_WORD + 1), cut, line)
+    if len(line) > MAX_LINE:
+        line = f"{line[:MAX_LINE]}… ({len(line) - MAX_LINE} more characters)"
+    return line
 
 
 class InventoryError(InputError):
@@ -61,6 +80,10 @@ class CommandTimeout(HostError):
     def __init__(self, what: str, seconds: float):
         self.what, self.seconds = what, seconds
         super().__init__(f"{what} did not answer in {seconds:g} s")
+
+
+class CannotJudge(GpudoctorError):
+    """Nothing in the input let any check decide anything: exit 3, never "ok" or "nothing to fix"."""
 
 
 class RemedyError(GpudoctorError):

@@ -196,7 +196,29 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
     order = {"fail": 0, "missing": 1, "unknown": 2}
     ranked = sorted(blockers.values(), key=lambda b: (b.symptom_of is not None, order.get(b.status, 9)))
     host = getattr(diagnosis, "host", None) or "?"
+    if not getattr(diagnosis, "judged", True):  # a diagnosis of nothing: no check could decide anything
+        return GateResult(host=host, profile=profile.name, blockers=ranked,
+                          error="no check could judge this host (every finding is unknown or there are none)")
     return GateResult(host=host, profile=profile.name, blockers=ranked)
+
+
+def judge(diagnose_fn, profile: Profile, host: str) -> GateResult:
+    """The gate's fail-closed rule, in the one place it lives: whatever could not be judged closes the gate with
+    exit 3. Bad input (InputError) is raised for the CLI's one line; every other failure — the host unreachable, a
+    snapshot that replays to nothing, a bug — becomes a closed GateResult with the reason, never an open gate."""
+    from gpudoctor.errors import GpudoctorError, InputError
+
+    try:
+        diagnosis = diagnose_fn()
+    except InputError:
+        raise
+    except GpudoctorError as exc:
+        return unreachable(host, profile.name, exc.one_line())
+    except Exception as exc:  # noqa: BLE001 - a gate that crashed has not judged: closed, exit 3
+        from gpudoctor.errors import _short
+
+        return unreachable(host, profile.name, _short(f"internal error: {type(exc).__name__}: {exc}"))
+    return evaluate(diagnosis, profile)
 
 
 def unreachable(host: str, profile: str, error: str) -> GateResult:

@@ -29,8 +29,8 @@ PATTERN_RE = re.compile(r"!?[A-Za-z0-9_.*?\[\]-]+")
 # Keys that describe how to reach a machine; `defaults:` may set any of them.
 SSH_KEYS = ("port", "user", "identity_file", "known_hosts", "host_key_policy", "python", "connect_timeout",
             "ssh_config")
-HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description", "test_root", "test_path")
-PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description", "test_root", "test_path")
+HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description")
+PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description")
 TOP_KEYS = ("version", "defaults", "hosts", "proxmox", "profiles", "policy")
 POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks")
 
@@ -56,8 +56,6 @@ class SSHSettings:
     python: tuple[str, ...] = ()  # () = the backend's default (python3 over SSH, this interpreter locally)
     connect_timeout: float = 10.0
     ssh_config: str | None = None
-    test_root: str = ""
-    test_path: tuple[str, ...] = ()
 
     @property
     def is_local(self) -> bool:
@@ -228,34 +226,19 @@ def find_inventory(path: str | os.PathLike | None = None) -> Path:
 
 def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
     """Read and validate an inventory file; every problem is an InventoryError naming file and line."""
+    from gpudoctor.inputs import read_text
+    from gpudoctor.yamlload import MAX_BYTES
+
     p = find_inventory(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InventoryError(f"cannot read: {exc.strerror}", path=str(p)) from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InventoryError("not UTF-8 text", path=str(p), line=line) from exc
+    text = read_text(p, what="inventory", max_bytes=MAX_BYTES, error=InventoryError)
     return parse_inventory(text, str(p), base_dir=str(p.parent))
 
 
 def parse_inventory(text: str, path: str = "inventory.yaml", base_dir: str = ".") -> Inventory:
     """Validate inventory text (path is used in messages; relative file paths resolve against base_dir)."""
-    import yaml
+    from gpudoctor.yamlload import compose
 
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        if exc.context_mark and "end of stream" in str(exc.problem):
-            mark = exc.context_mark  # an unclosed quote or bracket: point where it opened
-        what = ", ".join(" ".join(str(x).split()) for x in (exc.context, exc.problem) if x) or "malformed YAML"
-        raise InventoryError(f"YAML syntax error: {what}", path=path, line=mark.line + 1 if mark else None) from exc
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"YAML error: {exc}", path=path) from exc
-    return _Loader(path, base_dir).inventory(root)
+    return _Loader(path, base_dir).inventory(compose(text, path, error=InventoryError))
 
 
 # --- the node walker ------------------------------------------------------------------------------------
@@ -270,16 +253,17 @@ class _Loader:
         self.yaml = yaml
         self.path = path
         self.base_dir = base_dir
-        self._constructor = yaml.SafeLoader("")
 
     # primitives
     def err(self, node, message: str) -> InventoryError:
         return InventoryError(message, path=self.path, line=node.start_mark.line + 1 if node is not None else None)
 
     def value(self, node):
+        from gpudoctor.yamlload import scalar
+
         if not isinstance(node, self.yaml.ScalarNode):
             return _MISSING
-        return self._constructor.construct_object(node, deep=True)
+        return scalar(node)
 
     def kind(self, node) -> str:
         if isinstance(node, self.yaml.MappingNode):
@@ -287,7 +271,9 @@ class _Loader:
         if isinstance(node, self.yaml.SequenceNode):
             return "a list"
         v = self.value(node)
-        return "empty (null)" if v is None else f"{type(v).__name__} {v!r}"
+        from gpudoctor.inputs import brief
+
+        return "empty (null)" if v is None else f"{type(v).__name__} {brief(v)}"
 
     def mapping(self, node, what: str) -> dict[str, tuple]:
         """{key: (key_node, value_node)} with duplicate and non-string keys rejected."""
@@ -295,8 +281,6 @@ class _Loader:
             raise self.err(node, f"{what} must be a mapping, got {self.kind(node)}")
         out: dict[str, tuple] = {}
         for k, v in node.value:
-            if k.tag == "tag:yaml.org,2002:merge":
-                raise self.err(k, "YAML merge keys (<<) are not supported; put shared settings under defaults:")
             key = self.value(k)
             if not isinstance(key, str):
                 raise self.err(k, f"{what}: keys must be names, got {self.kind(k)}")
@@ -335,8 +319,8 @@ class _Loader:
 
     def number(self, node, what: str) -> float:
         v = self.value(node)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise self.err(node, f"{what} must be a positive number of seconds, got {self.kind(node)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 3600:  # NaN and inf fail too
+            raise self.err(node, f"{what} must be a positive number of seconds, got {self.kind(node)} (at most 3600)")
         return float(v)
 
     def strings(self, node, what: str, *, single_ok: bool = True) -> tuple[str, ...]:
@@ -447,11 +431,6 @@ class _Loader:
                 kw["python"] = self.strings(v, label)
             elif key == "connect_timeout":
                 kw["connect_timeout"] = self.number(v, label)
-            elif key == "test_root":
-                kw["test_root"] = self.remote_path(v, label).rstrip("/")
-            elif key == "test_path":
-                kw["test_path"] = tuple(self.remote_path(n, label) for n in
-                                        (v.value if isinstance(v, self.yaml.SequenceNode) else [v]))
         return SSHSettings(**kw), lines
 
     def proxmox(self, name: str, knode, node, defaults: dict) -> ProxmoxEntry:
@@ -541,7 +520,7 @@ class _Loader:
                 if not re.fullmatch(r"[a-z][a-z0-9_]*", bname):
                     raise self.err(k, f"policy.budgets: {bname!r} is not a budget name (snake_case)")
                 val = self.value(v)
-                if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0:
+                if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0 <= val < float("inf"):
                     raise self.err(v, f"policy.budgets.{bname} must be a number >= 0, got {self.kind(v)}")
                 budgets[bname] = val
             kw["budgets"] = budgets

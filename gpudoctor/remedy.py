@@ -430,6 +430,10 @@ def fix(target, remedies: list[Remedy], ctx: RemedyContext, *, apply: bool, fact
     if facts is None:
         before = check_host(target)
         facts = before.facts
+        if not before.judged:  # a diagnosis of nothing: "nothing to fix" would be a lie
+            from gpudoctor.errors import CannotJudge
+
+            raise CannotJudge(f"{before.host}: no check could judge these facts, so there is nothing to plan from")
     hosts = {**target.hosts(), **ctx.hosts}
     px = (facts.get("boundary") or {}).get("proxmox")
     if px and target.proxmox is not None and target.snapshot is None:

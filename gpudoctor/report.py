@@ -1,4 +1,8 @@
-"""Render a Diagnosis for humans (rich table grouped by layer, root cause on top) or machines (JSON)."""
+"""Render a Diagnosis for humans (rich table grouped by layer, root cause on top) or machines (JSON).
+
+Every value that reaches the terminal goes through gpudoctor.term (the one rendering rule): `esc()` for a value in
+rich markup, `line()` for a plain line, `console()` for a Console that escapes what it is given. JSON escapes itself.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import LAYERS, Status
+from gpudoctor.term import console, markup as esc, printable as line  # noqa: F401 - the renderers' rule, re-exported
 
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "magenta",
           Status.INFO: "dim"}
@@ -19,14 +24,17 @@ def to_json(d: Diagnosis) -> str:
 def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None) -> None:
     """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence.
     `host`: the inventory name the check ran on over SSH, so the remedy line names it (`fix --host NAME`)."""
-    from rich.markup import escape
     from rich.table import Table
+
+    escape = esc
 
     verdict = d.verdict
     t = d.facts.get("meta", {}).get("timings", {}).get("total")
     took = f" in {t:.2f} s" if isinstance(t, (int, float)) else ""
     console.print(f"[bold]gpudoctor check[/] {escape(d.host)}: [{_STYLE[verdict]}]{_WORD[verdict]}[/] "
                   f"(exit {d.exit_code}){took}")
+    if not getattr(d, "judged", True):
+        console.print("no check could judge this host: every finding is unknown or there are none (exit 3)")
     rc = d.root_cause
     if rc:
         console.print()
@@ -77,8 +85,21 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
     console.print(table)
 
 
+def _each_line_printable(fn):
+    """The rendering rule for renderers that return lines: each one reaches the terminal as exactly one line, with
+    every control character of its values (a newline or ESC in a host name, a diff, a reason) escaped."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> list[str]:
+        return [line(x) for x in fn(*args, **kwargs)]
+
+    return wrapper
+
+
 # --- fix (`gpudoctor fix`, `gpudoctor lxc fix`) -----------------------------------------------------------------
 
+@_each_line_printable
 def fix_plan_lines(run) -> list[str]:
     """The plan: each change (diff, commands, risk, restart), each refusal, and the bad findings left alone."""
     plan, lines = run.plan, []
@@ -127,6 +148,7 @@ def _unremedied_lines(run) -> list[str]:
     return lines
 
 
+@_each_line_printable
 def fix_result_lines(run) -> list[str]:
     """What --apply did, then the re-checked verdict."""
     lines = []
@@ -181,6 +203,7 @@ def fix_json(run) -> str:
 
 # --- the daemon (`gpudoctor daemon --once`) ---------------------------------------------------------------------
 
+@_each_line_printable
 def daemon_cycle_lines(found: dict) -> list[str]:
     """One cycle of the daemon, per host: its verdict, what it found (root causes with evidence), what it did."""
     lines = []
@@ -237,7 +260,7 @@ def fleet_table(result, console) -> None:
     table.add_column("root cause / error", overflow="fold")
     table.add_column("s", justify="right")
     for r in sorted(result.records, key=lambda r: (-RANK[r.status], r.host)):
-        table.add_row(r.host, f"[{style[r.status]}]{r.status}[/]", r.headline, f"{r.duration_s:.2f}")
+        table.add_row(esc(r.host), f"[{style[r.status]}]{r.status}[/]", esc(r.headline), f"{r.duration_s:.2f}")
     console.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
     console.print(f"summary: {counts}")
@@ -251,4 +274,4 @@ def gate_lines(result, action=None) -> list[tuple[str, bool]]:
     lines += [(f"BLOCK {b.line()}", False) for b in result.blockers]
     if action is not None and action.action != "none":
         lines.append((f"slurm: {action.detail}", action.action != "failed"))
-    return lines
+    return [(line(text), err) for text, err in lines]  # the rendering rule: one line each, input escaped

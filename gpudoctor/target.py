@@ -184,7 +184,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     if s.is_local:
         from gpudoctor.host.local import LocalHost
 
-        return LocalHost(name=entry.name, root=s.test_root, path_prepend=list(s.test_path), **kw)
+        return LocalHost(name=entry.name, **kw)
     from gpudoctor.host.ssh import SSHHost
 
     for p in s.identity_files:
@@ -194,7 +194,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     return SSHHost(name=entry.name, address=s.address, port=s.port, user=s.user,
                    identity_files=list(s.identity_files), known_hosts=s.known_hosts,
                    host_key_policy=host_key_policy or s.host_key_policy, connect_timeout=s.connect_timeout,
-                   ssh_config=s.ssh_config, root=s.test_root, path_prepend=list(s.test_path), **kw)
+                   ssh_config=s.ssh_config, **kw)
 
 
 def local_host() -> Host:
@@ -239,7 +239,11 @@ def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
     if isinstance(doc.get("proxmox_transcript"), dict):
         c = doc.get("context") or {}
         rctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
-    facts = gather(ReplayHost(name=rctx.name, transcript=doc["transcript"]), rctx)
+    from gpudoctor.snapshot import Answers
+
+    answers = Answers(doc["transcript"])
+    facts = gather(ReplayHost(name=rctx.name, transcript=answers), rctx)
+    answers.require_hits(doc)  # a transcript that answered nothing is not "no driver": it cannot be judged
     facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
     facts["meta"]["replayed_from"] = doc.get("created")
     return facts

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.bench import yamlpos
+from gpudoctor import yamlload
 from gpudoctor.bench.remote import DEFAULT_REMOTE_DIR
 
 DEFAULT_SERVER = "python -m sglang.launch_server"
@@ -23,6 +23,7 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "request_rates", "arrival", "max_error_rate", "slo",
             "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal"}
+MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
 
@@ -103,6 +104,7 @@ class Campaign:
     max_error_rate: float = 0.0
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
 
     @property
     def is_remote(self) -> bool:
@@ -158,7 +160,7 @@ def _vllm_draft(args: list[str], draft: str | None) -> list[str]:
 class _V:
     """Validation helpers bound to one located document."""
 
-    def __init__(self, doc: yamlpos.Located):
+    def __init__(self, doc: yamlload.Located):
         self.doc = doc
 
     def fail(self, msg: str, *where):
@@ -180,12 +182,11 @@ class _V:
         return value
 
     def number(self, value, *where, integer: bool = False, lo: float = 0, hi: float | None = None) -> float | int:
-        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok_type or value < lo or (hi is not None and value > hi):
-            kind = "an integer" if integer else "a number"
-            rng = f" >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
-            self.fail(f"{_name(where)} must be {kind}{rng}, got {value!r}", *where)
-        return value
+        """A finite number (NaN and inf refused) in [lo, hi], or the error at its line."""
+        from gpudoctor.inputs import number
+
+        return number(value, _name(where), lo=lo, hi=hi, integer=integer,
+                      error=lambda msg, **_kw: self.doc.error(msg, *where))
 
     def int_list(self, value, *where, lo: int = 1) -> list[int]:
         items = value if isinstance(value, list) else [value]
@@ -232,11 +233,7 @@ def load(path: str) -> Campaign:
     """Read and validate a campaign file; any problem raises ConfigError naming FILE:LINE."""
     from gpudoctor.errors import ConfigError
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read campaign: {exc.strerror}", path=path) from None
-    doc = yamlpos.load(text, path)
+    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)
     base = Path(path).resolve().parent
@@ -288,6 +285,8 @@ def load(path: str) -> Campaign:
     if validate == "auto":  # SGLang's own launcher: check its flags; a stand-in or other server: do not
         validate = any("sglang" in part for part in command)
     limit = d.get("context_limit")
+    limit = None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1,
+                                                    hi=MAX_CONTEXT_TOKENS))
     rates = []
     for i, r in enumerate(d.get("request_rates") or []):
         rates.append(float(v.number(r, "request_rates", i, lo=0.001)))
@@ -304,9 +303,9 @@ def load(path: str) -> Campaign:
         server_args=v.argv(server.get("args"), "server", "args"), server_env=v.env(server.get("env"), "server", "env"),
         remote_dir=v.string(server.get("remote_dir", DEFAULT_REMOTE_DIR), "server", "remote_dir"),
         client_host_given="client_host" in server,
-        nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base),
+        nccl_env=nccl, tp=tp, methods=methods, workloads=_workloads(v, d["workloads"], base, limit),
         concurrency=sorted(v.int_list(d["concurrency"], "concurrency")) if "concurrency" in d else [],
-        context_limit=None if limit is None else int(v.number(limit, "context_limit", integer=True, lo=1)),
+        context_limit=limit,
         timeouts=timeouts, warmup=int(v.number(d.get("warmup", 2), "warmup", integer=True, lo=0)),
         gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
@@ -315,6 +314,7 @@ def load(path: str) -> Campaign:
         arrival=arrival, max_error_rate=float(v.number(d.get("max_error_rate", 0.0), "max_error_rate", lo=0, hi=1)),
         slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
         slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
+        lines=doc.lines,
     )
 
 
@@ -332,6 +332,27 @@ def _heal(v: _V, raw):
     return HealSpec(allow=tuple(allow), wait_s=float(v.number(h.get("wait_s", 300), "heal", "wait_s", lo=1)),
                     rounds=int(v.number(h.get("rounds", 3), "heal", "rounds", integer=True, lo=1, hi=20)),
                     profile=v.string(h.get("profile", "benchmark"), "heal", "profile"))
+
+
+def check_paths(camp: Campaign, host) -> None:
+    """Before anything starts: every path the servers will be given (model, draft models) exists on the host they
+    run on. A value that is not path-like (no leading /, ./, ../) may be a Hugging Face repo id and is left alone."""
+    from gpudoctor.errors import ConfigError
+
+    want = [(camp.model, "model", ("model",))]
+    want += [(m.draft_model, f"draft model of method {m.name}", ("methods", m.name, "draft_model"))
+             for m in camp.methods if m.draft_model]
+    want = [w for w in want if w[0].startswith(("/", "./", "../"))]
+    if not want:
+        return
+    found = host.stat_many([w[0] for w in want])
+    for path, what, where in want:
+        st = found.get(path)
+        if st is None or not st.exists:
+            err = getattr(st, "error", None) or "ENOENT"
+            line = next((camp.lines[where[:i]] for i in range(len(where), 0, -1) if where[:i] in camp.lines), None)
+            raise ConfigError(f"{what} {path!r} does not exist on {camp.target} ({err}): no server is started",
+                              path=camp.path, line=line)
 
 
 def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
@@ -365,7 +386,7 @@ def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
     return out
 
 
-def _workloads(v: _V, raw, base: Path) -> list[Workload]:
+def _workloads(v: _V, raw, base: Path, limit: int | None) -> list[Workload]:
     if not isinstance(raw, list) or not raw:
         v.fail("workloads must be a non-empty list", "workloads")
     out, names = [], set()
@@ -387,8 +408,13 @@ def _workloads(v: _V, raw, base: Path) -> list[Workload]:
             v.fail(f"workload {name!r} needs max_tokens", *where)
         ctx_raw = w.get("context_lengths", [None])
         ctx_list = ctx_raw if isinstance(ctx_raw, list) else [ctx_raw]
-        ctx = [None if c is None else int(v.number(c, *where, "context_lengths", j, integer=True, lo=1))
+        ctx = [None if c is None else int(v.number(c, *where, "context_lengths", j, integer=True, lo=1,
+                                                   hi=MAX_CONTEXT_TOKENS))
                for j, c in enumerate(ctx_list)]
+        for j, c in enumerate(ctx):
+            if c is not None and limit is not None and c >= limit:
+                v.fail(f"workload {name!r}: context length {c} does not fit the campaign's context_limit {limit}",
+                       *where, "context_lengths", j)
         n = w.get("num_prompts")
         out.append(Workload(name, prompts, v.int_list(w["max_tokens"], *where, "max_tokens"), ctx or [None],
                             None if n is None else int(v.number(n, *where, "num_prompts", integer=True, lo=1)),

@@ -258,9 +258,16 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     if not store.path.exists():
         raise InputError("no results.jsonl here (run `gpudoctor bench load` or `bench run` first)", path=str(d))
     records = store.load()
+    if not records:
+        raise InputError("results.jsonl holds no records: nothing to report", path=str(store.path))
     meta = {}
     if (d / "campaign.json").exists():
-        meta = json.loads((d / "campaign.json").read_text())
+        from gpudoctor.inputs import read_json
+
+        meta = read_json(d / "campaign.json", what="campaign.json", max_bytes=16 << 20)
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k), (str, type(None))) for k in ("name", "baseline")):
+            raise InputError("campaign.json must be an object whose name and baseline are strings",
+                             path=str(d / "campaign.json"))
     baseline = baseline or meta.get("baseline")
     title = meta.get("name") or d.name
     order = Order(records, meta)

@@ -26,6 +26,50 @@ FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "con
 DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
 
+MAX_BYTES = 512 << 20
+_INT_FIELDS = ("tp", "context_len", "max_tokens", "requests", "completed", "output_tokens")
+
+
+def check_record(rec, path: str, line: int) -> None:
+    """A record as ResultStore.append writes it: its identity, a known status, numbers that are finite or null."""
+    from gpudoctor.errors import InputError
+    from gpudoctor.inputs import brief
+
+    def bad(msg: str):
+        raise InputError(f"result record {msg}", path=path, line=line)
+
+    if not isinstance(rec, dict):
+        bad(f"must be a JSON object, got {type(rec).__name__}")
+    if rec.get("schema", SCHEMA) != SCHEMA:
+        bad(f"has schema {brief(rec.get('schema'), 40)}, expected {SCHEMA!r}")
+    for k in ("label", "workload"):
+        if not isinstance(rec.get(k), str) or not rec[k]:
+            bad(f"needs {k} (a non-empty string), got {brief(rec.get(k), 40)}")
+    for k, lo in (("concurrency", 1), ("trial", 0)):
+        v = rec.get(k, 0 if k == "trial" else None)
+        if k == "concurrency" and v is None and rec.get("request_rate") is not None:
+            continue  # an open-loop level: paced by its rate, no cap on requests in flight
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            bad(f"needs {k} (an integer >= {lo}), got {brief(v, 40)}")
+    rate = rec.get("request_rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate)
+                             or rate <= 0):
+        bad(f"request_rate must be a number > 0 or null, got {brief(rate, 40)}")
+    if rec.get("status") not in STATUSES:
+        bad(f"status must be one of {', '.join(STATUSES)}, got {brief(rec.get('status'), 40)}")
+    for k in (*METRICS, *_INT_FIELDS):
+        v = rec.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+                v < 0 and not k.startswith("send_late")):  # a send can be early; nothing else is negative
+            bad(f"{k} must be a finite number{'' if k.startswith('send_late') else ' >= 0'} or null, "
+                f"got {brief(v, 40)}")
+    for k in ("method", "error", "log_excerpt"):
+        if rec.get(k) is not None and not isinstance(rec[k], str):
+            bad(f"{k} must be a string or null, got {type(rec[k]).__name__}")
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation, like numpy's default; None for no values."""
     if not values:
@@ -52,12 +96,18 @@ class ResultStore:
         self.stamp: dict = {}  # fields every record appended from now on carries (e.g. {"heal": {...}} after a heal)
 
     def load(self) -> list[dict]:
+        """Every record, each checked (check_record); a truncated or wrong-shaped line is InputError FILE:LINE."""
         if not self.path.exists():
             return []
+        from gpudoctor.inputs import parse_json, read_text
+
+        text = read_text(self.path, what="results file", max_bytes=MAX_BYTES)
         out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                out.append(json.loads(line))
+                rec = parse_json(line, str(self.path), what="result record", line=n)
+                check_record(rec, str(self.path), n)
+                out.append(rec)
         return out
 
     def keys(self) -> set[tuple]:

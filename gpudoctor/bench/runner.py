@@ -128,15 +128,35 @@ class Runner:
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def run(self, resume: bool) -> dict:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        lock = open(self.dir / ".lock", "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError("another gpudoctor bench run is writing to this directory", path=str(self.dir)) from None
         if self.store.path.exists() and not resume:
             raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another --out",
                              path=str(self.dir))
+        created = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.dir / ".lock"
+        lock = open(lock_path, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(lock.fileno()).st_ino != os.stat(lock_path).st_ino:  # a finished run removed it meanwhile
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            lock.close()
+            raise InputError("another gpudoctor bench run is writing to this directory", path=str(self.dir)) from None
+        try:
+            if self.store.path.exists() and not resume:  # written while we took the lock
+                raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another "
+                                 "--out", path=str(self.dir))
+            return self._run()
+        finally:
+            lock_path.unlink(missing_ok=True)  # while still holding it: no run, refused or not, leaves its lock behind
+            lock.close()
+            if created:
+                try:
+                    self.dir.rmdir()  # only when the run wrote nothing
+                except OSError:
+                    pass
+
+    def _run(self) -> dict:
         try:
             note = self.reap()
             if note:
@@ -544,7 +564,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     connected before anything else happens; `host` overrides where the servers run, `heal_engine_factory` the
     daemon engine the healer judges and heals with (gpudoctor.daemon.engine.Engine; default: the pipeline).
     """
-    from gpudoctor.bench.campaign import load
+    from gpudoctor.bench.campaign import check_paths, load
 
     camp = load(path)
     inventory_path = None
@@ -554,6 +574,7 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
         else:
             host = local_host()
     try:
+        check_paths(camp, host)
         return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path,
                       heal_engine_factory=heal_engine_factory).run(resume)
     finally:

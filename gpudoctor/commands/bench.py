@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
+from gpudoctor.inputs import finite, http_url, output_dir, seconds
 
 
 def _int_list(value: str, flag: str) -> list[int]:
@@ -32,8 +33,10 @@ class Display:
         if self.tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            from gpudoctor.report import console
+
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=True)
+                                     TimeElapsedColumn(), transient=True, console=console(stderr=True))
             self.progress.start()
         return self
 
@@ -43,7 +46,9 @@ class Display:
 
     def _line(self, text: str) -> None:
         if self.progress is not None:
-            self.progress.console.print(text, highlight=False)
+            from gpudoctor.report import esc
+
+            self.progress.console.print(esc(text), highlight=False)
         else:
             click.echo(text, err=True)
 
@@ -52,7 +57,9 @@ class Display:
             s = data["spec"]
             if self.task is not None:
                 self.progress.remove_task(self.task)
-            self.task = self.progress.add_task(f"{s.label} {s.workload} c={s.concurrency}", total=s.num_prompts)
+            from gpudoctor.report import esc
+
+            self.task = self.progress.add_task(esc(f"{s.label} {s.workload} c={s.concurrency}"), total=s.num_prompts)
         elif kind == "request" and self.progress is not None and self.task is not None:
             self.progress.advance(self.task)
         elif kind == "level_done":
@@ -104,7 +111,8 @@ def bench():
 
 
 @bench.command("load")
-@click.option("--server-url", required=True, help="Base URL of a running SGLang server, e.g. http://127.0.0.1:30000.")
+@click.option("--server-url", required=True, help="Base URL of a running server: SGLang (http://127.0.0.1:30000), or any OpenAI-compatible one with "
+                   "--api completions|chat (vLLM: http://127.0.0.1:8000).")
 @click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
               help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
                    "(SGLang, vLLM, ...).")
@@ -116,26 +124,27 @@ def bench():
                    "whatever is in flight.")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson", show_default=True,
               help="Open loop: Poisson (exponential gaps) or constant arrivals.")
-@click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--max-error-rate", type=finite(0, 1), default=0.0, show_default=True,
               help="Stop a level once more than this fraction of its requests failed (0: at the first failure).")
-@click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--slo-ttft-ms", type=finite(0, lo_open=True), default=None,
               help="Goodput SLO: time to first token, ms.")
-@click.option("--slo-itl-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--slo-itl-ms", type=finite(0, lo_open=True), default=None,
               help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
 @click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
 @click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
-              help="Requests per level [default: max(8, 4 x concurrency)].")
+              help="Requests per level [default: max(8, 4 x concurrency); open loop: max(16, 10 x rate)].")
 @click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
 @click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
 @click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
 @click.option("--context-limit", type=click.IntRange(1), default=None,
-              help="Server context length [default: from /server_info].")
+              help="Server context length [default: from /server_info, else /v1/models].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
-@click.option("--stall-timeout", type=float, default=120.0, show_default=True,
+@click.option("--stall-timeout", type=seconds(0.1, 86400), default=120.0, show_default=True,
               help="Seconds without a byte before a request counts as hung.")
-@click.option("--ready-timeout", type=float, default=30.0, show_default=True,
-              help="Seconds to wait for /health_generate to answer 200 before the first level.")
+@click.option("--ready-timeout", type=seconds(0.1, 86400), default=30.0, show_default=True,
+              help="Seconds to wait for the server to generate before the first level (/health_generate; with "
+                   "--api completions|chat a one-token completion).")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
@@ -170,7 +179,8 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
         levels_c = _int_list(concurrency, "--concurrency") if concurrency else [None]
         if len(levels_c) > 1:
             raise InputError("with --request-rate, --concurrency is one cap on requests in flight, not a list")
-    base = server_url.rstrip("/")
+    base = http_url(server_url, "--server-url").rstrip("/")
+    output_dir(out_dir, "--out")
     questions = load_source(prompt_set)
     counter = load_counter(tokenizer_dir)
     set_name = "builtin" if prompt_set == "builtin" else prompt_set.rsplit("/", 1)[-1].rsplit(".", 1)[0]
@@ -226,6 +236,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key):
     from gpudoctor.bench.runner import run_campaign
     from gpudoctor.errors import EXIT_WARN
 
+    output_dir(out_dir, "--out")
     with Display() as display:
         counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
                               host_key_policy="accept-new" if accept_new_host_key else None)

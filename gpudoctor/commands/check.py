@@ -8,12 +8,13 @@ import click
 
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
+from gpudoctor.inputs import http_url, output_file, seconds
 
 
 def _console():
-    from rich.console import Console
+    from gpudoctor.report import console
 
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
@@ -21,6 +22,12 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
     from gpudoctor.target import open_target
 
+    if snapshot_path:  # judged as it was recorded: a flag asking for more would be silently ignored
+        from gpudoctor.snapshot import refuse_live_flags
+
+        refuse_live_flags(host_name, models, sglang_url)
+    if sglang_url:
+        http_url(sglang_url, "--sglang-url")
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
                        expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
@@ -34,7 +41,7 @@ _common = [
     click.option("--expect-gpus", type=click.IntRange(0), help="Number of GPUs this host must show."),
     click.option("--model", "models", multiple=True, metavar="PATH", help="Model directory that must be complete (repeatable)."),
     click.option("--sglang-url", metavar="URL", help="Also probe a running SGLang server, e.g. http://127.0.0.1:30000."),
-    click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+    click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
                  help="Deadline in seconds for each command or read; a hang becomes an 'unknown' finding."),
 ]
 
@@ -60,10 +67,12 @@ def common(f):
               help="Fleet mode: hosts checked at once.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")
+@click.option("--host-timeout", type=seconds(1, 86400), default=300.0, show_default=True, metavar="SECONDS",
+              help="Fleet mode: a host that has not answered by then is reported unreachable (its own deadline).")
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, prom_path, units=()):
+          deep, deep_python, all_hosts, groups, parallel, host_timeout, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -85,10 +94,13 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     """
     if explain:
         raise SystemExit(_explain(explain))
+    if prom_path:
+        output_file(prom_path, "--prom file")  # before anything runs: a typo in the path is not found an hour later
     if all_hosts or groups:
         if snapshot_path or host_name:
             raise InputError("--all/--group check inventory hosts; they do not combine with --snapshot or --host")
-        raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path))
+        raise SystemExit(_check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path,
+                                      host_timeout))
     from gpudoctor.pipeline import check_host
 
     if not snapshot_path:
@@ -140,7 +152,7 @@ def _warm_imports(as_json: bool) -> None:
     threading.Thread(target=warm, daemon=True).start()
 
 
-def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path) -> int:
+def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path, host_timeout=None) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
     from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
@@ -149,7 +161,8 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
     names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
     if not names:
         raise InputError("the inventory selects no hosts", path=inv.path)
-    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout))
+    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout),
+                         host_timeout=host_timeout)
     if prom_path:
         from gpudoctor.promfile import write_prom
 
@@ -201,6 +214,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     from gpudoctor import snapshot as snap
     from gpudoctor.atomic import atomic_write
 
+    output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
                            deep_python=deep_python, units=units) as target:
         target.connect()

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from gpudoctor.errors import EXIT_OK, ConfigError
+from gpudoctor.inputs import seconds
 
 
 def _default_state() -> str:
@@ -52,7 +53,7 @@ def _reset_breaker(state_path: str) -> int:
 
 
 @click.command("daemon")
-@click.option("--interval", type=click.FloatRange(min=1.0), default=120.0, show_default=True, metavar="SECONDS",
+@click.option("--interval", type=seconds(1.0, 7 * 86400), default=120.0, show_default=True, metavar="SECONDS",
               help="Seconds between checks.")
 @click.option("--metrics-addr", default="127.0.0.1:9835", show_default=True, metavar="HOST:PORT",
               help="Where to serve /metrics and /healthz; 'off' to disable. Port 0 picks a free port.")
@@ -68,12 +69,12 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--observe", is_flag=True, help="Never heal, whatever the policy says: only check and report.")
 @click.option("--no-xid", is_flag=True, help="Do not watch NVML for XID errors.")
 @click.option("--reset-breaker", is_flag=True, help="Close the circuit breakers (of the running daemon) and exit.")
-@click.option("--timeout", type=click.FloatRange(min=1.0), default=30.0, show_default=True, metavar="SECONDS",
+@click.option("--timeout", type=seconds(1.0, 3600), default=30.0, show_default=True, metavar="SECONDS",
               help="Per-host check budget.")
 @click.option("--clock-file", hidden=True, default=None, help="Tests: read the clock from this file.")
 @click.option("--engine", "engine_spec", hidden=True, default="gpudoctor.daemon.engine:pipeline_engine",
               help="Tests: module:factory of the engine.")
-@click.option("--stall", "stall_s", hidden=True, type=float, default=900.0,
+@click.option("--stall", "stall_s", hidden=True, type=seconds(1.0, 7 * 86400), default=900.0,
               help="Seconds one step may run before the watchdog pings stop.")
 def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, observe, no_xid, reset_breaker,
            timeout, clock_file, engine_spec, stall_s):

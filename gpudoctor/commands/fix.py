@@ -3,12 +3,12 @@ flow wrapper that `gpudoctor lxc fix` shares. The flow is gpudoctor.remedy.fix, 
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from gpudoctor.errors import InputError
+from gpudoctor.inputs import seconds
 
 FIX_EXIT_DOC = """\b
 Exit codes:
@@ -138,7 +138,7 @@ def _confirm(plan, yes: bool) -> bool:
               help="Where model.stage copies a model from (default: the source its last stage recorded).")
 @click.option("--mrrs", type=click.Choice(MRRS_SIZES), help="PCIe MaxReadReq policy in bytes for fabric.pcie.mrrs "
               "(default: the inventory's policy.checks.fabric.pcie.mrrs.expect; without one, MRRS is only reported).")
-@click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
+@click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
               help="Deadline in seconds for each command or read while gathering and changing.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also audit (and fix: systemd.device_allow) this systemd unit's device policy (repeatable).")
@@ -185,20 +185,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
 
 
 def _load_facts(path: str) -> dict:
-    """A snapshot document (gpudoctor snapshot) from a file that holds one or a bare facts document."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise InputError(f"cannot read it: {exc.strerror}", path=path) from None
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise InputError(f"not JSON: {getattr(exc, 'msg', exc)}", path=path, line=getattr(exc, "lineno", None)) from None
-    schema = str(doc.get("schema", "")) if isinstance(doc, dict) else ""
-    if schema.startswith("gpudoctor.snapshot/") and isinstance(doc.get("transcript") or doc.get("facts"), dict):
-        return doc  # a transcript is re-gathered through today's code, as `check --snapshot` does
-    if schema.startswith("gpudoctor.facts/"):
-        return {"schema": "gpudoctor.snapshot/1", "host": (doc.get("meta") or {}).get("host"), "facts": doc}
-    raise InputError("not a gpudoctor snapshot or facts document (no \"schema\": \"gpudoctor.snapshot/1\")",
-                     path=path, line=1)
+    """A snapshot document from a file that holds one or a bare facts document, validated before anything plans
+    (fix plans from a part of the facts too, e.g. a boundary-only document)."""
+    from gpudoctor import snapshot
+
+    return snapshot.load_document(path, require=())

@@ -131,16 +131,20 @@ def _expect(e) -> str:
 def _table(title: str, header: tuple, rows: list) -> None:
     """rich on a terminal, plain aligned columns otherwise (pipes, CI logs)."""
     if sys.stdout.isatty():
-        from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left")
+        from gpudoctor.report import console, esc
+
+        t = Table(title=esc(title), title_justify="left")
         for h in header:
             t.add_column(h)
         for r in rows:
-            t.add_row(*(str(c) for c in r))
-        Console().print(t)
+            t.add_row(*(esc(c) for c in r))
+        console().print(t)
         return
+    from gpudoctor.report import line
+
+    title, header, rows = line(title), tuple(map(line, header)), [tuple(map(line, r)) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     click.echo(title)
     for r in (header, *rows):

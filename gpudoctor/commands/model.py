@@ -27,13 +27,14 @@ def _progress(total: int, label: str):
     """A rich progress bar on a TTY (stderr), else None. Returns (progress, advance)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
+    from gpudoctor.report import console, esc
+
     prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=False)
-    task = prog.add_task(label, total=total)
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=console(stderr=True), transient=False)
+    task = prog.add_task(esc(label), total=total)
     return prog, (lambda n: prog.update(task, advance=n))
 
 

@@ -25,8 +25,8 @@ def gather(host, ctx) -> dict:
     if not paths:
         return {"schema": _probe.SCHEMA, "paths": [], "error": None}
     timeout = float(getattr(ctx, "timeout", None) or 10.0)
-    # LocalHost(root=...) maps absolute paths under a temp root in tests; the program does the same mapping.
-    args = {"paths": paths, "root": getattr(host, "root", "") or ""}
+    # The program maps absolute paths as the host's file operations do (Host._path: tests root a host in a temp dir).
+    args = {"paths": paths, "root": host._path("/")[:-1]}
     res = host.run([*host.python, "-c", _source(), json.dumps(args)], timeout=timeout)
     probe_meta = {"rc": res.rc, "duration_s": round(res.duration_s, 4), "timed_out": res.timed_out}
     if res.timed_out:

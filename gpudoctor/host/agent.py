@@ -22,6 +22,12 @@ class AgentUnavailable(Exception):
     """The agent could not start on this connection (the reason is the message); use the classic paths."""
 
 
+class AgentTimeout(HostUnreachable):
+    """The agent did not start in time: the target is slow (a login shell running pyenv/conda init, a loaded
+    machine), not unable. Never answered by falling back to a login shell per operation — that multiplies the very
+    cost that made it late (a fallback storm): the host is reported with this reason instead."""
+
+
 class AgentGone(Exception):
     """The agent's channel closed while a request waited. `exited`: the agent process ended on the target (the
     connection may be fine); otherwise the connection itself dropped."""
@@ -29,6 +35,27 @@ class AgentGone(Exception):
     def __init__(self, exited: bool, detail: str = ""):
         super().__init__(detail or ("the agent exited" if exited else "connection lost"))
         self.exited = exited
+
+
+def kill_session(chan) -> None:
+    """Ask sshd to SIGKILL a session's process (an SSH "signal" channel request, OpenSSH >= 7.9): a login shell
+    still running the target's rc files would otherwise run on after the channel closes. Best effort."""
+    try:
+        from paramiko.common import cMSG_CHANNEL_REQUEST
+        from paramiko.message import Message
+
+        m = Message()
+        m.add_byte(cMSG_CHANNEL_REQUEST)
+        m.add_int(chan.remote_chanid)
+        m.add_string("signal")
+        m.add_boolean(False)
+        m.add_string("KILL")
+        chan.transport._send_user_message(m)
+    except Exception:  # noqa: BLE001 - an old server or a dead connection: closing the channel is all that is left
+        pass
+
+
+START_FACTOR = 3  # the agent's start may take this many connect timeouts: a login shell and a python start
 
 
 def source() -> str:
@@ -74,10 +101,12 @@ class Agent:
         Raises AgentUnavailable when it cannot run there, HostUnreachable when the connection drops meanwhile."""
         import paramiko
 
-        deadline = time.perf_counter() + host.connect_timeout
+        wait = host.connect_timeout * START_FACTOR  # the target's login shell runs first (~/.bashrc: pyenv, conda)
+        deadline = time.perf_counter() + wait
         chan = host._open_channel(transport, deadline)
         if chan is None:
-            raise AgentUnavailable(f"no SSH session within {host.connect_timeout:g} s")
+            raise AgentTimeout(f"{host.name}: no SSH session opened within {wait:g} s (sshd's MaxSessions, or a "
+                               f"loaded target)")
         argv = [*host.python, "-I", "-S", "-c", source()]
         try:
             chan.settimeout(max(0.05, deadline - time.perf_counter()))
@@ -94,8 +123,10 @@ class Agent:
         if agent._hello.is_set():
             return agent
         if not agent._gone:
+            kill_session(chan)  # its login shell is still in ~/.bashrc: do not leave it running on the target
             agent.close()
-            raise AgentUnavailable(f"no hello within {host.connect_timeout:g} s")
+            raise AgentTimeout(f"{host.name}: the probe agent did not start within {wait:g} s (the target's login "
+                               f"shell is slow: ~/.bashrc, pyenv/conda init?)")
         if not agent._exited:
             raise HostUnreachable(f"{host.name}: connection lost while starting the probe agent")
         err = _stderr_tail(chan)
@@ -106,7 +137,9 @@ class Agent:
         return not self._gone and not self._closing
 
     def close(self) -> None:
-        """Close the channel (the agent sees EOF and exits) and stop the reader thread."""
+        """Close the channel (the agent sees EOF, kills what it runs and exits) and stop the reader thread."""
+        if not self._hello.is_set() and not self._gone:
+            kill_session(self.chan)  # not started yet: its login shell is still running the target's rc files
         self._closing = True
         try:
             self.chan.close()

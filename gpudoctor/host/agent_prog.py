@@ -17,7 +17,7 @@ Each request runs in its own thread, so a hung read or command never blocks the 
 deadline and abandons what does not answer in time. A command runs in a new session (its own process group,
 killed as a whole by `kill` or when `timeout` passes here, which backstops a client that went away); "py": N means
 argv[:N] is the inventory's python, replaced by this interpreter (already resolved: no shim, no second lookup).
-On EOF the agent waits for the commands still running (each bounded by its timeout) and exits.
+On EOF (the client is done, gone or interrupted) the agent kills the commands still running and exits.
 Compatible with python >= 3.6; stdlib only.
 """
 
@@ -146,13 +146,19 @@ def main():
             t = threading.Thread(target=_serve, args=(req,))
             t.daemon = True
             t.start()
-    # stdin closed: the client is done (or gone). Let running commands reach their own deadlines, then leave
-    # without waiting for reads stuck in the kernel (daemon threads).
-    while True:
+    # stdin closed: the client is done (or gone, interrupted): nobody will read an answer. Kill what still runs
+    # (process group and all) so nothing of gpudoctor outlives it on the target, then leave without waiting for
+    # reads stuck in the kernel (daemon threads).
+    with _runs_lock:
+        procs = list(_runs.values())
+    for proc in procs:
+        _killpg(proc)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
         with _runs_lock:
             if not _running[0]:
                 break
-        time.sleep(0.05)
+        time.sleep(0.02)
     os._exit(0)
 
 

@@ -40,7 +40,13 @@ def _errname(e):
 def op_read(req):
     left = int(req.get("max", 4 << 20))
     try:
-        with open(req["path"], "rb", buffering=0) as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; a FIFO is refused at once, never read (it can block)
+        fd = os.open(req["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            return {"e": "FIFO"}
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", buffering=0) as f:
             chunks = []
             while left > 0:  # modest steps: one huge read() of a /proc/sys file fails with ENOMEM
                 c = f.read(min(65536, left))

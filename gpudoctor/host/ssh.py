@@ -20,6 +20,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
@@ -30,6 +31,20 @@ GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _PID_MARK = re.compile(rb"gpudoctor-pid:(\d+)\n")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its deadline (a client that went away)
+
+
+_OPEN: "weakref.WeakValueDictionary[int, SSHHost]" = weakref.WeakValueDictionary()  # id -> host (not hashable)
+
+
+def close_all(wait: float = 1.0) -> None:
+    """Close every SSH connection of this process (an interrupted run): each agent sees EOF and kills what it runs;
+    a session still in the target's rc files is killed. Never blocks longer than `wait` per host."""
+    for host in list(_OPEN.values()):
+        if host._lock.acquire(timeout=wait):
+            try:
+                host._drop_locked()
+            finally:
+                host._lock.release()
 
 
 def fingerprint(key) -> str:
@@ -87,8 +102,10 @@ class SSHHost(Host):
         self._agent = None  # gpudoctor.host.agent.Agent of the current connection
         self._agent_lock = threading.Lock()
         self._agent_off = None  # the transport on which the agent could not start (then: classic paths)
+        self._agent_late = None  # (transport, AgentTimeout): it started too slowly there; every op reports that
         self.agents_started = 0
         self.connections_made = 0
+        _OPEN[id(self)] = self
 
     # --- connection ---------------------------------------------------------------------------
     def _path(self, path: str) -> str:
@@ -406,13 +423,20 @@ class SSHHost(Host):
                 return a
             if self._agent_off is transport:
                 return None
-            from gpudoctor.host.agent import Agent, AgentUnavailable
+            late = self._agent_late
+            if late is not None and late[0] is transport:
+                raise late[1]  # it was too slow once on this connection: not a new login shell per operation
+            from gpudoctor.host.agent import Agent, AgentTimeout, AgentUnavailable
 
             if a is not None:
                 a.close()
                 self._agent = None
             try:
                 a = Agent.start(self, transport)
+            except AgentTimeout as exc:
+                self._agent_late = (transport, exc)
+                _log(host=self.name).warning("ssh.agent.timeout", reason=str(exc))
+                raise
             except AgentUnavailable as exc:
                 self._agent_off = transport
                 _log(host=self.name).info("ssh.agent.unavailable", reason=str(exc))

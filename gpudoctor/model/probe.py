@@ -67,23 +67,33 @@ def parse_header(n: int, raw: bytes) -> tuple[int, list[str]]:
     """(expected file size, tensor names) from a raw header; HeaderError when it is not valid safetensors JSON."""
     try:
         hdr = json.loads(raw.rstrip(b" \x00"))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise HeaderError("bad_header", f"header is not JSON ({exc.__class__.__name__}: {str(exc)[:60]})") from None
     if not isinstance(hdr, dict):
         raise HeaderError("bad_header", "header JSON is not an object")
-    end, names = 0, []
+    spans, names = [], []
     for name, info in hdr.items():
         if name == "__metadata__":
             continue
-        try:
-            b, e = info["data_offsets"]
-            b, e = int(b), int(e)
-        except (KeyError, TypeError, ValueError):
-            raise HeaderError("bad_header", f"tensor {name!r} has no valid data_offsets") from None
+        shown = repr(name) if len(name) <= 60 else f"{name[:60]!r}… ({len(name)} characters)"
+        offs = info.get("data_offsets") if isinstance(info, dict) else None
+        # integers only: 1.5, "8" or true are not offsets (the safetensors crate rejects them; int() would not)
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in offs)):
+            raise HeaderError("bad_header", f"tensor {shown} has no valid data_offsets (two integers)")
+        b, e = offs
         if b < 0 or e < b:
-            raise HeaderError("bad_header", f"tensor {name!r} has data_offsets [{b}, {e}]")
-        end = max(end, e)
+            raise HeaderError("bad_header", f"tensor {shown} has data_offsets [{b}, {e}]")
+        spans.append((b, e, shown))
         names.append(name)
+    # Like the safetensors crate's validation: sorted by start, each tensor begins where the previous one ended
+    # (no overlap, no hole), starting at 0; the data section is exactly as long as the last end.
+    end = 0
+    for b, e, shown in sorted(spans):
+        if b != end:
+            what = "overlaps the previous tensor" if b < end else f"leaves a hole of {b - end} bytes before it"
+            raise HeaderError("bad_header", f"tensor {shown} at data_offsets [{b}, {e}] {what} (previous end {end})")
+        end = e
     return 8 + n + end, names
 
 

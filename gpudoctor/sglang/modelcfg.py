@@ -22,13 +22,11 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "float16": 2
 
 def read_json(path: str) -> dict:
     """Parse a JSON object file; a bad file is an InputError naming the file and line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text: {exc.reason}", path=path) from exc
+    from gpudoctor.inputs import json_depth_exceeds, read_text
+
+    text = read_text(path, what="model config", max_bytes=16 << 20)  # a regular file (never a FIFO), UTF-8
+    if json_depth_exceeds(text, 64) is not None:
+        raise InputError("invalid JSON: nests deeper than 64 levels", path=path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -38,12 +36,15 @@ def read_json(path: str) -> dict:
     return data
 
 
-def _int_field(cfg: dict, key: str, path: str | None, text_key: str = "") -> int | None:
+def _int_field(cfg: dict, key: str, path: str | None, text_key: str = "", lo: int = 0) -> int | None:
+    from gpudoctor.inputs import brief
+
     v = cfg.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InputError(f"{text_key}{key} must be a non-negative integer, found {v!r}", path=path,
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        want = "a non-negative integer" if lo == 0 else f"an integer >= {lo}"
+        raise InputError(f"{text_key}{key} must be {want}, found {brief(v, 40)}", path=path,
                          line=_line_of(path, key))
     return v
 
@@ -197,17 +198,18 @@ def facts_from_config(cfg: dict, path: str | None = None) -> ModelFacts:
     arch_list = cfg.get("architectures") or []
     arch = arch_list[0] if isinstance(arch_list, list) and arch_list else None
     t = _text_config(cfg)
-    heads = _int_field(t, "num_attention_heads", path)
-    kv = _int_field(t, "num_key_value_heads", path)
+    # a model has at least one head, layer and hidden unit: 0 is a broken config, not a tiny model
+    heads = _int_field(t, "num_attention_heads", path, lo=1)
+    kv = _int_field(t, "num_key_value_heads", path, lo=1)
     if kv is None:
-        kv = _int_field(t, "num_kv_heads", path)
+        kv = _int_field(t, "num_kv_heads", path, lo=1)
     if kv is None:
         kv = heads
-    hidden = _int_field(t, "hidden_size", path)
-    head_dim = _int_field(t, "head_dim", path)
+    hidden = _int_field(t, "hidden_size", path, lo=1)
+    head_dim = _int_field(t, "head_dim", path, lo=1)
     if head_dim is None and hidden and heads:
         head_dim = hidden // heads
-    layers = _int_field(t, "num_hidden_layers", path)
+    layers = _int_field(t, "num_hidden_layers", path, lo=1)
     ctx, ctx_src = derive_context_length(t)
     facts = ModelFacts(path=path, architecture=arch, num_attention_heads=heads, num_kv_heads=kv, head_dim=head_dim,
                        num_layers=layers, hidden_size=hidden, context_length=ctx, context_source=ctx_src,

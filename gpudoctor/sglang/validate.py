@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
 from gpudoctor.findings import Finding, Status, worst
-from gpudoctor.sglang import argparser, capacity, launch, rules
+from gpudoctor.sglang import argparser, capacity, launch, ranges, rules
 from gpudoctor.sglang.modelcfg import ModelFacts, estimate_weights, facts_from_config, load_model
 
 
@@ -101,7 +101,7 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     opt = rules.Options(gpu_mem_gib=gpu_mem_gib, input_len=input_len, output_len=output_len,
                         env=dict(os.environ if env is None else env), fork_algorithms=forks, gpus=gpus,
                         version=sglang_version, gpu=gpu)
-    findings = rules.parse_findings(parsed, table)
+    findings = rules.parse_findings(parsed, table) + ranges.range_findings(parsed)
     if model_config is None and auto_configs:
         mp = parsed.get("model_path")
         if mp and os.path.isfile(os.path.join(mp, "config.json")):

@@ -11,6 +11,8 @@ from tests.bench.conftest import free_port
 def write(tmp_path, body: str, *, port: int | None = None, gate: str = '"true"', name: str = "c.yaml",
           concurrency: str = "[1, 2]", extra: str = "") -> tuple:
     port = port or free_port()
+    for d in ("model", "draft"):  # a run checks that the paths it gives the server exist
+        (tmp_path / d).mkdir(exist_ok=True)
     text = textwrap.dedent(f"""\
         name: test
         model: {tmp_path}/model

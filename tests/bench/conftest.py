@@ -84,6 +84,7 @@ def standin(tmp_path):
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess: exit codes, stdout and stderr as a user sees them."""
-    return subprocess.run([sys.executable, "-m", "gpudoctor", *args], capture_output=True, text=True, env=env(),
+    """The real CLI in a subprocess: exit codes, stdout and stderr as a user sees them (through tests/rooted.py,
+    which roots the hosts a test names in $GPUDOCTOR_TEST_ROOTS and changes nothing else)."""
+    return subprocess.run([sys.executable, "-m", "tests.rooted", *args], capture_output=True, text=True, env=env(),
                           timeout=timeout, cwd=REPO)

@@ -4,7 +4,8 @@ The "remote" servers are the stand-in, started through SSH by the campaign's Hos
 files live in `remote_dir` (on this machine, as seen through sshd). ct200's PATH starts with `bin/`, which holds an
 nvidia-smi stand-in that lists a compute process for the next N queries (GPU memory released late, as a real driver
 may). The gate is a `gpudoctor` stand-in run locally that records its arguments. ct200's file reads are mapped under
-`files/` (inventory test_root), so a model at /models/llama exists only "on ct200"; commands are not mapped.
+`files/` (tests/rooted.py: `roots`, set for the CLI runs by the test), so a model at /models/llama exists only
+"on ct200"; commands are not mapped.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from tests.bench.conftest import free_port
 from tests.childenv import pythonpath
+from tests.rooted import roots_env
 
 
 @dataclass
@@ -32,6 +34,7 @@ class RemoteLab:
     smi_busy: Path
     gate: Path
     files: Path  # ct200's file operations (Host.read_file: the model's config and tokenizer) are mapped under it
+    roots: dict  # the environment that roots ct200 under `files` for `python -m tests.rooted`
 
     def campaign(self, body: str, *, concurrency: str = "[1, 2]", port: int | None = None, extra: str = "",
                  server_extra: str = "", max_tokens: int = 24, decode: str = "400", ttft: str = "10",
@@ -116,7 +119,10 @@ def make_lab(tmp_path: Path, sshd) -> RemoteLab:
     gate.chmod(0o755)
     root = tmp_path / "ct200-files"
     root.mkdir()
+    for d in (f"{tmp_path}/model", "/models/draft"):  # the model and draft exist on ct200 (a run checks first)
+        (root / d.lstrip("/")).mkdir(parents=True)
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(sshd.inventory_yaml("ct200", extra_host=f"    test_path: [{bin_dir}]\n    test_root: {root}\n"))
+    inventory.write_text(sshd.inventory_yaml("ct200"))
     remote = tmp_path / "ct200-runs"
-    return RemoteLab(tmp_path, inventory, remote, bin_dir, gate_log, smi_log, smi_busy, gate, root)
+    return RemoteLab(tmp_path, inventory, remote, bin_dir, gate_log, smi_log, smi_busy, gate, root,
+                     roots_env(ct200=(root, [bin_dir])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import textwrap
 
@@ -19,6 +20,8 @@ E2E = {"baseline": 215.0, "eagle": 200.0}
 
 def campaign(tmp_path, name: str, kind: str, api: str, flavor_args: list[str]) -> tuple:
     port = free_port()
+    for d in ("model", "draft"):  # a run checks that the paths it gives the server exist
+        (tmp_path / d).mkdir(exist_ok=True)
     cmd = ", ".join([sys.executable, "-m", "gpudoctor.bench.standin", *flavor_args, "--decode-tok-s", '"200"',
                      "--ttft-ms", '"20"'])
     text = textwrap.dedent(f"""\
@@ -35,7 +38,7 @@ def campaign(tmp_path, name: str, kind: str, api: str, flavor_args: list[str]) -
           baseline: {{baseline: true}}
           eagle:
             args: [--accept-length, "4"]
-            draft_model: /models/draft
+            draft_model: {tmp_path}/draft
         concurrency: [2]
         request_rates: [16]
         arrival: constant
@@ -110,5 +113,5 @@ def test_vllm_launcher_flags(measured):
     # `vllm serve MODEL --tensor-parallel-size 1 ...`, the draft model inside --speculative-config
     assert "=== gpudoctor: starting" in log
     start = next(line for line in log.splitlines() if line.startswith("=== gpudoctor: starting"))
-    assert "--tensor-parallel-size 1" in start and '--speculative-config {"model": "/models/draft"}' in start
+    assert "--tensor-parallel-size 1" in start and re.search(r'--speculative-config \{"model": "/\S*/draft"\}', start)
     assert "--model-path" not in start and "Application startup complete." in log

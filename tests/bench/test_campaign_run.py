@@ -37,7 +37,7 @@ def assert_honest(recs):
 def test_campaign_records_every_config(tmp_path):
     path, port = write(tmp_path, "methods:\n  baseline: {baseline: true}\n  eagle3:\n"
                        "    args: [--speculative-algorithm, EAGLE3, --accept-length, '4', --decode-tok-s, '1200']\n"
-                       "    draft_model: /models/draft\n", extra="nccl_env: {1: {NCCL_P2P_LEVEL: NVL}}\n")
+                       f"    draft_model: {tmp_path}/draft\n", extra="nccl_env: {1: {NCCL_P2P_LEVEL: NVL}}\n")
     out = tmp_path / "out"
     p = run_cli("bench", "run", str(path), "--out", str(out))
     assert p.returncode == 0, p.stderr
@@ -50,7 +50,7 @@ def test_campaign_records_every_config(tmp_path):
     assert k[("eagle3-tp1", "chat:short:out24", 2, 0)]["accept_length"] == pytest.approx(4.0)
     assert k[("baseline-tp1", "chat:short:out24", 2, 0)]["accept_length"] is None
     log = (out / "logs" / "eagle3-tp1.log").read_text()
-    assert "--speculative-draft-model-path /models/draft" in log and "--tp-size 1" in log
+    assert f"--speculative-draft-model-path {tmp_path}/draft" in log and "--tp-size 1" in log
     assert "The server is fired up and ready to roll!" in log
     assert json.loads((out / "campaign.json").read_text())["baseline"] == "baseline"
     assert "== eagle3-tp1: 2 of 2 levels to run" in p.stderr

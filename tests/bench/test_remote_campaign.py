@@ -21,8 +21,10 @@ from tests.bench.test_campaign_run import assert_honest, by_key, records
 
 
 @pytest.fixture
-def lab(tmp_path, sshd):
+def lab(tmp_path, sshd, monkeypatch):
     lab = make_lab(tmp_path, sshd)
+    for k, v in lab.roots.items():
+        monkeypatch.setenv(k, v)  # the CLI runs (python -m tests.rooted) see ct200 rooted under lab.files
     yield lab
     assert lab.kill_leftovers() == [], "a server was left running on the target"
 
@@ -133,7 +135,7 @@ def test_sigkill_then_resume_over_ssh_has_no_duplicate_or_lost_records(lab):
     """
     path, port = lab.campaign(body, concurrency="[1, 2, 3]", decode="100")
     out = lab.tmp / "out"
-    cmd = [sys.executable, "-m", "gpudoctor", "bench", "run", str(path), "--out", str(out), "--inventory",
+    cmd = [sys.executable, "-m", "tests.rooted", "bench", "run", str(path), "--out", str(out), "--inventory",
            str(lab.inventory)]
     proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -171,7 +173,7 @@ def test_model_files_are_read_on_the_target(lab):
     from tests.bench.test_prompts_tokens import make_tokenizer_dir
 
     model = lab.files / "models" / "llama"
-    model.parent.mkdir(parents=True)
+    model.parent.mkdir(parents=True, exist_ok=True)
     make_tokenizer_dir(lab.files / "models").rename(model)
     (model / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768, "num_attention_heads": 6,
@@ -285,7 +287,7 @@ def test_ssh_lost_mid_campaign_stops_it_and_resume_finishes(lab, sshd, cut_proxy
     """
     path, _ = lab.campaign(body, concurrency="[1, 2]", decode="200")
     out = lab.tmp / "out"
-    cmd = [sys.executable, "-m", "gpudoctor", "bench", "run", str(path), "--out", str(out), "--inventory",
+    cmd = [sys.executable, "-m", "tests.rooted", "bench", "run", str(path), "--out", str(out), "--inventory",
            str(lab.inventory)]
     proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30

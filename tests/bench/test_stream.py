@@ -70,3 +70,39 @@ def test_percentile_matches_linear_interpolation():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile(list(range(101)), 99) == pytest.approx(99.0)
     assert percentile([10, 20], 99) == pytest.approx(19.9)
+
+
+def test_openai_parser_without_per_chunk_usage_counts_chunks_and_says_so():
+    # A server that ignores continuous_usage_stats: one token per content chunk is all a client can assume; the
+    # final usage chunk still gives the true total, and the result says the ITLs are per chunk.
+    from gpudoctor.bench.openai import OpenAIParser
+    from gpudoctor.bench.stream import RequestResult
+
+    r = RequestResult()
+    p = OpenAIParser(r)
+    events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+              {"choices": [{"index": 0, "delta": {"content": " a b c"}}]},
+              {"choices": [{"index": 0, "delta": {"content": " d e f"}, "finish_reason": "length"}]},
+              {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}}]
+    for t, ev in enumerate(events):
+        p.feed(b"data: " + json.dumps(ev).encode(), now=0.1 * (t + 1), st=0.0)
+    p.feed(b"data: [DONE]", now=0.5, st=0.0)
+    assert p.finish() is None and p.done
+    assert r.ttft_s == pytest.approx(0.2)  # the role chunk is not the first token
+    assert r.usage_per_chunk is False and r.itl_s == [pytest.approx(0.1)]
+    assert r.output_tokens == 6 and r.prompt_tokens == 5
+
+
+def test_openai_parser_reads_abort_and_error_chunks():
+    from gpudoctor.bench.openai import OpenAIParser
+    from gpudoctor.bench.stream import RequestResult
+
+    r = RequestResult()
+    p = OpenAIParser(r)
+    p.feed(b'data: {"error": {"object": "error", "message": "The request queue is full.", '
+           b'"type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}', 0.1, 0.0)
+    assert p.finish() == "request aborted by the server (status 503): The request queue is full."
+    r = RequestResult()
+    p = OpenAIParser(r)
+    p.feed(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]}', 0.1, 0.0)
+    assert p.finish() == "request aborted by the server (finish_reason abort)"

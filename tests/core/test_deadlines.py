@@ -49,13 +49,24 @@ def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):
 
 
 def test_hung_read_becomes_timeout_result(tmp_path):
+    master, slave = os.openpty()  # reading a terminal's slave side blocks until the master writes: never
+    host = LocalHost()
+    try:
+        t = time.perf_counter()
+        r = host.read_file(os.ttyname(slave), timeout=0.5)
+        assert time.perf_counter() - t < 2.0
+        assert r.error == "TIMEOUT" and not r.ok
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_fifo_is_refused_at_once_never_opened_for_a_blocking_read(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # open() of a FIFO with no writer blocks forever
-    host = LocalHost()
     t = time.perf_counter()
-    r = host.read_file(str(fifo), timeout=0.5)
-    assert time.perf_counter() - t < 2.0
-    assert r.error == "TIMEOUT" and not r.ok
+    r = LocalHost().read_file(str(fifo), timeout=5.0)
+    assert r.error == "FIFO" and not r.ok and time.perf_counter() - t < 1.0
 
 
 def test_whole_gather_respects_deadline(tmp_path):

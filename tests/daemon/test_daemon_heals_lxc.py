@@ -11,30 +11,32 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.proxmox.conftest import fake_pct, install, pve_root  # noqa: F401 - fixtures
 from tests.childenv import pythonpath
+from tests.rooted import CLI, use_roots
 
 FINDING = "boundary.lxc.cgroup_allow[/dev/nvidia-uvm]"
 
 
 def daemon_once(inv: Path, state: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpudoctor", "daemon", "--once", "--inventory", str(inv),
+    return subprocess.run([*CLI, "daemon", "--once", "--inventory", str(inv),
                            "--host", "ct200", "--state", str(state)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": pythonpath()})
 
 
-def test_daemon_fixes_the_seed_boundary_fault_and_restarts_once_per_hour(tmp_path, pve_root, fake_pct):  # noqa: F811
+def test_daemon_fixes_the_seed_boundary_fault_and_restarts_once_per_hour(tmp_path, pve_root, fake_pct,  # noqa: F811
+                                                                         monkeypatch):
     bindir, pct_state = fake_pct
     conf = install(pve_root, 200, "200-seed.conf")
     (tmp_path / "ct").mkdir()
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"hosts:\n  ct200:\n    address: local\n    test_root: {tmp_path / 'ct'}\n"
+    inv.write_text("hosts:\n  ct200:\n    address: local\n"
                    "    lxc: {proxmox: kpro6, vmid: 200}\n"
-                   f"proxmox:\n  kpro6:\n    address: local\n    test_root: {pve_root}\n    test_path: [{bindir}]\n"
+                   "proxmox:\n  kpro6:\n    address: local\n"
                    "policy:\n  auto_apply: [lxc.cgroup_allow, lxc.cgroup_allow.reboot]\n")
+    use_roots(monkeypatch, ct200=tmp_path / "ct", kpro6=(pve_root, [bindir]))
     state = tmp_path / "state" / "daemon.json"
     seed = conf.read_bytes()
     assert b"lxc.cgroup2.devices.allow: c 511:" not in seed  # only the seed's keyless hand fix "c 511:* rwm"

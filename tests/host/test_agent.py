@@ -118,18 +118,31 @@ def test_a_client_that_vanishes_leaves_no_command_running(sshd_factory, tmp_path
 
 
 def test_a_read_that_hangs_times_out_alone(ssh_host, tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)  # open() blocks until a writer comes: never
+    master, slave = os.openpty()  # reading the terminal's slave side blocks until the master writes: never
+    tty = os.ttyname(slave)
     (tmp_path / "f").write_text("fine")
+    try:
+        t0 = time.monotonic()
+        hung, fine, listing = ssh_host.batch([("read", tty), ("read", str(tmp_path / "f")),
+                                              ("listdir", str(tmp_path))], timeout=1.0)
+        assert time.monotonic() - t0 < 1.0 + 3.0
+        assert hung.error == "TIMEOUT" and fine.data == b"fine" and listing == ["f"]
+        t0 = time.monotonic()
+        assert ssh_host.read_file(tty, timeout=1.0).error == "TIMEOUT"
+        assert 0.9 <= time.monotonic() - t0 < 1.0 + 3.0
+        assert ssh_host.run(["echo", "still here"]).stdout == "still here\n"
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_fifo_is_refused_at_once_never_read(ssh_host, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # open() would block until a writer comes: never
     t0 = time.monotonic()
-    hung, fine, listing = ssh_host.batch([("read", str(fifo)), ("read", str(tmp_path / "f")),
-                                          ("listdir", str(tmp_path))], timeout=1.0)
-    assert time.monotonic() - t0 < 1.0 + 3.0
-    assert hung.error == "TIMEOUT" and fine.data == b"fine" and listing == ["f", "fifo"]
-    t0 = time.monotonic()
-    assert ssh_host.read_file(str(fifo), timeout=1.0).error == "TIMEOUT"
-    assert 0.9 <= time.monotonic() - t0 < 1.0 + 3.0
-    assert ssh_host.run(["echo", "still here"]).stdout == "still here\n"
+    assert ssh_host.read_file(str(fifo), timeout=5.0).error == "FIFO"
+    (r,) = ssh_host.batch([("read", str(fifo))], timeout=5.0)
+    assert r.error == "FIFO" and time.monotonic() - t0 < 3.0
 
 
 def test_the_inventory_python_is_resolved_once(sshd, tmp_path):

@@ -101,12 +101,10 @@ def test_known_hosts_and_identity_file_fields(sshd, payload, tmp_path):
         assert h.run(["echo", "literal paths"]).stdout == "literal paths\n"
 
 
-def test_test_root_and_test_path_fields(sshd, payload, tmp_path):
-    root = tmp_path / ("root" + payload)
-    (root / "etc").mkdir(parents=True)
-    (root / "etc/hostname").write_text("fake\n")
-    extra = f"    test_root: {yq(str(root))}\n    test_path: [{yq(str(tmp_path / ('bin' + payload)))}]\n"
-    inv = parse_inventory(base(sshd, host_extra=extra), "inv.yaml")
-    with host_for(inv.host("ct200")) as h:
-        assert h.read_file("/etc/hostname").data == b"fake\n"
-        assert h.run(["sh", "-c", 'printf %s "$PATH"']).stdout.startswith(str(tmp_path / ("bin" + payload)))
+def test_test_keys_are_not_part_of_the_schema(sshd):
+    """Tests root hosts their own way (tests/rooted.py); an inventory with test_root is refused like any typo."""
+    for key in ("test_root: /tmp/x", "test_path: [/tmp/bin]"):
+        with pytest.raises(InventoryError) as e:
+            parse_inventory(base(sshd, host_extra=f"    {key}\n"), "inv.yaml")
+        assert f"unknown key '{key.split(':')[0]}'" in str(e.value)
+

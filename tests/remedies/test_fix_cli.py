@@ -50,7 +50,7 @@ def test_fix_from_snapshot_dry_run_then_apply(snap):
 
 
 @pytest.mark.parametrize("content,msg", [
-    ("{not json", "not JSON"),
+    ("{not json", "not valid JSON"),
     ('{"schema": "other/1"}', "not a gpudoctor snapshot"),
     ("[1, 2]", "not a gpudoctor snapshot"),
 ])

@@ -8,17 +8,19 @@ import pty
 import select
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
+
+from tests.childenv import pythonpath
+from tests.rooted import CLI, use_roots
 
 UNIT = "[Unit]\nDescription=NVIDIA Persistence Daemon\n\n[Service]\nType=forking\n" \
        "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --verbose\n"
 
 
 @pytest.fixture
-def broken(make_root, tmp_path):
+def broken(make_root, tmp_path, monkeypatch):
     """The seed's faults on one host: a stale nvidia-uvm node, nvidia-uvm-tools at mode 000, persistence off."""
     r = make_root(uvm_major=511).healthy_nodes(511)
     r.node("/dev/nvidia-uvm", 509, 0)
@@ -26,8 +28,8 @@ def broken(make_root, tmp_path):
     r.write("/lib/systemd/system/nvidia-persistenced.service", UNIT)
     r.path("/run/systemd/system").mkdir(parents=True)
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"version: 1\nhosts:\n  gpu1:\n    address: local\n    test_root: {r.root}\n"
-                   f"    test_path: [{r.bin}]\n")
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n")
+    use_roots(monkeypatch, gpu1=(r.root, [r.bin]))
     r.state = ["--inventory", str(inv), "--host", "gpu1", "--audit-log", str(tmp_path / "audit.jsonl"),
                "--lock-dir", str(tmp_path / "locks"), "--backup-dir", "/var/lib/gpudoctor/backups"]
     r.audit = tmp_path / "audit.jsonl"
@@ -35,8 +37,8 @@ def broken(make_root, tmp_path):
 
 
 def gd(*args, stdin=subprocess.DEVNULL):
-    env = dict(os.environ)  # make_root set GPUDOCTOR_STANDIN_ROOT/PYTHON for the stand-ins
-    return subprocess.run([sys.executable, "-m", "gpudoctor", *map(str, args)], capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": pythonpath()}  # make_root set GPUDOCTOR_STANDIN_ROOT/PYTHON for the stand-ins
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
                           env=env, stdin=stdin, timeout=120)
 
 
@@ -112,8 +114,8 @@ def test_human_output_names_outcomes_and_verdict(broken):
 
 def _run_on_pty(args, answer: str):
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "gpudoctor", *map(str, args)], stdin=slave, stdout=slave,
-                         stderr=slave, env=dict(os.environ), close_fds=True)
+    p = subprocess.Popen([*CLI, *map(str, args)], stdin=slave, stdout=slave,
+                         stderr=slave, env={**os.environ, "PYTHONPATH": pythonpath()}, close_fds=True)
     os.close(slave)
     out, deadline, answered = b"", time.monotonic() + 60, False
     while time.monotonic() < deadline:
@@ -145,13 +147,13 @@ def test_on_a_terminal_it_asks_and_no_means_nothing_changes(broken):
     assert "APPLIED  devices.node.mode" in out and r.stat("/dev/nvidia-uvm-tools")[3] == 0o666
 
 
-def test_a_refusal_is_exit_2_with_its_reason(make_root, tmp_path):
+def test_a_refusal_is_exit_2_with_its_reason(make_root, tmp_path, monkeypatch):
     r = make_root(uvm_major=None, without=("nvidia-modprobe",))
     r.node("/dev/nvidiactl", 195, 255)
     r.node("/dev/nvidia0", 195, 0)
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"version: 1\nhosts:\n  gpu1:\n    address: local\n    test_root: {r.root}\n"
-                   f"    test_path: [{r.bin}]\n")
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n")
+    use_roots(monkeypatch, gpu1=(r.root, [r.bin]))
     out = gd("fix", "--inventory", inv, "--host", "gpu1", "--only", "devices.node.create",
              "--lock-dir", tmp_path / "locks", "--audit-log", tmp_path / "a.jsonl")
     assert out.returncode == 2
@@ -197,7 +199,7 @@ def test_a_snapshot_of_another_machine_is_not_applied_here(tmp_path):
     assert dry.returncode == 1 and "PLAN  devices.node.mode on vm: chmod 0666 /dev/nvidia-uvm-tools" in dry.stdout
 
 
-def test_an_lxc_guest_gets_its_proxmox_node_fixed(make_root, pve_root, fake_pct, tmp_path):
+def test_an_lxc_guest_gets_its_proxmox_node_fixed(make_root, pve_root, fake_pct, tmp_path, monkeypatch):
     """--host ct200 (an LXC guest): lxc.cgroup_allow edits 200.conf on its Proxmox node (kpro6); the guest's own
     device remedies are not asked to mknod inside the container."""
     from tests.proxmox.conftest import install
@@ -208,21 +210,18 @@ def test_an_lxc_guest_gets_its_proxmox_node_fixed(make_root, pve_root, fake_pct,
     guest = make_root(uvm_major=511, container="lxc", userns=True).healthy_nodes(511)
     os.unlink(guest.path("/dev/nvidia-uvm-tools"))  # missing in the guest: the host side must provide it
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"""version: 1
+    inv.write_text("""version: 1
 proxmox:
   kpro6:
     address: local
-    test_root: {pve_root}
-    test_path: [{bindir}]
 hosts:
   ct200:
     address: local
-    test_root: {guest.root}
-    test_path: [{guest.bin}]
     lxc:
       proxmox: kpro6
       vmid: 200
 """)
+    use_roots(monkeypatch, kpro6=(pve_root, [bindir]), ct200=(guest.root, [guest.bin]))
     state = ["--inventory", inv, "--host", "ct200", "--audit-log", tmp_path / "audit.jsonl", "--lock-dir",
              tmp_path / "locks", "--backup-dir", "/var/lib/gpudoctor/backups"]
     dry = gd("fix", *state)

@@ -24,12 +24,12 @@ BAD = {
     "trailing_comma": ({"m/config.json": '{\n  "num_attention_heads": 32,\n  "num_hidden_layers": 32,\n}\n'},
                        ["--model-config", "{d}/m"], ["--model-path", "x"], "{d}/m/config.json:4: invalid JSON"),
     "missing_file": ({}, ["--model-config", "{d}/nope/config.json"], ["--model-path", "x"],
-                     "{d}/nope/config.json: cannot read: No such file or directory"),
+                     "{d}/nope/config.json: no such model config"),
     "not_an_object": ({"m/config.json": "[1, 2]\n"}, ["--model-config", "{d}/m/config.json"], ["--model-path", "x"],
                       "{d}/m/config.json:1: expected a JSON object, found list"),
     "heads_as_string": ({"m/config.json": '{\n  "architectures": ["LlamaForCausalLM"],\n  "num_attention_heads": "32"\n}\n'},
                         ["--model-config", "{d}/m"], ["--model-path", "x"],
-                        "{d}/m/config.json:3: num_attention_heads must be a non-negative integer, found '32'"),
+                        "{d}/m/config.json:3: num_attention_heads must be an integer >= 1, found '32'"),
     "broken_safetensors_index": ({"m/config.json": json.dumps(GOOD),
                                   "m/model.safetensors.index.json": '{"metadata": {"total_size": 16}\n "weight_map": {}}'},
                                  ["--model-config", "{d}/m"], ["--model-path", "x"],
@@ -47,7 +47,7 @@ BAD = {
     "quant_config_not_an_object_is_ignored_but_heads_bad": (
         {"m/config.json": '{\n  "quantization_config": "fp8",\n  "num_hidden_layers": -2\n}\n'},
         ["--model-config", "{d}/m"], ["--model-path", "x"],
-        "{d}/m/config.json:3: num_hidden_layers must be a non-negative integer, found -2"),
+        "{d}/m/config.json:3: num_hidden_layers must be an integer >= 1, found -2"),
 }
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from tests.childenv import pythonpath
 from tests.remedies.hostroot import HostRoot
+from tests.rooted import CLI, use_roots
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h200-uvm-blocked.json"
@@ -31,7 +32,7 @@ POLICY = "policy:\n  checks:\n    fabric.pcie.mrrs:\n      expect: 512\n"
 def gd(*args, cwd: Path):
     env = {**os.environ, "PYTHONPATH": pythonpath(), "XDG_CONFIG_HOME": str(cwd / ".xdg")}  # no inventory of ours
     env.pop("GPUDOCTOR_INVENTORY", None)
-    return subprocess.run([sys.executable, "-m", "gpudoctor", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=180)
 
 
@@ -50,7 +51,21 @@ def seed_root(tmp_path, monkeypatch):
     r.node("/dev/nvidia-uvm", 509, 0)  # the seed's stale node: nvidia-uvm moved to 511
     monkeypatch.setenv("GPUDOCTOR_STANDIN_ROOT", str(r.root))
     monkeypatch.setenv("GPUDOCTOR_STANDIN_PYTHON", sys.executable)
+    use_roots(monkeypatch, gpu1=(r.root, [r.bin]))  # tests/rooted.py: gpu1's files live under the temp root
     return r
+
+
+def gate_and_fix_agree(check: dict, tmp_path: Path, gate_args: list, fix_args: list) -> dict:
+    """gate blocks on exactly check's failures with check's headline; fix plans from check's findings and root."""
+    want = statuses(check["findings"])
+    gate = doc(gd("gate", "--json", *gate_args, cwd=tmp_path))
+    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
+    assert gate["headline"] == check["root_cause"]["summary"]
+    fix = doc(gd("fix", "--json", *fix_args, "--audit-log", tmp_path / "audit.jsonl", "--lock-dir", tmp_path / "locks",
+                 cwd=tmp_path))
+    assert fix["before"]["root_cause"] == check["root_cause"]["key"]
+    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    return fix
 
 
 def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
@@ -61,13 +76,7 @@ def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
     fleet = doc(gd("check", "--all", "--json", "--inventory", inv, cwd=tmp_path))
     (rec,) = fleet["hosts"]
     assert statuses(rec["check"]["findings"]) == want and rec["root_cause"]["key"] == root
-    gate = doc(gd("gate", "--json", "--inventory", inv, "--host", host, cwd=tmp_path))
-    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
-    assert gate["headline"] == check["root_cause"]["summary"]
-    fix = doc(gd("fix", "--json", "--inventory", inv, "--host", host, "--audit-log", tmp_path / "audit.jsonl",
-                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
-    assert fix["before"]["root_cause"] == root
-    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    gate_and_fix_agree(check, tmp_path, ["--inventory", inv, "--host", host], ["--inventory", inv, "--host", host])
     state = tmp_path / "daemon.json"
     r = gd("daemon", "--once", "--inventory", inv, "--host", host, "--state", state, "--no-xid", cwd=tmp_path)
     assert r.returncode == check["exit_code"], r.stderr
@@ -79,16 +88,14 @@ def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
 
 def test_a_local_temp_root(seed_root, tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(f"version: 1\nhosts:\n  gpu1:\n    address: local\n    test_root: {seed_root.root}\n"
-                   f"    test_path: [{seed_root.bin}]\n" + POLICY)
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n" + POLICY)
     check = consumers_agree(tmp_path, inv, "gpu1")
     assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
 
 
 def test_an_ssh_host_of_the_test_lab(seed_root, sshd, tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(sshd.inventory_yaml("gpu1", extra_host=f"    test_root: {seed_root.root}\n"
-                                                          f"    test_path: [{seed_root.bin}]\n") + POLICY)
+    inv.write_text(sshd.inventory_yaml("gpu1") + POLICY)
     check = consumers_agree(tmp_path, inv, "gpu1")
     assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
 
@@ -104,13 +111,8 @@ def test_a_snapshot(tmp_path):
     mrrs = {k: s for k, s in want.items() if k.startswith("fabric.pcie.mrrs")}
     assert mrrs and set(mrrs.values()) == {"warn"}  # MaxReadReq 4096 ≠ policy 512
     assert not any(s == "warn" for k, s in statuses(plain["findings"]).items() if k.startswith("fabric.pcie.mrrs"))
-    gate = doc(gd("gate", "--json", "--snapshot", SNAPSHOT, "--inventory", inv, cwd=tmp_path))
-    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
-    assert gate["headline"] == check["root_cause"]["summary"]
-    fix = doc(gd("fix", "--json", "--facts", SNAPSHOT, "--inventory", inv, "--audit-log", tmp_path / "a.jsonl",
-                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
-    assert fix["before"]["root_cause"] == root
-    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    fix = gate_and_fix_agree(check, tmp_path, ["--snapshot", SNAPSHOT, "--inventory", inv],
+                             ["--facts", SNAPSHOT, "--inventory", inv])
     # the policy reaches fix's planning too: fabric.pcie.mrrs plans (or refuses with its reason), never "nothing"
     assert "fabric.pcie.mrrs" not in fix["plan"]["nothing_to_do"]
     # and the inventory found by the one search (./inventory.yaml) is the same as the one given

@@ -1,0 +1,261 @@
+"""Input hygiene in one place: the one reader for input files, value ranges, output paths, and short messages.
+
+    read_bytes(path, what=..., max_bytes=...)   a regular file only (a FIFO or device is refused before it can
+    read_text(path, ...)                        block), at most max_bytes, UTF-8 with the line of a bad byte
+    number(value, what, lo=, hi=, integer=)     finite, in range, not a bool; else InputError
+    output_file(path, what)                     its directory exists and it is not a directory (checked first)
+    output_dir(path, what)                      missing or a directory, never a file
+    http_url(url, what)                         http(s)://host[:port][/path]
+    brief(value)                                a value for a message: at most ~80 characters, with the count cut
+
+Every refusal is an InputError (or the subclass the caller names): one line, exit 3, nothing started.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+
+from gpudoctor.errors import InputError
+
+MiB = 1024 * 1024
+DEFAULT_MAX_BYTES = 16 * MiB
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError) -> bytes:
+    """The bytes of a regular file, at most max_bytes; anything else is `error(message, path=)`.
+
+    A FIFO, socket or device is refused from its stat() before any open (opening a FIFO blocks; opening a device
+    can have side effects), and again from fstat() after an O_NONBLOCK open, in case the path was swapped."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise error(f"no such {what}", path=p) from None
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"cannot read {what}: it is {_kind(st.st_mode)}, not a regular file", path=p)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"cannot read {what}: it is {_kind(st.st_mode)}, not a regular file", path=p)
+        if st.st_size > max_bytes:
+            raise error(f"{what} is {_size(st.st_size)}, larger than the {_size(max_bytes)} gpudoctor reads", path=p)
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(MiB, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:  # it grew while we read
+                raise error(f"{what} is larger than the {_size(max_bytes)} gpudoctor reads", path=p)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
+    finally:
+        os.close(fd)
+
+
+def decode(raw: bytes, path: str, *, what: str = "file", error=InputError) -> str:
+    """UTF-8 text (a BOM is dropped); a bad byte is reported with its line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})", path=path,
+                    line=line) from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def read_text(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError) -> str:
+    return decode(read_bytes(path, what=what, max_bytes=max_bytes, error=error), os.fspath(path), what=what,
+                  error=error)
+
+
+def read_json(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = 64,
+              error=InputError):
+    """A JSON document: syntax errors with their line, nesting deeper than max_depth refused (no RecursionError)."""
+    text = read_text(path, what=what, max_bytes=max_bytes, error=error)
+    return parse_json(text, os.fspath(path), what=what, max_depth=max_depth, error=error)
+
+
+def parse_json(text: str, path: str, *, what: str = "file", max_depth: int = 64, line: int | None = None,
+               error=InputError):
+    """Parse one JSON value; `line` (for one line of a JSONL file) is the line named in errors."""
+    import json
+
+    deep = json_depth_exceeds(text, max_depth)
+    if deep is not None:
+        raise error(f"{what} nests deeper than {max_depth} levels", path=path,
+                    line=line or text[:deep].count("\n") + 1)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} is not valid JSON: {exc.msg} (column {exc.colno})", path=path,
+                    line=line or exc.lineno) from None
+    except ValueError as exc:  # NaN/Infinity, which JSON does not have
+        raise error(f"{what} is not valid JSON: {exc}", path=path, line=line) from None
+    except RecursionError:
+        raise error(f"{what} nests too deeply", path=path, line=line) from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_depth_exceeds(text: str, max_depth: int) -> int | None:
+    """The offset where brackets nest deeper than max_depth (strings skipped), or None. Linear, no recursion."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return None
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return i
+        elif ch in "]}":
+            depth -= 1
+    return None
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} bytes"
+
+
+# --- values ------------------------------------------------------------------------------------------------------
+
+def brief(value, limit: int = 80) -> str:
+    """repr() of a value for a message, cut to about `limit` characters with a count of what was left out."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def number(value, what: str, *, lo: float | None = None, hi: float | None = None, integer: bool = False,
+           lo_open: bool = False, path: str | None = None, line: int | None = None, error=InputError):
+    """`value` if it is a finite number (an int when `integer`) within [lo, hi] (lo excluded with lo_open)."""
+    def fmt(x) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+    kind = "an integer" if integer else "a number"
+    rng = ""
+    if lo is not None:
+        rng += f" > {fmt(lo)}" if lo_open else f" >= {fmt(lo)}"
+    if hi is not None:
+        rng += (" and" if rng else "") + f" <= {fmt(hi)}"
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if ok and not integer:
+        ok = math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        raise error(f"{what} must be {kind}{rng}, got {brief(value)}", path=path, line=line)
+    return value
+
+
+def http_url(url: str, what: str, *, error=InputError) -> str:
+    """An http:// or https:// URL with a host (a server to talk to); anything else is refused."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url:
+        raise error(f"{what} must be an http:// or https:// URL, got {brief(url)}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise error(f"{what} {brief(url)} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() or not c.isprintable()
+                                                                           for c in url):
+        raise error(f"{what} must be an http:// or https:// URL with a host, got {brief(url)}")
+    del port
+    return url
+
+
+# --- paths -------------------------------------------------------------------------------------------------------
+
+def output_file(path, what: str = "output file", *, error=InputError) -> str:
+    """A file gpudoctor will write: checked before any work starts (its directory exists, it is not a directory)."""
+    p = os.fspath(path)
+    if p in ("", "-"):
+        return p
+    parent = os.path.dirname(os.path.abspath(p))
+    if os.path.isdir(p):
+        raise error(f"{what} is a directory", path=p)
+    if not os.path.isdir(parent):
+        raise error(f"cannot write {what}: its directory {parent} does not exist", path=p)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"cannot write {what}: its directory {parent} is not writable", path=p)
+    if os.path.lexists(p) and not os.path.isfile(p):
+        raise error(f"cannot write {what}: it exists and is not a regular file", path=p)
+    return p
+
+
+def output_dir(path, what: str = "output directory", *, error=InputError) -> str:
+    """A directory gpudoctor will create or write into: refused when it exists as anything but a directory."""
+    p = os.fspath(path)
+    if not p:
+        raise error(f"{what} must not be empty")
+    if os.path.lexists(p) and not os.path.isdir(p):
+        raise error(f"{what} exists and is not a directory", path=p)
+    parent = os.path.dirname(os.path.abspath(p))
+    probe = parent
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise error(f"cannot create {what}: {probe} is not a directory", path=p)
+    return p
+
+
+# --- flags -------------------------------------------------------------------------------------------------------
+
+_FINITE_TYPE = None
+
+
+def finite(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
+    """A click type for a number flag: finite (NaN and inf are refused, which click.FloatRange lets through) and in
+    range."""
+    global _FINITE_TYPE
+    import click
+
+    if _FINITE_TYPE is None:
+        class Finite(click.FloatRange):
+            def convert(self, value, param, ctx):
+                v = super().convert(value, param, ctx)
+                if not math.isfinite(v):
+                    self.fail(f"{value!r} is not a finite number", param, ctx)
+                return v
+
+        _FINITE_TYPE = Finite
+    return _FINITE_TYPE(min=lo, max=hi, min_open=lo_open, max_open=hi_open)
+
+
+def seconds(lo: float = 0.0, hi: float = 86400.0):
+    """A click type for a duration flag: a finite number of seconds in [lo, hi]."""
+    return finite(lo, hi)
