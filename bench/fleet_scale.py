@@ -6,7 +6,10 @@
    Also printed: the remote commands one check starts (each costs a login shell on the target), the CPU of one
    command through a login shell and through the probe agent, and the CPU per host on each side. All "hosts" are
    this machine, so their probes share its cores: the CPU line gives the floor no engine can beat here.
-   --skip-shell-rc: the sshd sets SHLVL=1 so bash skips ~/.bashrc (gpudoctor's cost without the target's).
+   Run twice, both printed: without a shell rc (the sshd sets SHLVL=1, so bash skips ~/.bashrc: gpudoctor's own
+   cost), and with a slow one (BASH_ENV: ~0.3 s of CPU per login shell, like pyenv/conda init; issue #17). For each:
+   the wall time, every host's status, the login shells the target started (one per host: no fallback storm) and
+   the processes of the run still on the target 5 s after it ended. --skip-shell-rc: only the first.
 2. Simulated: 1,000 hosts through the snapshot/replay backend (the H200 captures in tests/fixtures/snapshots,
    re-gathered and diagnosed per host). Target: < 10 s.
 
@@ -62,11 +65,16 @@ def free_port() -> int:
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Debian's default Subsystem: a real sshd serves SFTP
 
 
-def start_sshd(tmp: Path, skip_shell_rc: bool = False):
+SLOW_RC = 'i=0; while [ $i -lt 120000 ]; do i=$((i+1)); done\n'  # ~0.3 s of CPU in bash (2-core dev VM)
+
+
+def start_sshd(tmp: Path, slow_rc: bool = False, marker: str = ""):
     """A throwaway sshd on 127.0.0.1 for the current user, key auth only. Returns (proc, port, key, known_hosts).
 
-    Configured like a stock server (an SFTP subsystem). skip_shell_rc: SetEnv SHLVL=1, so bash does not source
-    ~/.bashrc for ssh commands (what tests/sshd.py does) -- measures gpudoctor without the target's shell startup."""
+    Configured like a stock server (an SFTP subsystem), with SetEnv SHLVL=1 so bash does not source this machine's
+    ~/.bashrc for ssh commands; slow_rc: SetEnv BASH_ENV to a file that burns ~0.3 s of CPU, which bash runs for
+    every `bash -c` (every login shell sshd starts). `marker` goes into every session's environment, so the run's
+    processes on the target can be counted (and nothing else)."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     for kind in ("host", "user"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / f"{kind}_key")], check=True)
@@ -79,7 +87,9 @@ def start_sshd(tmp: Path, skip_shell_rc: bool = False):
                    "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
                    "MaxStartups 200:30:400\nMaxSessions 200\nLogLevel VERBOSE\n"
                    f"Subsystem sftp {SFTP_SERVER if os.path.exists(SFTP_SERVER) else 'internal-sftp'}\n"
-                   + ("SetEnv SHLVL=1\n" if skip_shell_rc else ""))
+                   f"SetEnv SHLVL=1 GPUDOCTOR_BENCH_TARGET={marker or 'none'}"
+                   + (f" BASH_ENV={tmp / 'slow_rc.sh'}" if slow_rc else "") + "\n")
+    (tmp / "slow_rc.sh").write_text(SLOW_RC)
     Path("/run/sshd").mkdir(exist_ok=True)
     proc = subprocess.Popen([sshd, "-D", "-E", str(tmp / "sshd.log"), "-f", str(cfg)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
@@ -95,7 +105,20 @@ def start_sshd(tmp: Path, skip_shell_rc: bool = False):
     return proc, port, tmp / "user_key", known
 
 
-def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
+def target_processes(marker: str) -> int:
+    """Processes whose environment holds this run's marker: what the run has on the target right now."""
+    needle = f"GPUDOCTOR_BENCH_TARGET={marker}".encode()
+    n = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                n += needle in (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                pass
+    return n
+
+
+def ssh(n: int, parallel: int, slow_rc: bool = False) -> None:
     try:
         from gpudoctor.target import open_target  # noqa: F401
         from gpudoctor.inventory import load_inventory
@@ -106,8 +129,12 @@ def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
 
     from gpudoctor.fleet import default_check_fn
 
+    import uuid
+
     tmp = Path(tempfile.mkdtemp(prefix="gpudoctor-fleet-"))
-    proc, port, key, known = start_sshd(tmp, skip_shell_rc)
+    marker = uuid.uuid4().hex[:12]
+    proc, port, key, known = start_sshd(tmp, slow_rc, marker)
+    tag = "ssh (slow rc)" if slow_rc else "ssh (no rc)"
     log = tmp / "sshd.log"
     try:
         inv_path = tmp / "inventory.yaml"
@@ -121,10 +148,11 @@ def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
         inv = load_inventory(str(inv_path))
         check = default_check_fn(inv)
         names = [f"ct{i:03d}" for i in range(n)]
-        rc_note = "skipped (SetEnv SHLVL=1)" if skip_shell_rc else "sourced as on a real login (bash reads ~/.bashrc)"
-        print(f"ssh: the target's shell startup files: {rc_note}")
+        rc_note = ("a slow rc: ~0.3 s of CPU per login shell (BASH_ENV), like pyenv/conda init" if slow_rc
+                   else "none (SetEnv SHLVL=1: bash skips ~/.bashrc)")
+        print(f"{tag}: the target's shell startup: {rc_note}")
         shell_ms, agent_ms = _command_costs(port, key, known)
-        print(f"ssh: CPU of one command on the target: {shell_ms:.1f} ms through a login shell, {agent_ms:.1f} ms "
+        print(f"{tag}: CPU of one command on the target: {shell_ms:.1f} ms through a login shell, {agent_ms:.1f} ms "
               f"through the probe agent (which costs one login shell per connection)")
         check(names[0])  # warm the page cache and imports once, as a second run would
         time.sleep(0.5)
@@ -135,21 +163,30 @@ def ssh(n: int, parallel: int, skip_shell_rc: bool = False) -> None:
         time.sleep(0.5)  # the connection's sshd exits and is reaped: its CPU counts
         cmds_one, me_one, srv_one = _sessions(log) - cmds0, _cpu_self() - me0, _cpu_sshd(proc.pid) - srv0
         me0, srv0 = _cpu_self(), _cpu_sshd(proc.pid)
-        res = check_fleet(inv, names, parallel=parallel, check_fn=check)
-        time.sleep(1.0)
+        cmds_all0 = _sessions(log)
+        res = check_fleet(inv, names, parallel=parallel, check_fn=check, host_timeout=300)
+        time.sleep(5.0)
+        left = target_processes(marker)
+        shells = _sessions(log) - cmds_all0
         me_all, srv_all = _cpu_self() - me0, _cpu_sshd(proc.pid) - srv0
         counts = ", ".join(f"{v} {k}" for k, v in res.counts().items() if v)
         ratio = res.wall_s / single
-        print(f"ssh: one host alone: {single:.2f} s (verdict {one.verdict.value}); remote commands it started "
+        print(f"{tag}: one host alone: {single:.2f} s (verdict {one.verdict.value}); remote commands it started "
               f"(each a login shell there): {cmds_one}")
-        print(f"ssh: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}")
-        print(f"ssh: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
+        print(f"{tag}: {n} hosts via one sshd on 127.0.0.1 at parallel {parallel}: {res.wall_s:.2f} s -> {counts}; "
+              f"slowest host {max(r.duration_s for r in res.records):.2f} s")
+        unanswered = [r for r in res.records if r.status in ("unknown", "unreachable", "error") and not r.error
+                      and r.root_cause is None]
+        print(f"{tag}: login shells the target started for the {n}: {shells} ({shells / n:.1f} per host; a fallback "
+              f"storm would be one per operation); hosts without an answer or a reason: {len(unanswered)}; "
+              f"processes of the run left on the target 5 s after it: {left}")
+        print(f"{tag}: ratio {ratio:.2f}x one host (target <= 5x): {'met' if ratio <= 5 else 'NOT met'}")
         cores = os.cpu_count() or 1
         cpu_all = me_all + srv_all
-        print(f"ssh: CPU per host, average of the {n}: gpudoctor (paramiko, gather, diagnose) {me_all / n * 1000:.0f} ms, "
+        print(f"{tag}: CPU per host, average of the {n}: gpudoctor (paramiko, gather, diagnose) {me_all / n * 1000:.0f} ms, "
               f"the target side (sshd, login shell, agent, probes) {srv_all / n * 1000:.0f} ms "
               f"(one host alone: {me_one * 1000:.0f} + {srv_one * 1000:.0f} ms, 10 ms ticks)")
-        print(f"ssh: all {n} hosts' work runs on this machine's {cores} cores: >= {cpu_all / cores:.2f} s "
+        print(f"{tag}: all {n} hosts' work runs on this machine's {cores} cores: >= {cpu_all / cores:.2f} s "
               f"= {cpu_all / cores / single:.1f}x one host whatever the engine does (used {cpu_all / res.wall_s:.2f} "
               f"cores on average)")
     finally:
@@ -229,7 +266,7 @@ def main() -> int:
                     help="snapshot-replay hosts for the simulated part (default 1000; 0 skips it)")
     ap.add_argument("--skip-ssh", action="store_true", help="skip the real-SSH part")
     ap.add_argument("--skip-shell-rc", action="store_true",
-                    help="sshd SetEnv SHLVL=1: bash skips ~/.bashrc (gpudoctor's own cost, without the target's)")
+                    help="only the run without a shell rc (skip the slow-rc run: ~0.3 s of CPU per login shell)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (other work on the machine skews every number)")
@@ -238,7 +275,9 @@ def main() -> int:
     else:
         print("simulated: skipped (--simulated 0)")
     if not args.skip_ssh:
-        ssh(args.hosts, args.parallel, args.skip_shell_rc)
+        ssh(args.hosts, args.parallel, slow_rc=False)
+        if not args.skip_shell_rc:
+            ssh(args.hosts, args.parallel, slow_rc=True)
     return 0
 
 

@@ -31,8 +31,10 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError) -> bytes:
-    """The bytes of a regular file, at most max_bytes; anything else is `error(message, path=)`.
+def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError,
+               tail: bool = False) -> bytes:
+    """The bytes of a regular file, at most max_bytes (tail: its last max_bytes, e.g. of a long log); anything
+    else is `error(message, path=)`.
 
     A FIFO, socket or device is refused from its stat() before any open (opening a FIFO blocks; opening a device
     can have side effects), and again from fstat() after an O_NONBLOCK open, in case the path was swapped."""
@@ -54,7 +56,10 @@ def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, 
         if not stat.S_ISREG(st.st_mode):
             raise error(f"cannot read {what}: it is {_kind(st.st_mode)}, not a regular file", path=p)
         if st.st_size > max_bytes:
-            raise error(f"{what} is {_size(st.st_size)}, larger than the {_size(max_bytes)} gpudoctor reads", path=p)
+            if not tail:
+                raise error(f"{what} is {_size(st.st_size)}, larger than the {_size(max_bytes)} gpudoctor reads",
+                            path=p)
+            os.lseek(fd, st.st_size - max_bytes, os.SEEK_SET)
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(MiB, max_bytes + 1 - total))
@@ -63,6 +68,8 @@ def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, 
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:  # it grew while we read
+                if tail:
+                    return b"".join(chunks)[-max_bytes:]
                 raise error(f"{what} is larger than the {_size(max_bytes)} gpudoctor reads", path=p)
         return b"".join(chunks)
     except OSError as exc:

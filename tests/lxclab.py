@@ -18,7 +18,10 @@ build its own with `with LxcLab(tmp_dir) as lab:`):
       .pct(*args) -> CompletedProcess  the node's `pct` (list/config/status/start/stop/reboot/exec), run in the
                                        node's namespaces as an SSH session would; .calls() lists the calls
       .reset(config=SEED_CONFIG)       the seed's state: that config, no backups or temp files, ct200 running
-                                       with it (restarted only when it started from other bytes)
+                                       with it (restarted only when it started from other bytes), uvm on 7
+      .move_uvm(major=511)             a driver update's device naming: nvidia-uvm(-tools) on `major` in the
+                                       node's /dev and in the lab's /proc/devices (node and ct200); ct200 keeps
+                                       its device program and its bind-mounted old nodes until it restarts
       .init_pid() -> int               ct200's init (pid 1 inside) as the host sees it; a restart changes it
       .running_config() -> str         /var/lib/lxc/200/config, written by `pct start`
       .wait_ssh() / .sessions()        ct200's sshd accepts; how many sessions it has started
@@ -31,7 +34,10 @@ build its own with `with LxcLab(tmp_dir) as lab:`):
 Names: nvidia0 195:0, nvidiactl 195:255 (no driver here: the kernel answers ENXIO after the device program let
 the open through; the driver shim answers in its place); nvidia-uvm and nvidia-uvm-tools on major 7 with minors
 0 and 1: the lab's /proc/devices (in the node's and ct200's namespaces) names major 7 nvidia-uvm, and major 7
-is the kernel's vcs driver, which really accepts the open once the device program allows it.
+is the kernel's vcs driver, which really accepts the open once the device program allows it. After move_uvm()
+nvidia-uvm is on 511 as on the seed's host after its driver update: no driver holds 511 here, so an open the device
+program lets through gets ENXIO from the kernel, which the driver shim answers (GPUDOCTOR_SHIM_MAJORS lists 511);
+one the device program refuses gets the kernel's EPERM.
 """
 
 from __future__ import annotations
@@ -54,16 +60,21 @@ PROXMOX_FIXTURES = REPO / "tests" / "fixtures" / "proxmox"
 PREFIX = "gpudoctor-lab-"
 REGISTRY = Path("/run/gpudoctor-lab")  # one file per running lab: what a killed session's lab must have removed
 UVM_MAJOR = 7  # the kernel's vcs driver: a real driver that accepts open(O_RDWR) of minors 0 and 1
+MOVED_UVM_MAJOR = 511  # where the seed's driver update put nvidia-uvm (move_uvm): no driver holds it here
 CAPS_MAJOR = 234
 PACKAGES = "apt-get install lxc bpftool busybox-static openssh-server gcc util-linux iproute2"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STANDIN_DIR = "/opt/gpudoctor-lab"  # in ct200's rootfs
 
 
-def _lab_proc_devices() -> str:
-    """The H200's /proc/devices with nvidia-uvm on UVM_MAJOR (the line of the driver that really holds it goes)."""
+def _lab_proc_devices(uvm_major: int = UVM_MAJOR) -> str:
+    """The H200's /proc/devices with nvidia-uvm on UVM_MAJOR (the line of the driver that really holds it goes), or
+    as captured (nvidia-uvm on MOVED_UVM_MAJOR, 7 the kernel's vcs) after move_uvm()."""
+    text = (PROXMOX_FIXTURES / "proc-devices-uvm511.txt").read_text()
+    if uvm_major == MOVED_UVM_MAJOR:
+        return text
     out = []
-    for line in (PROXMOX_FIXTURES / "proc-devices-uvm511.txt").read_text().splitlines():
+    for line in text.splitlines():
         f = line.split()
         if len(f) == 2 and f[0] == str(UVM_MAJOR) and out and not out[-1].startswith("Block"):
             if "Block devices:" not in out:
@@ -346,6 +357,7 @@ class LxcLab:
         self.node_proc: subprocess.Popen | None = None
         self.node_port = 0
         self._started_pids: list[int] = []
+        self.uvm_major = UVM_MAJOR
 
     # -- building --------------------------------------------------------------------------------------------
 
@@ -443,15 +455,15 @@ class LxcLab:
     def session_env(self) -> dict[str, str]:
         d = STANDIN_DIR
         return {"PATH": f"{d}/bin:{BASE_PATH}", "LD_LIBRARY_PATH": f"{d}/lib", "LD_PRELOAD": f"{d}/nvidia_driver_shim.so",
-                "GPUDOCTOR_SHIM_MAJORS": f"195,{CAPS_MAJOR}", "GPUDOCTOR_STANDIN_CAPTURE": f"{d}/capture"}
+                "GPUDOCTOR_SHIM_MAJORS": f"195,{CAPS_MAJOR},{MOVED_UVM_MAJOR}", "GPUDOCTOR_STANDIN_CAPTURE": f"{d}/capture"}
 
     def _mkdev(self, dev: Path) -> None:
         """The node's /dev: the base nodes sshd and LXC use, and the GPU nodes with the H200's modes."""
         for name, major, minor, mode in (("null", 1, 3, 0o666), ("zero", 1, 5, 0o666), ("full", 1, 7, 0o666),
                                          ("random", 1, 8, 0o666), ("urandom", 1, 9, 0o666), ("tty", 5, 0, 0o666),
                                          ("nvidia0", 195, 0, 0o666), ("nvidiactl", 195, 255, 0o666),
-                                         ("nvidia-uvm", UVM_MAJOR, 0, 0o666),
-                                         ("nvidia-uvm-tools", UVM_MAJOR, 1, 0o666),
+                                         ("nvidia-uvm", self.uvm_major, 0, 0o666),
+                                         ("nvidia-uvm-tools", self.uvm_major, 1, 0o666),
                                          ("nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1, 0o400),
                                          ("nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2, 0o444)):
             os.mknod(dev / name, 0o020000 | mode, os.makedev(major, minor))
@@ -582,9 +594,29 @@ class LxcLab:
         p = self.rootfs / "var/log/sshd.log"
         return p.read_text(errors="replace").count("Starting session: ") if p.exists() else 0
 
+    def move_uvm(self, major: int = MOVED_UVM_MAJOR) -> None:
+        """nvidia-uvm and nvidia-uvm-tools on `major`, as after a driver update: the node's nodes made anew, the
+        lab's /proc/devices (bind-mounted into the node and into ct200: rewritten in place) naming it there. A
+        running ct200 keeps what it started with until it restarts."""
+        self.uvm_major = major
+        for name, minor in (("nvidia-uvm", 0), ("nvidia-uvm-tools", 1)):
+            node = self.node / "dev" / name
+            node.unlink()
+            os.mknod(node, 0o020000 | 0o666, os.makedev(major, minor))
+            os.chmod(node, 0o666)
+        text = _lab_proc_devices(major)
+        for p in (self.node / "proc-devices", self.rootfs / STANDIN_DIR.lstrip("/") / "proc-devices"):
+            with open(p, "r+") as fh:  # the same inode: the bind mounts over /proc/devices see it
+                fh.truncate(0)
+                fh.write(text)
+
     def reset(self, config: bytes | None = None) -> None:
-        """The seed's state: that config, no backups, no temp files, ct200 running as started from it."""
+        """The seed's state: that config, no backups, no temp files, uvm on UVM_MAJOR, ct200 running as started
+        from it."""
         config = self.seed if config is None else config
+        if self.uvm_major != UVM_MAJOR:
+            self.move_uvm(UVM_MAJOR)
+            (self.state / f"{self.vmid}.started-from").unlink(missing_ok=True)  # its nodes were the moved ones
         self.write_config(config)
         for name in self.temps():
             os.unlink(self.config_file.parent / name)

@@ -72,6 +72,11 @@ class Incident:
                 "actions": [a["remedy"] for a in self.actions if a["ok"]]}
 
 
+def _roots(gate) -> list:
+    """The gate's blockers that are no symptom of another (all of them when each is)."""
+    return [b for b in gate.blockers if not b.symptom_of] or gate.blockers
+
+
 class _Recording:
     """The daemon's engine, remembering what it applied (the daemon keeps only counts)."""
 
@@ -104,6 +109,7 @@ class Healer:
 
         self.spec, self.emit, self.sleep, self.monotonic = spec, emit, sleep, monotonic
         self.dir = Path(out_dir)
+        self.remote = target is not None
         self.resume_hint = resume_hint
         cfg = EngineConfig(inventory=inventory, hosts=(target,) if target else (), timeout=timeout,
                            state_dir=str(self.dir / "heal"), models=models)
@@ -164,12 +170,26 @@ class Healer:
                 next_note = self.monotonic() + COUNTDOWN_EVERY_S
             self.sleep(min(1.0, max(0.05, left)))
 
-    def _command(self, gate) -> str:
-        roots = [b for b in gate.blockers if not b.symptom_of] or gate.blockers
+    def _command(self, diag, gate) -> str:
+        """What a human runs: the root cause's remedy as a `gpudoctor fix` command (what healing would have applied,
+        with --reboot when it restarts something), else its hint, else `gpudoctor check`; then the resume."""
+        roots = _roots(gate)
+        where = f"--host {self.name} " if self.remote else ""
+        by_key = {f.key: f for f in getattr(diag, "findings", None) or []}
+        remedy = next((by_key[b.key].remedy for b in roots if b.key in by_key and by_key[b.key].remedy), None)
+        if remedy:
+            reboot = False
+            try:
+                reboot = any(a.reboot for a in self.engine.plan(self.name, diag) if a.remedy == remedy)
+            except GpudoctorError:
+                pass
+            allow = ", ".join([remedy, f"{remedy}.reboot"] if reboot else [remedy])
+            return (f"gpudoctor fix {where}--only {remedy} --apply{' --reboot' if reboot else ''} (or let the "
+                    f"campaign heal it: heal: {{allow: [{allow}]}}), then {self.resume_hint}")
         hint = next((b.hint for b in roots if b.hint), None)
-        allow = "or let the campaign heal it (heal: allow: [REMEDY] in the campaign file)"
-        return (f"{hint} ({allow}), then {self.resume_hint}" if hint
-                else f"gpudoctor check --host {self.name}, fix what it names, then {self.resume_hint}")
+        if hint:
+            return f"{' '.join(hint.split())}, then {self.resume_hint}"
+        return f"{f'gpudoctor check {where}'.rstrip()}, fix what it names, then {self.resume_hint}"
 
     # ---- one incident ---------------------------------------------------------------------------------------------
     def recover(self, reason: str) -> Incident:
@@ -188,9 +208,9 @@ class Healer:
                 inc.healthy = True
                 break
             inc.broken = True
-            roots = [b for b in gate.blockers if not b.symptom_of] or gate.blockers
-            inc.root_cause = roots[0].line() if roots else gate.headline
-            inc.command = self._command(gate)
+            roots = _roots(gate)
+            inc.root_cause = " ".join(f"{roots[0].key}: {roots[0].summary}".split()) if roots else gate.headline
+            inc.command = self._command(diag, gate)
             if rnd == self.spec.rounds or not self.daemon.policy.allow:
                 break
             before = len(self.engine.applied)

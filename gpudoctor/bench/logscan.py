@@ -162,33 +162,14 @@ def reason(text: str) -> str | None:
 def read_log(path: str, limit: int = 8 << 20) -> str:
     """The last `limit` bytes of a log file (or "-": standard input), decoded leniently. A missing file, a directory,
     a FIFO or a device is refused with one line (InputError), never waited on."""
-    import stat
     import sys
 
-    from gpudoctor.errors import InputError
+    from gpudoctor.inputs import read_bytes
 
     if path == "-":
         data = sys.stdin.buffer.read()
         return data[-limit:].decode("utf-8", "replace")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        raise InputError(f"cannot read the log: {e.strerror}", path=path) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError("not a regular file (give a log file, or - for standard input)", path=path)
-        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        chunks, left = [], limit
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
+    return read_bytes(path, what="log", max_bytes=limit, tail=True).decode("utf-8", "replace")
 
 
 def record_fields(text: str) -> dict:

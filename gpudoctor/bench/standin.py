@@ -6,7 +6,8 @@ flavor: /generate (streamed and not), /v1/completions, /v1/chat/completions, /v1
 where each comes from): cumulative output_ids, abort chunks (HTTP 200) when --max-queued-requests is exceeded, timing
 fields only with --enable-metrics, health checks that take >= 1 s, idle keep-alive connections closed after 5 s.
 vLLM flavor: /v1/* and an instant /health only, vLLM's chunk and error shapes and log lines. It logs like the real
-server, can fail on purpose (--fail-mode), and accepts (and shows in /server_info) any other flag, so it can replace
+server, can fail on purpose (--fail-mode) or because of the host it runs on (--require-model: the model's config.json
+must be there; --require-device PATH: the node must open, as CUDA's init needs it), and accepts (and shows in /server_info) any other flag, so it can replace
 `python -m sglang.launch_server` or `vllm serve` in a campaign dry run.
 
 Timing truth, per request: the first step is written --ttft-ms after the request arrives; later steps are written so
@@ -65,6 +66,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--death-log", default=None, metavar="FILE",
                    help="on dying (die-at-start, die-mid-level) write FILE's lines to the log as they are, e.g. a real"
                         " server's traceback, instead of the built-in one")
+    p.add_argument("--require-model", action="store_true",
+                   help="die at start, as SGLang does loading the model's config, when --model-path has no config.json")
+    p.add_argument("--require-device", action="append", default=[], metavar="PATH",
+                   help="open PATH (O_RDWR) at start, as CUDA's init opens the GPU nodes, and die with torch's 'CUDA "
+                        "unknown error' when the kernel refuses it (repeatable; e.g. /dev/nvidia-uvm)")
     p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
     p.add_argument("--timing-log", default=None, metavar="FILE",
                    help="stand-in only: append one JSON line per finished request (rid, received, first_sent, "
@@ -170,6 +176,37 @@ class StandIn:
                      "below might be incorrect.")
             self.log("Received sigquit from a child process. It usually means the child failed.")
         os._exit(1)
+
+    def load_checks(self) -> bool:
+        """--require-model, --require-device: what the real server needs at start, checked for real (the model's
+        config.json read, the device node opened); False after logging what SGLang logs when it is not there."""
+        a = self.a
+        if a.require_model and not os.path.isfile(os.path.join(a.model_path, "config.json")):
+            self.log.raw("Traceback (most recent call last):")
+            self.log.raw('  File "/usr/local/lib/python3.12/dist-packages/transformers/configuration_utils.py", '
+                         "line 721, in _get_config_dict")
+            self.log.raw("    resolved_config_file = cached_file(")
+            self.log.raw(f"OSError: Can't load the configuration of '{a.model_path}'. If you were trying to load it "
+                         "from 'https://huggingface.co/models', make sure you don't have a local directory with the "
+                         f"same name. Otherwise, make sure '{a.model_path}' is the correct path to a directory "
+                         "containing a config.json file")
+            return False
+        for path in a.require_device:
+            try:
+                os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+                continue
+            except OSError as exc:
+                self.log(f"stand-in: open({path}) failed: {exc.strerror} (what cuInit meets: 999 CUDA_ERROR_UNKNOWN)")
+            msg = ("CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env "
+                   "variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero.")
+            self.log.raw(f"Failed to get device capability: {msg}")
+            self.log.raw("Traceback (most recent call last):")
+            self.log.raw('  File "/usr/local/lib/python3.12/dist-packages/torch/cuda/__init__.py", line 372, in '
+                         "_lazy_init")
+            self.log.raw("    torch._C._cuda_init()")
+            self.log.raw(f"RuntimeError: {msg}")
+            return False
+        return True
 
     def on_request(self) -> None:
         self.n_requests += 1
@@ -559,6 +596,8 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
     if nccl:
         state.log(f"NCCL environment: {nccl}")
+    if not state.load_checks():
+        raise SystemExit(1)
     if args.fail_mode == "die-at-start" and state.fault_armed() and state.last_words():
         raise SystemExit(1)
     if args.fail_mode == "die-at-start" and state.fault_armed():

@@ -47,7 +47,8 @@ class Counter:
 
 
 def load_counter(model_dir: str | None) -> Counter:
-    """The exact counter when `tokenizers` is importable and MODEL_DIR/tokenizer.json exists, else the estimate."""
+    """The exact counter when `tokenizers` is importable and MODEL_DIR/tokenizer.json exists and is a tokenizer it
+    reads, else the estimate (its source says why)."""
     if model_dir:
         path = os.path.join(model_dir, "tokenizer.json")
         if os.path.isfile(path):
@@ -55,5 +56,10 @@ def load_counter(model_dir: str | None) -> Counter:
                 from tokenizers import Tokenizer
             except ImportError:
                 return Counter(source=f"estimate: {path} exists but the `tokenizers` package is not installed")
-            return Counter(Tokenizer.from_file(path), source=f"exact: {path}")
+            try:
+                tok = Tokenizer.from_file(path)
+            except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot read
+                why = " ".join(str(exc).split())[:200]
+                return Counter(source=f"estimate: {path} is not a tokenizer the `tokenizers` package reads ({why})")
+            return Counter(tok, source=f"exact: {path}")
     return Counter()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpudoctor.bench import prompts as P
 from gpudoctor.bench.tokens import Counter, load_counter
 from tests.bench.conftest import run_cli
@@ -60,6 +62,14 @@ def test_tokenizer_json_without_package_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_tokenizers)
     c = load_counter(str(d))
     assert not c.exact and "`tokenizers` package is not installed" in c.source
+
+
+def test_a_tokenizer_json_tokenizers_cannot_read_falls_back_to_the_estimate_and_says_why(tmp_path):
+    pytest.importorskip("tokenizers", reason="the `tokenizers` package is not installed: pip install tokenizers")
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "nope"}}')
+    c = load_counter(str(tmp_path))
+    assert not c.exact and c.source.startswith(f"estimate: {tmp_path}/tokenizer.json is not a tokenizer the")
+    assert c.count("hello world") > 0
 
 
 def test_prompt_files(tmp_path):

@@ -169,6 +169,15 @@ def flag_cases() -> list[Case]:
         Case("flag-huge-value", ["check", "--explain", "x" * 20000], err="more characters"),
         Case("flag-escape-in-host", ["check", "--host", "ct\x1b[2J\x1b]0;owned\x07", "--inventory",
                                      "{C}/good-inventory.yaml"], rc=3),
+        # a host gpudoctor cannot reach: the gate, in every mode, is closed with the reason (exit 3; NPD: 2)
+        Case("host-gate-unreachable", ["gate", "--host", "ct200", "--inventory", "{C}/unreachable-inventory.yaml"],
+             one_line_on="stdout", err="could not check"),
+        Case("host-gate-json-unreachable", ["gate", "--json", "--host", "ct200", "--inventory",
+                                            "{C}/unreachable-inventory.yaml"], one_line_on="json"),
+        Case("host-gate-npd-unreachable", ["gate", "--npd", "--host", "ct200", "--inventory",
+                                           "{C}/unreachable-inventory.yaml"], rc=2, one_line_on="stdout"),
+        Case("host-check-unreachable", ["check", "--host", "ct200", "--inventory", "{C}/unreachable-inventory.yaml"],
+             err="ct200"),
         Case("refused-run-leaves-no-lock", ["bench", "run", "{C}/campaign/valid-local.yaml", "--out", "{T}/out"],
              setup={"out/results.jsonl": b""}, err="--resume"),
     ]

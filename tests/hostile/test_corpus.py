@@ -149,7 +149,7 @@ CASES = all_cases()
 
 def test_the_corpus_covers_every_input_kind():
     kinds = {c.id.split("-")[0] for c in CASES}
-    assert {"inventory", "campaign", "snapshot", "results", "proxmox", "model", "sglang", "flag"} <= kinds
+    assert {"inventory", "campaign", "snapshot", "results", "proxmox", "model", "sglang", "flag", "host"} <= kinds
     assert len(CASES) >= 150
 
 
@@ -185,7 +185,10 @@ def test_hostile_input(case, tmp_path):
     assert raw is None, f"raw control byte {raw.group()!r} reached the terminal: {shown!r}"
     want = case.rc if isinstance(case.rc, tuple) else (case.rc,)
     assert p.returncode in want, f"exit {p.returncode}, expected {case.rc}: {shown}"
-    if case.rc == 3 or (case.one_line_on == "stdout" and p.returncode == 2):
+    if case.one_line_on == "json":  # gate --json: the document says it could not judge
+        doc = json.loads(out)
+        assert doc["pass"] is False and doc["error"] and doc["exit_code"] == 3, doc
+    elif case.rc == 3 or (case.one_line_on == "stdout" and p.returncode == 2):
         stream = (out if case.one_line_on == "stdout" else err).decode("utf-8", "replace")
         lines = stream.strip().splitlines()
         assert len(lines) == 1, f"bad input must give exactly one line, got: {stream!r}"

@@ -55,6 +55,19 @@ def seed_root(tmp_path, monkeypatch):
     return r
 
 
+def gate_and_fix_agree(check: dict, tmp_path: Path, gate_args: list, fix_args: list) -> dict:
+    """gate blocks on exactly check's failures with check's headline; fix plans from check's findings and root."""
+    want = statuses(check["findings"])
+    gate = doc(gd("gate", "--json", *gate_args, cwd=tmp_path))
+    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
+    assert gate["headline"] == check["root_cause"]["summary"]
+    fix = doc(gd("fix", "--json", *fix_args, "--audit-log", tmp_path / "audit.jsonl", "--lock-dir", tmp_path / "locks",
+                 cwd=tmp_path))
+    assert fix["before"]["root_cause"] == check["root_cause"]["key"]
+    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    return fix
+
+
 def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
     """Run every consumer on inventory host `host`; assert they agree; return check's document."""
     check = doc(gd("check", "--json", "--inventory", inv, "--host", host, cwd=tmp_path))
@@ -63,13 +76,7 @@ def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
     fleet = doc(gd("check", "--all", "--json", "--inventory", inv, cwd=tmp_path))
     (rec,) = fleet["hosts"]
     assert statuses(rec["check"]["findings"]) == want and rec["root_cause"]["key"] == root
-    gate = doc(gd("gate", "--json", "--inventory", inv, "--host", host, cwd=tmp_path))
-    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
-    assert gate["headline"] == check["root_cause"]["summary"]
-    fix = doc(gd("fix", "--json", "--inventory", inv, "--host", host, "--audit-log", tmp_path / "audit.jsonl",
-                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
-    assert fix["before"]["root_cause"] == root
-    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    gate_and_fix_agree(check, tmp_path, ["--inventory", inv, "--host", host], ["--inventory", inv, "--host", host])
     state = tmp_path / "daemon.json"
     r = gd("daemon", "--once", "--inventory", inv, "--host", host, "--state", state, "--no-xid", cwd=tmp_path)
     assert r.returncode == check["exit_code"], r.stderr
@@ -104,13 +111,8 @@ def test_a_snapshot(tmp_path):
     mrrs = {k: s for k, s in want.items() if k.startswith("fabric.pcie.mrrs")}
     assert mrrs and set(mrrs.values()) == {"warn"}  # MaxReadReq 4096 ≠ policy 512
     assert not any(s == "warn" for k, s in statuses(plain["findings"]).items() if k.startswith("fabric.pcie.mrrs"))
-    gate = doc(gd("gate", "--json", "--snapshot", SNAPSHOT, "--inventory", inv, cwd=tmp_path))
-    assert {b["key"] for b in gate["blockers"]} == {k for k, s in want.items() if s == "fail"}
-    assert gate["headline"] == check["root_cause"]["summary"]
-    fix = doc(gd("fix", "--json", "--facts", SNAPSHOT, "--inventory", inv, "--audit-log", tmp_path / "a.jsonl",
-                 "--lock-dir", tmp_path / "locks", cwd=tmp_path))
-    assert fix["before"]["root_cause"] == root
-    assert fix["before"]["bad"] == {k: s for k, s in want.items() if s in ("warn", "fail", "unknown")}
+    fix = gate_and_fix_agree(check, tmp_path, ["--snapshot", SNAPSHOT, "--inventory", inv],
+                             ["--facts", SNAPSHOT, "--inventory", inv])
     # the policy reaches fix's planning too: fabric.pcie.mrrs plans (or refuses with its reason), never "nothing"
     assert "fabric.pcie.mrrs" not in fix["plan"]["nothing_to_do"]
     # and the inventory found by the one search (./inventory.yaml) is the same as the one given
