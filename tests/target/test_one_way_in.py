@@ -1,6 +1,7 @@
 """Acceptance for "one way in": check, gate, fix (plan), fleet and a daemon cycle see the same target the same way.
 
-Three targets, one inventory whose policy sets `checks.fabric.pcie.mrrs.expect: 512`:
+Three targets, one inventory whose policy sets `checks.fabric.pcie.mrrs.expect: 512` (and, for the live targets,
+`checks.workload.port.serving.port`: a port the test really listens on, so that check's verdict changes there):
   - a local temp root (a HostRoot with the seed's stale nvidia-uvm node, stand-in tools first on PATH),
   - the same root served over the tests' real sshd (an SSH host of the test lab),
   - the H200 snapshot with the uvm node blocked (real config space: MaxReadReq 4096, so the policy turns
@@ -27,6 +28,23 @@ from tests.rooted import CLI, use_roots
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h200-uvm-blocked.json"
 POLICY = "policy:\n  checks:\n    fabric.pcie.mrrs:\n      expect: 512\n"
+
+
+@pytest.fixture
+def listening():
+    """A real listening socket; an inventory policy naming its port as the serving port turns
+    workload.port.serving for that port from absent (the default port 30000 is judged) to info (in use)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def port_policy(port: int) -> str:
+    return POLICY + f"    workload.port.serving:\n      port: {port}\n"
 
 
 def gd(*args, cwd: Path):
@@ -86,18 +104,27 @@ def consumers_agree(tmp_path: Path, inv: Path, host: str) -> dict:
     return check
 
 
-def test_a_local_temp_root(seed_root, tmp_path):
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n" + POLICY)
-    check = consumers_agree(tmp_path, inv, "gpu1")
-    assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
+def policy_changed_a_verdict(check: dict, port: int) -> None:
+    """The inventory's policy reached the check: the serving port judged is the policy's, found in use."""
+    got = statuses(check["findings"])
+    assert got.get(f"workload.port.serving[port {port}]") == "info", got
+    assert "workload.port.serving[port 30000]" not in got
 
 
-def test_an_ssh_host_of_the_test_lab(seed_root, sshd, tmp_path):
+def test_a_local_temp_root(seed_root, listening, tmp_path):
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(sshd.inventory_yaml("gpu1") + POLICY)
+    inv.write_text("version: 1\nhosts:\n  gpu1:\n    address: local\n" + port_policy(listening))
     check = consumers_agree(tmp_path, inv, "gpu1")
     assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
+    policy_changed_a_verdict(check, listening)
+
+
+def test_an_ssh_host_of_the_test_lab(seed_root, sshd, listening, tmp_path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(sshd.inventory_yaml("gpu1") + port_policy(listening))
+    check = consumers_agree(tmp_path, inv, "gpu1")
+    assert check["root_cause"]["key"] == "devices.node.major[/dev/nvidia-uvm]"
+    policy_changed_a_verdict(check, listening)
 
 
 def test_a_snapshot(tmp_path):
