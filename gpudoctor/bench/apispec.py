@@ -1,8 +1,9 @@
-"""What SGLang 0.5.23 and vLLM put on the wire, as data: every field the stand-in emits, where the real server builds it.
+"""What SGLang 0.5.23 and vLLM put on the wire, as data: each field the stand-in emits, and where the server adds it.
 
 Read in the sglang 0.5.23 wheel from PyPI (`pip download sglang==0.5.23 --no-deps`); paths are inside its `sglang/`
-package. The stand-in (gpudoctor.bench.standin) builds its responses from these tables, and tests/bench/test_apispec.py
-checks the stand-in's chunks against them field by field, so a new SGLang release is one table edit away.
+package. The stand-in (gpudoctor.bench.standin) follows these tables (its constants come from here), and
+tests/bench/test_apispec.py checks the stand-in's chunks against them field by field and in order: following a new
+SGLang release starts with an edit here, which the tests then hold the stand-in to.
 Nothing here is SGLang's code: it is a list of names, when they appear, and the function that adds them.
 """
 
@@ -12,7 +13,7 @@ SGLANG_VERSION = "0.5.23"
 
 # ---- native /generate, one entry per meta_info key: (name, when, source) --------------------------------------------
 # when: "every" (every streamed chunk), "first" (the first streamed chunk only), "final" (the finishing chunk only),
-# "metrics-every" / "metrics-final" (only with --enable-metrics), "spec-final" (final chunk with a speculative algorithm).
+# "metrics-every" / "metrics-final" (only with --enable-metrics), "spec-final" (final chunk, speculative decoding on).
 TM = "srt/managers/tokenizer_manager.py"
 RTS = "srt/observability/req_time_stats.py"
 META_FIELDS: list[tuple[str, str, str]] = [
@@ -90,7 +91,7 @@ SPEC_DETAILS_KEYS = ("spec_accept_rate", "spec_accept_length", "spec_cap_length"
 # stream becomes that error chunk named after the HTTPStatus (e.g. type "SERVICE_UNAVAILABLE", code 503).
 ERROR_KEYS = ("object", "message", "type", "param", "code")
 
-# ---- vLLM (vllm/entrypoints/openai/): what differs --------------------------------------------------------------------
+# ---- vLLM (vllm/entrypoints/openai/): what differs -----------------------------------------------------------------
 # /health answers 200 at once while the engine is alive (no generation); there is no /generate or /health_generate;
 # chunks carry `stop_reason` next to finish_reason; errors are {"error": {"message", "type", "param", "code"}};
 # speculative decoding has no per-request accept length in the API (only Prometheus counters on /metrics).

@@ -20,7 +20,8 @@ from gpudoctor.bench.openai import NATIVE, PATHS, OpenAIParser, request_body as 
 from gpudoctor.bench.pacing import POISSON, arrival_offsets, best_pacer
 from gpudoctor.bench.prompts import Prompt
 from gpudoctor.bench.results import CRASHED, ERROR, OK, percentile
-from gpudoctor.bench.stream import CONNECT, DISCONNECT, NativeParser, RequestResult, Watchdog, sent_trace, stream_request
+from gpudoctor.bench.stream import (CONNECT, DISCONNECT, NativeParser, RequestResult, Watchdog, sent_trace,
+                                    stream_request)
 
 MIN_SAMPLES = 10  # requests finished before an error rate above max_error_rate stops a level
 
@@ -211,7 +212,8 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LevelSpec | Non
         "output_tok_per_s": out_tokens / wall_s if wall_s > 0 else None,
         "ttft_ms_p50": _ms(ttft, 50), "ttft_ms_p99": _ms(ttft, 99), "itl_ms_p50": _ms(itl, 50),
         "e2e_ms_p50": _ms(e2e, 50),
-        "accept_length": (sum(r.output_tokens for r in spec_rs) / sum(r.verify_ct for r in spec_rs)) if spec_rs else None,
+        "accept_length": (sum(r.output_tokens for r in spec_rs) / sum(r.verify_ct for r in spec_rs))
+        if spec_rs else None,
         "prompt_tokens_mean": (sum(prompt_tokens) / len(prompt_tokens)) if prompt_tokens else None,
         "connect_ms_p50": _ms([r.connect_s for r in good if r.connect_s is not None], 50),
         "headers_ms_p50": _ms([r.headers_s for r in good if r.headers_s is not None], 50),

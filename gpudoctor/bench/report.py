@@ -65,8 +65,9 @@ def aggregate(records: list[dict]) -> dict[Cell, dict]:
     for cell, rs in groups.items():
         ok = [r for r in rs if r["status"] == OK]
         out[cell] = {"trials": len(rs), "ok": len(ok),
-                     **{k: _mean([r[k] for r in ok]) for k in ("output_tok_per_s", "accept_length", "ttft_ms_p50",
-                                                              "itl_ms_p50", "e2e_ms_p50")}}
+                     **{k: _mean([r.get(k) for r in ok]) for k in ("output_tok_per_s", "accept_length", "ttft_ms_p50",
+                                                              "itl_ms_p50", "e2e_ms_p50",
+                                                              "goodput_req_per_s")}}
     return out
 
 
@@ -123,20 +124,23 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
              "", "Throughput is all output tokens of a level divided by its wall time; accept length is "
              "completion tokens / verify steps over the level's requests; trials are averaged (ok/total shown).", ""]
     methods = sorted({c[0] for c in agg}, key=order.method)
+    goodput = any(r.get("goodput_req_per_s") is not None for r in records)  # the campaign set SLOs
     for m in methods:
         for tp in sorted({c[1] for c in agg if c[0] == m}, key=_tp_key):
             if not any(agg[c]["ok"] for c in agg if c[0] == m and c[1] == tp):
                 continue  # nothing measured: its levels are all under "Not measured"
             lines += [f"## {m} · TP {tp if tp is not None else '—'}", "",
-                      "| workload | concurrency | tok/s | speedup | accept length | TTFT p50 ms | ITL p50 ms | ok/trials |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                      "| workload | concurrency | tok/s | speedup | accept length | TTFT p50 ms | ITL p50 ms | ok/trials |"
+                      + (" goodput req/s |" if goodput else ""),
+                      "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if goodput else "")]
             cells = sorted((c for c in agg if c[0] == m and c[1] == tp),
                            key=lambda c: (order.workload(c[2]), _load_key(c[3])))
             for c in cells:
                 a = agg[c]
                 lines.append(f"| {c[2]} | {load_label(c[3])} | {_fmt(a['output_tok_per_s'])} | "
                              f"{_fmt(speedup(agg, c, baseline), 2, '×')} | {_fmt(a['accept_length'], 2)} | "
-                             f"{_fmt(a['ttft_ms_p50'])} | {_fmt(a['itl_ms_p50'], 2)} | {a['ok']}/{a['trials']} |")
+                             f"{_fmt(a['ttft_ms_p50'])} | {_fmt(a['itl_ms_p50'], 2)} | {a['ok']}/{a['trials']} |"
+                             + (f" {_fmt(a['goodput_req_per_s'], 2)} |" if goodput else ""))
             lines.append("")
     bad = [r for r in records if r["status"] != OK]
     if bad:

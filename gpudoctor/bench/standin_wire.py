@@ -1,4 +1,4 @@
-"""The stand-in's wire formats: SGLang 0.5.23's native and OpenAI chunks, and vLLM's, built from gpudoctor.bench.apispec.
+"""The stand-in's wire formats: SGLang 0.5.23's native and OpenAI chunks, and vLLM's, as gpudoctor.bench.apispec lists them.
 
 Pure functions from a request's state to the JSON a real server would send at that point of the stream; the server
 (gpudoctor.bench.standin) decides when. Key order follows the real servers (it matters to clients that scan bytes).

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench.timing import Slack
+
 from tests.bench.conftest import REPO, env, run_cli
 from tests.bench.remote_lab import make_lab
 from tests.bench.test_campaign_run import assert_honest, by_key, records
@@ -51,8 +53,10 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
     lab.smi_busy.write_text("2")  # the first stop finds GPU memory still held for two more queries
     path, port = lab.campaign(body, max_tokens=40, decode="200", ttft="20")
     out = lab.tmp / "out"
+    slack = Slack().measure()
     p = bench_run(lab, path, out)
     assert p.returncode == 0, p.stderr
+    slack.measure()  # a machine that wakes processes late widens the bounds by that lateness (tests/bench/timing.py)
     recs = records(out)
     assert_honest(recs)
     assert sorted((r["label"], r["concurrency"]) for r in recs) == [
@@ -60,10 +64,11 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
     for r in recs:
         e2e = 215.0 if r["method"] == "baseline" else 200.0
         assert r["status"] == "ok" and r["completed"] == r["requests"] == 4 and r["output_tokens"] == 160
-        assert r["e2e_ms_p50"] == pytest.approx(e2e, rel=0.03), r
-        assert 20.0 <= r["ttft_ms_p50"] < 35.0, r
-        assert r["itl_ms_p50"] == pytest.approx(5.0, rel=0.06), r
-        assert r["output_tok_per_s"] == pytest.approx(expected_tok_s(4, r["concurrency"], 40, e2e / 1000), rel=0.04)
+        assert r["e2e_ms_p50"] == pytest.approx(e2e, abs=e2e * 0.03 + 2 * slack.p90_ms), (r, slack)
+        assert 20.0 <= r["ttft_ms_p50"] < 35.0 + 2 * slack.p90_ms, (r, slack)
+        assert r["itl_ms_p50"] == pytest.approx(5.0, abs=0.3 + slack.p50_ms), (r, slack)
+        assert r["output_tok_per_s"] == pytest.approx(expected_tok_s(4, r["concurrency"], 40, e2e / 1000),
+                                                      rel=0.04 + slack.wall_ms / e2e), (r, slack)
         assert r["accept_length"] == (pytest.approx(4.0, abs=1e-9) if r["method"] == "eagle3" else None)
 
     # The gate ran here, aimed at ct200 through the same inventory, once per configuration, with the models that

@@ -78,3 +78,10 @@ def test_report_of_an_all_skipped_workload_writes_nothing_to_stderr(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert md.index("## zeta") < md.index("## alpha")
     assert "long:ctx9000:out256" in md.split("## Not measured")[1]
+
+
+def test_a_goodput_column_appears_when_the_levels_had_slos():
+    recs = [dict(r, goodput_req_per_s=2.5 if r["status"] == "ok" else None) for r in RECORDS]
+    md = report.render_markdown(recs, "zeta", "layout", [], report.Order(recs, META))
+    assert "| ok/trials | goodput req/s |" in md and "| 1/1 | 2.50 |" in md
+    assert "goodput" not in report.render_markdown(RECORDS, "zeta", "layout", [], report.Order(RECORDS, META))
