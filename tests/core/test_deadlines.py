@@ -10,6 +10,7 @@ from gpudoctor.diagnose import diagnose
 from gpudoctor.gather import gather
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.local import LocalHost
+from tests.procs import alive
 
 
 def fake_tools(tmp_path):
@@ -21,14 +22,6 @@ def fake_tools(tmp_path):
         p.write_text(f"#!/bin/sh\necho $$ >> {tmp_path / 'pids'}\nexec sleep 600\n")
         p.chmod(0o755)
     return bin_
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_hung_nvidia_smi_is_unknown_and_check_ends_in_budget(tmp_path):

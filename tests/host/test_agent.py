@@ -14,6 +14,7 @@ import pytest
 from gpudoctor.errors import HostUnreachable
 from gpudoctor.gather import gather
 from gpudoctor.gather.context import GatherContext
+from tests.procs import alive
 
 
 def sessions(server) -> int:
@@ -37,14 +38,6 @@ def steady(section: dict) -> dict:
     if isinstance(vfs, dict):
         out["shm"] = {**out["shm"], "statvfs": {k: v for k, v in vfs.items() if k not in ("free", "avail")}}
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 from gpudoctor.host.base import Host
 from gpudoctor.host.local import LocalHost
 from gpudoctor.host.replay import RecordingHost, ReplayHost
+from tests.procs import alive
 
 
 class ReplayThrough(Host):
@@ -85,14 +86,6 @@ def live_host(request, sshd, sshd_nosftp):
 
 
 T = 30.0  # deadline for file operations: the contract is about answers; loaded CI machines can be slow
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_dead(pid: int, within: float) -> bool:

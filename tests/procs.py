@@ -1,0 +1,12 @@
+"""Processes the tests started themselves (never the machine's others: many test runs share a machine)."""
+
+from __future__ import annotations
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
