@@ -1,6 +1,6 @@
 """The seed's arc in one run on the real LXC lab (tests/lxclab.py): a campaign against the SGLang stand-in inside the
 real container ct200; mid-campaign a driver update moves nvidia-uvm's major out of ct200's allow list and ct200
-reboots (its /dev/shm tmpfs, with the staged model, goes with it); gpudoctor judges ct200 through the one pipeline,
+reboots (its /dev/shm tmpfs, with the staged model, goes with it; at once, or down for 4 s so that SSH is refused); gpudoctor judges ct200 through the one pipeline,
 heals it (the allow line added to /etc/pve/lxc/200.conf on the Proxmox node, the real container restarted through
 pct, the model restaged from its persistent source inside ct200) and the campaign completes with every record exactly
 once; the same campaign with healing disallowed stops with one line naming the root cause and the command.
@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,11 +107,13 @@ methods:
 
 
 class DriverUpdate:
-    """After eagle3's first level: the driver update moves uvm's major, and ct200 reboots (once)."""
+    """After eagle3's first level: the driver update moves uvm's major and ct200 goes down, as a node rebooting
+    after a driver update; it is started again `down_s` later (0: `pct reboot` at once)."""
 
-    def __init__(self, lab):
-        self.lab, self.done, self.notes = lab, False, []
+    def __init__(self, lab, down_s: float = 0.0):
+        self.lab, self.down_s, self.done, self.notes = lab, down_s, False, []
         self.init_before = lab.init_pid()
+        self.starter: threading.Timer | None = None
 
     def __call__(self, kind, **kw):
         if kind == "note":
@@ -119,8 +122,18 @@ class DriverUpdate:
         if kind == "level_done" and not self.done and rec.get("label") == "eagle3-tp1" and rec.get("status") == "ok":
             self.done = True
             self.lab.move_uvm(MOVED_UVM_MAJOR)
-            r = self.lab.pct("reboot", "200")
+            if not self.down_s:
+                r = self.lab.pct("reboot", "200")
+                assert r.returncode == 0, r.stderr
+                return
+            r = self.lab.pct("stop", "200")
             assert r.returncode == 0, r.stderr
+            self.starter = threading.Timer(self.down_s, self.lab.pct, ("start", "200"))
+            self.starter.start()
+
+    def join(self) -> None:
+        if self.starter is not None:
+            self.starter.join()
 
 
 def records(out: Path, name: str = "results.jsonl") -> list[dict]:
@@ -128,14 +141,18 @@ def records(out: Path, name: str = "results.jsonl") -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
-def test_a_reboot_with_the_uvm_major_moved_heals_and_the_campaign_completes(arc_lab, tmp_path):
+@pytest.mark.parametrize("down_s", [0.0, 4.0], ids=["reboot-kills-the-server", "down-4s-ssh-refused"])
+def test_a_reboot_with_the_uvm_major_moved_heals_and_the_campaign_completes(arc_lab, tmp_path, down_s):
     lab = arc_lab
     path = campaign(lab, tmp_path, "heal: {allow: [lxc.cgroup_allow, lxc.cgroup_allow.reboot, model.stage], "
                                    "wait_s: 30}")
     out = tmp_path / "out"
-    update = DriverUpdate(lab)
+    update = DriverUpdate(lab, down_s=down_s)
     t0 = time.monotonic()
-    counts = run_campaign(str(path), str(out), inventory=str(lab.inventory), on_event=update)
+    try:
+        counts = run_campaign(str(path), str(out), inventory=str(lab.inventory), on_event=update)
+    finally:
+        update.join()
     took = time.monotonic() - t0
     assert update.done
     recs = records(out)
@@ -155,15 +172,22 @@ def test_a_reboot_with_the_uvm_major_moved_heals_and_the_campaign_completes(arc_
     assert lab.pct("exec", "200", "--", "test", "-f", f"{MODEL}/config.json").returncode == 0
     (heal,) = records(out, "heals.jsonl")
     assert heal["healthy"] and heal["broken"], heal
-    done = [a["remedy"] for a in heal["actions"] if a["ok"]]
-    assert "lxc.cgroup_allow" in done and "model.stage" in done, heal["actions"]
+    assert all(a["ok"] for a in heal["actions"]), heal["actions"]
     stamped = [r["heal"] for r in recs if r.get("heal")]
     assert all(s["n"] == 1 and "lxc.cgroup_allow" in s["actions"] and "model.stage" in s["actions"]
                for s in stamped), stamped
     retracted = records(out, "retracted.jsonl")
     assert [k[:3] for k in heal["retracted"]] == [[r["label"], r["workload"], r["concurrency"]] for r in retracted]
-    assert all(r["retracted"].startswith("heal 1: ") for r in retracted), retracted
-    assert any("waiting for ct200 to answer:" in n for n in update.notes) or heal["actions"], update.notes
+    if not down_s:  # the reboot killed the server under eagle3's second level: that record measured a broken target
+        assert [(r["label"], r["concurrency"], r["status"]) for r in retracted] == [("eagle3-tp1", 2, "crashed")]
+        assert retracted[0]["retracted"].startswith("heal 1: the server crashed during workload chat:short:out24 "
+                                                    "at concurrency 2 (eagle3-tp1)"), retracted
+    else:  # ct200 was gone: the level in flight was never recorded, the healer waited with a countdown
+        assert retracted == [] and heal["reason"].startswith("lost ct200 while running eagle3-tp1: "), heal
+        assert any(n.startswith("waiting for ct200 to answer: ") and " s left (" in n for n in update.notes), \
+            update.notes
+    # healing in order: the allow line with the restart first, then the model the restart wiped
+    assert [a["remedy"] for a in heal["actions"]] == ["lxc.cgroup_allow", "model.stage"], heal["actions"]
     from gpudoctor.bench.report import write_report
 
     write_report(str(out), plots=False)
