@@ -53,6 +53,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.sshd import sshd_config
+
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
 CAPTURE = REPO / "tests" / "fixtures" / "captures" / "h200-healthy"
@@ -236,50 +238,6 @@ mkdir -p /run/sshd
 /usr/sbin/sshd -D -E /var/log/sshd.log -f /etc/ssh/sshd_config &
 trap 'kill $! 2>/dev/null' TERM INT
 while :; do wait; done
-"""
-
-CT_SSHD = """\
-ListenAddress 0.0.0.0
-Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-PidFile /run/sshd.pid
-AuthorizedKeysFile /etc/ssh/authorized_keys
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-StrictModes no
-UsePAM no
-UseDNS no
-PrintMotd no
-PrintLastLog no
-MaxStartups 200
-MaxSessions 10
-Subsystem sftp internal-sftp
-LogLevel VERBOSE
-SetEnv SHLVL=1 {env}
-"""
-
-NODE_SSHD = """\
-ListenAddress 127.0.0.1
-Port {port}
-HostKey {d}/host_key
-PidFile {d}/sshd.pid
-AuthorizedKeysFile {d}/authorized_keys
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-StrictModes no
-UsePAM no
-UseDNS no
-PrintMotd no
-PrintLastLog no
-MaxStartups 200
-MaxSessions 10
-Subsystem sftp internal-sftp
-LogLevel VERBOSE
-SetEnv SHLVL=1
 """
 
 AUTODEV_HOOK = """\
@@ -497,7 +455,9 @@ class LxcLab:
         os.chmod(r / "etc/ssh/ssh_host_ed25519_key", 0o600)
         (r / "etc/ssh/authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
         env = " ".join(f"{k}={v}" for k, v in self.session_env().items())
-        (r / "etc/ssh/sshd_config").write_text(CT_SSHD.format(env=env))
+        (r / "etc/ssh/sshd_config").write_text(sshd_config(
+            listen="0.0.0.0", port=22, host_key="/etc/ssh/ssh_host_ed25519_key", pid_file="/run/sshd.pid",
+            authorized_keys="/etc/ssh/authorized_keys", loglevel="VERBOSE", setenv=" " + env if env else ""))
         (r / "sbin/lab-init").write_text(CT_INIT)
         os.chmod(r / "sbin/lab-init", 0o755)
         sd = r / STANDIN_DIR.lstrip("/")
@@ -521,7 +481,9 @@ class LxcLab:
         (d / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
         for _ in range(5):
             self.node_port = _free_port()
-            (d / "sshd_config").write_text(NODE_SSHD.format(port=self.node_port, d=d))
+            (d / "sshd_config").write_text(sshd_config(
+                listen="127.0.0.1", port=self.node_port, host_key=f"{d}/host_key", pid_file=f"{d}/sshd.pid",
+                authorized_keys=f"{d}/authorized_keys", loglevel="VERBOSE"))
             log = open(d / "sshd.log", "ab")
             self.node_proc = subprocess.Popen(
                 ["sh", "-c", 'for f in $(cat "$0"); do echo $$ > "$f" || exit 1; done; exec "$@"',

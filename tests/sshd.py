@@ -115,12 +115,16 @@ class SSHD:
                 self.proc.wait(5)
 
 
-CONFIG = """\
-ListenAddress 127.0.0.1
+def sshd_config(*, listen: str, port: int | str, host_key: str, pid_file: str, authorized_keys: str,
+                sftp: bool = True, loglevel: str = "ERROR", setenv: str = "", extra: str = "") -> str:
+    """The sshd_config every test server uses (tests/sshd.py here, the LXC lab's node and container): key-only
+    login, no PAM/DNS/motd, room for many sessions. `setenv`: " K=V ..." added to every session."""
+    return f"""\
+ListenAddress {listen}
 Port {port}
-HostKey {dir}/host_key
-PidFile {dir}/sshd.pid
-AuthorizedKeysFile {dir}/authorized_keys
+HostKey {host_key}
+PidFile {pid_file}
+AuthorizedKeysFile {authorized_keys}
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -132,7 +136,7 @@ PrintMotd no
 PrintLastLog no
 MaxStartups 200
 MaxSessions 10
-{sftp}
+{"Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"}
 LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
@@ -164,8 +168,9 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
         port = free_port()
         cfg = d / "sshd_config"
         env = "".join(f" {k}={v}" for k, v in (setenv or {}).items())
-        cfg.write_text(CONFIG.format(port=port, dir=d, loglevel=loglevel, extra=extra_config, setenv=env,
-                                     sftp="Subsystem sftp internal-sftp" if sftp else "# no sftp subsystem"))
+        cfg.write_text(sshd_config(listen="127.0.0.1", port=port, host_key=f"{d}/host_key", pid_file=f"{d}/sshd.pid",
+                                   authorized_keys=f"{d}/authorized_keys", sftp=sftp, loglevel=loglevel,
+                                   setenv=env, extra=extra_config))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
             proc = subprocess.Popen([*(wrap or []), sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
