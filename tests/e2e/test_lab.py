@@ -13,6 +13,7 @@ import time
 
 from gpudoctor.target import open_target
 from tests import lxclab as L
+from tests.childenv import pythonpath
 from tests.e2e.test_seed_over_ssh import gd
 
 OPEN = ("import json, os, sys\nout = {}\nfor p in sys.argv[1:]:\n    try:\n        os.close(os.open(p, os.O_RDWR))\n"
@@ -176,7 +177,7 @@ def test_a_lab_whose_test_session_was_killed_is_removed_at_the_next_start(tmp_pa
     import sys
 
     p = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path / "lab")], stdout=subprocess.PIPE, text=True,
-                         cwd=str(L.REPO), env={**os.environ, "PYTHONPATH": str(L.REPO)})
+                         cwd=str(L.REPO), env={**os.environ, "PYTHONPATH": pythonpath(env={})})
     try:
         info = json.loads(p.stdout.readline())
     finally:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.childenv import pythonpath
+
 from tests.hostile.cases import CORPUS, all_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +31,10 @@ FAIL_SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "h200-uvm-blocked.js
 PROC_DEVICES = ROOT / "tests" / "fixtures" / "proxmox" / "proc-devices-uvm511.txt"
 TIMEOUT_S = 60
 HOSTILE = "ct\x1b[2J\x1b]0;owned\x07\r\x08\u202e\x9b31m\nFAKE ok"
-MARKERS = (Path("/tmp/gpudoctor-hostile-pwned"), Path("/tmp/gpudoctor-hostile-server-started"))
+# What a case must never make happen: code from the input run (a python tag), a server started. The server marker is
+# written under the case's own HOME (its run directory), so test runs that share a machine never see each other's.
+PWNED = Path("/tmp/gpudoctor-hostile-pwned")
+SERVER_MARK = "gpudoctor-hostile-server-started"
 # C0 controls except \t and \n, DEL, and C1 controls as UTF-8 (\xc2\x80-\xc2\x9f)
 RAW_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
 
@@ -139,7 +144,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 def _env(t: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDOCTOR_")}
-    env.update(HOME=str(t), XDG_CONFIG_HOME=str(t / ".config"), PYTHONPATH=str(ROOT), COLUMNS="120",
+    env.update(HOME=str(t), XDG_CONFIG_HOME=str(t / ".config"), PYTHONPATH=pythonpath(env={}), COLUMNS="120",
                PATH="/usr/bin:/bin")  # no scontrol, no nvidia-smi: nothing outside the case answers
     return env
 
@@ -168,7 +173,8 @@ def test_hostile_input(case, tmp_path):
         for k, v in subst.items():
             a = a.replace(k, v)
         argv.append(a)
-    for m in MARKERS:
+    markers = (PWNED, t / SERVER_MARK)
+    for m in markers:
         m.unlink(missing_ok=True)
     before = _tree(t)
     t0 = time.monotonic()
@@ -196,7 +202,7 @@ def test_hostile_input(case, tmp_path):
         if case.err:
             assert case.err in lines[0], lines[0]
     assert _tree(t) == before, "the run left something behind (half-written output, a lock, a directory)"
-    for m in MARKERS:
+    for m in markers:
         assert not m.exists(), f"{m} exists: the input made gpudoctor run something"
     assert took < TIMEOUT_S
 
