@@ -33,12 +33,12 @@ def daemon_reload_fixes(kind: str) -> tuple[str, ...]:
                 "or use the cgroupfs driver for the kubelet and the runtime (cgroupDriver: cgroupfs, "
                 "SystemdCgroup = false in containerd's runc options)")
     if kind == "podman":
-        return ("now: restart the container (`podman restart NAME`) — its device rules are rebuilt",
+        return ("now: restart the container (`podman restart` with the name or id `podman ps` shows) — its device rules are rebuilt",
                 _SYMLINKS,
                 "or request the GPUs through CDI (`podman run --device nvidia.com/gpu=all`) or the nodes explicitly (`"
                 + _NODES + "`)",
                 "or use the cgroupfs manager: `cgroup_manager = \"cgroupfs\"` in /etc/containers/containers.conf")
-    return ("now: restart the container (`docker restart NAME`) — its device rules are rebuilt",
+    return ("now: restart the container (`docker restart` with the name or id `docker ps` shows) — its device rules are rebuilt",
             _SYMLINKS,
             "or give the nodes explicitly so the rules survive a reload (`docker run " + _NODES + "`, or CDI: "
             "`--device nvidia.com/gpu=all`)",
@@ -147,7 +147,7 @@ def fix_text(facts: dict, problem: str, *, node: str | None = None, major: int |
             uvm = "nvidia-uvm" in node
             where = {"docker": "container", "podman": "container", "kubernetes": "pod"}[k]
             first = ("Restart the pod (delete it; its device rules are rebuilt)" if k == "kubernetes"
-                     else f"Recreate the {where} (`{'podman' if k == 'podman' else 'docker'} rm -f NAME` and run it again)")
+                     else f"Recreate the {where} (`{'podman' if k == 'podman' else 'docker'} rm -f` with its name or id, then run it again)")
             if uvm:
                 return (f"The {where}'s device rules do not allow {_major_words(major)} ({node}): they were made without "
                         f"the uvm node or for an older uvm major (a stale CDI spec, a --device list without "
@@ -159,12 +159,13 @@ def fix_text(facts: dict, problem: str, *, node: str | None = None, major: int |
                     + "; ".join(daemon_reload_fixes(k)) + ".")
         if plat.unit:
             return (f"{plat.unit}'s DevicePolicy=/DeviceAllow= does not allow {_major_words(major)}: add "
-                    f"`DeviceAllow={node} rw` (or `char-NAME rw` by its /proc/devices name) in a drop-in "
+                    f"`DeviceAllow={node} rw` (or by its /proc/devices name, e.g. `char-nvidia-uvm rw`) in a drop-in "
                     f"(`systemctl edit {plat.unit}`), then `systemctl daemon-reload` and "
                     f"`systemctl restart {plat.unit}`.")
         return (f"A device cgroup denies {_major_words(major)} to this process although the node's mode allows it: find "
                 f"its owner from `cat /proc/self/cgroup` (a systemd unit's DeviceAllow=, a container, a job scheduler's "
-                f"cgroup) and allow the major there; `bpftool cgroup show /sys/fs/cgroup/PATH` lists its device program.")
+                f"cgroup) and allow the major there; `bpftool cgroup show /sys/fs/cgroup{plat.cgroup or '/'}` lists "
+                f"the device programs{'' if plat.cgroup else ' (add the path /proc/self/cgroup names)'}.")
     if problem == "missing":
         if k == "lxc":
             return (f"Make {node} on the Proxmox host (`nvidia-modprobe -u -c 0`) and pass it with a devN: line or "

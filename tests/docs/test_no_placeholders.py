@@ -13,6 +13,8 @@ SOURCES = [p for d in ("gpudoctor", "checks", "remedies") for p in sorted((ROOT 
 BANNED = [
     (re.compile(r"\b(pct|qm) (reboot|unlock|set|start|stop) (VMID|CTID|ID)\b"), "a pct command with a VMID placeholder"),
     (re.compile(r"--from SRC\b"), "a stage command with an SRC placeholder"),
+    (re.compile(r"\b(docker|podman) (restart|rm -f) NAME\b"), "a container command with a NAME placeholder"),
+    (re.compile(r"`char-NAME rw`|/sys/fs/cgroup/PATH\b"), "a systemd or bpftool hint with a placeholder"),
 ]
 FALLBACK = re.compile(r"""\bor\s+(['"])(VMID|SRC|DST|NAME)\1""")  # `inp.vmid or 'VMID'`: a value known or a placeholder
 
