@@ -54,6 +54,14 @@ def missing(name: str, what: str | None = None) -> None:
     pytest.skip(line)
 
 
+def unavailable(line: str) -> None:
+    """A real component or privilege the test needs is not here (root, a cgroup2 mount, …): skip with the line,
+    a failure under CI=true."""
+    if in_ci():
+        pytest.fail(f"CI=true: {line}", pytrace=False)
+    pytest.skip(line)
+
+
 def need(name: str) -> str:
     """The path of a required real component; skips (outside CI) or fails (CI=true) when it is missing."""
     path = find(name)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
+
 ROOT = Path(__file__).parents[2]
 
 _PROBE = r"""
@@ -54,7 +56,7 @@ def _probe(root, preexec=None) -> dict:
 def test_eperm_finding_carries_the_cgroup_path_and_the_device_program_ids(node_tree, unused_major):
     cgdev = _cgdev()
     if os.geteuid() != 0 or cgdev.own_cgroup2() is None:
-        pytest.skip("needs root and a cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
+        needs.unavailable("needs root and a cgroup2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
     outside = _probe(node_tree)
     assert outside["finding"]["data"]["errno"] == "ENXIO" and outside["cgroup"] is None  # no driver: stale major
     with cgdev.DeviceDenyCgroup([unused_major]) as cg:

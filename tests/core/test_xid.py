@@ -15,6 +15,7 @@ from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.kernel_log import parse_dmesg, read_kernel_log
 from gpudoctor.host.local import LocalHost
 from gpudoctor.xid import catalog, grade, parse_line
+from tests import needs
 
 CORPUS = Path(__file__).parents[1] / "fixtures" / "kernel_log" / "xid-corpus.txt"
 REQUIRED = [13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 154]
@@ -144,7 +145,7 @@ class _OrdinaryUser(LocalHost):
 
 def test_an_unreadable_kernel_log_is_explained_never_ok():
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
-        pytest.skip("needs root, setpriv (util-linux) and /usr/bin/python3 to run the probe as an ordinary user")
+        needs.unavailable("needs root, setpriv (util-linux) and /usr/bin/python3 to run the probe as an ordinary user")
     if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
         pytest.skip("kernel.dmesg_restrict is 0 here: an ordinary user may read the kernel log")
     host = _OrdinaryUser(python=["/usr/bin/python3"])
