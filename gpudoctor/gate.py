@@ -40,9 +40,14 @@ class Profile:
     free_port: bool = False  # the serving port must not be taken by another process (workload.port.serving)
 
 
-def _profile_from(name: str, spec, path: str | None) -> Profile:
+PROFILE_KEYS = ("require", "ignore", "fail_free", "max_foreign_mib", "free_port")
+
+
+def profile_from(name: str, spec, path: str | None) -> Profile:
+    """A Profile from a list of check-id patterns ("!" ignores), a mapping of PROFILE_KEYS, or an inventory's
+    profile; a bad value is bad input (the inventory loader reports it at its line)."""
     if hasattr(spec, "patterns"):  # gpudoctor.inventory.Profile
-        spec = list(spec.patterns)
+        spec = dict(getattr(spec, "spec", ())) or list(spec.patterns)
     if isinstance(spec, (list, tuple)):
         if not all(isinstance(v, str) and v for v in spec):
             raise ConfigError(f"profile {name!r} must list check-id patterns (strings)", path=path)
@@ -50,10 +55,10 @@ def _profile_from(name: str, spec, path: str | None) -> Profile:
                 "ignore": [p[1:] for p in spec if p.startswith("!")]}
     if not isinstance(spec, dict):
         raise ConfigError(f"profile {name!r} must be a list of check-id patterns or a mapping", path=path)
-    unknown = set(spec) - {"require", "ignore", "fail_free", "max_foreign_mib", "free_port"}
+    unknown = set(spec) - set(PROFILE_KEYS)
     if unknown:
-        raise ConfigError(f"profile {name!r}: unknown key(s) {', '.join(sorted(unknown))} (known: require, ignore, "
-                          "fail_free, max_foreign_mib, free_port)", path=path)
+        raise ConfigError(f"profile {name!r}: unknown key(s) {', '.join(sorted(unknown))} (known: "
+                          f"{', '.join(PROFILE_KEYS)})", path=path)
     for key in ("require", "ignore"):
         vals = spec.get(key, [])
         if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
@@ -73,9 +78,9 @@ def resolve_profile(name: str | None, inventory_profiles: dict | None = None, *,
     name = name or "default"
     inv = inventory_profiles or {}
     if name in inv:
-        return _profile_from(name, inv[name], path)
+        return profile_from(name, inv[name], path)
     if name in BUILTIN_PROFILES:
-        return _profile_from(name, BUILTIN_PROFILES[name], None)
+        return profile_from(name, BUILTIN_PROFILES[name], None)
     known = sorted(set(BUILTIN_PROFILES) | set(inv))
     raise ConfigError(f"unknown gate profile {name!r} (known: {', '.join(known)})", path=path)
 
@@ -219,6 +224,18 @@ def judge(diagnose_fn, profile: Profile, host: str) -> GateResult:
 
         return unreachable(host, profile.name, _short(f"internal error: {type(exc).__name__}: {exc}"))
     return evaluate(diagnosis, profile)
+
+
+def gate_target(target, profile: str | None) -> GateResult:
+    """The gate's verdict on an opened Target (gpudoctor.target): the profile from the same inventory as the
+    target's policy, the diagnosis through pipeline.check_host, judged fail-closed (judge). `gpudoctor gate` and a
+    campaign's gate both come here."""
+    from gpudoctor.pipeline import check_host
+
+    inv = target.inventory
+    prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
+                           path=str(inv.path) if inv is not None else None)
+    return judge(lambda: check_host(target), prof, target.name)
 
 
 def unreachable(host: str, profile: str, error: str) -> GateResult:

@@ -110,11 +110,13 @@ class HostEntry:
 
 @dataclass(frozen=True)
 class Profile:
-    """A gate profile: the check-id patterns (fnmatch; "!pattern" excludes) that must pass."""
+    """A gate profile: the check-id patterns (fnmatch; "!pattern" excludes) that must pass, or the mapping form's
+    {require, ignore, fail_free, max_foreign_mib, free_port} (`spec`; gpudoctor.gate reads both)."""
 
     name: str
     patterns: tuple[str, ...]
     line: int = 0
+    spec: tuple = ()  # the mapping form as (key, value) pairs; () for a list profile
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class Inventory:
                       for n, h in self.hosts.items()},
             "proxmox": {n: {**ssh(p.ssh), "config_dir": p.config_dir, "pct": list(p.pct), "description": p.description}
                         for n, p in self.proxmox.items()},
-            "profiles": {n: list(p.patterns) for n, p in self.profiles.items()},
+            "profiles": {n: dict(p.spec) if p.spec else list(p.patterns) for n, p in self.profiles.items()},
             "policy": self.policy.as_dict(),
         }
 
@@ -379,12 +381,7 @@ class _Loader:
         if "profiles" in top:
             for pname, (k, v) in self.mapping(top["profiles"][1], "profiles").items():
                 self.name(k, "profile name")
-                patterns = self.strings(v, f"profile {pname}", single_ok=False)
-                for n, pat in zip(v.value, patterns):
-                    if not PATTERN_RE.fullmatch(pat):
-                        raise self.err(n, f"profile {pname}: {pat!r} is not a check id pattern "
-                                          f"(like 'devices.*' or '!bench.*')")
-                inv.profiles[pname] = Profile(pname, patterns, k.start_mark.line + 1)
+                inv.profiles[pname] = self.profile(pname, k, v)
         if "policy" in top:
             inv.policy = self.policy(top["policy"][1])
         if not inv.hosts and not inv.proxmox:
@@ -432,6 +429,37 @@ class _Loader:
             elif key == "connect_timeout":
                 kw["connect_timeout"] = self.number(v, label)
         return SSHSettings(**kw), lines
+
+    def patterns(self, node, what: str) -> tuple[str, ...]:
+        patterns = self.strings(node, what, single_ok=False)
+        for n, pat in zip(node.value, patterns):
+            if not PATTERN_RE.fullmatch(pat):
+                raise self.err(n, f"{what}: {pat!r} is not a check id pattern (like 'devices.*' or '!bench.*')")
+        return patterns
+
+    def profile(self, name: str, knode, node) -> Profile:
+        """A list of check-id patterns, or {require, ignore, fail_free, max_foreign_mib, free_port}: the gate's own
+        rules judge the values (gpudoctor.gate.profile_from), the error at the line of the key."""
+        line = knode.start_mark.line + 1
+        if not isinstance(node, self.yaml.MappingNode):
+            return Profile(name, self.patterns(node, f"profile {name}"), line)
+        from gpudoctor.errors import ConfigError
+        from gpudoctor.gate import PROFILE_KEYS, profile_from
+
+        items = self.mapping(node, f"profile {name}")
+        self.check_keys(items, PROFILE_KEYS, f"profile {name}")
+        spec = {}
+        for key, (kn, vn) in items.items():
+            if key in ("require", "ignore"):
+                spec[key] = list(self.patterns(vn, f"profile {name}: {key}"))
+            else:
+                spec[key] = self.value(vn)
+                try:
+                    profile_from(name, {key: spec[key]}, self.path)
+                except ConfigError as exc:
+                    raise self.err(vn, exc.message) from None
+        pats = (*spec.get("require", ()), *(f"!{p}" for p in spec.get("ignore", ())))
+        return Profile(name, tuple(pats), line, tuple(spec.items()))
 
     def proxmox(self, name: str, knode, node, defaults: dict) -> ProxmoxEntry:
         what = f"proxmox {name}"

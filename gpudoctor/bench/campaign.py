@@ -48,6 +48,77 @@ class Workload:
     trials: int
 
 
+@dataclass(frozen=True)
+class GateCall:
+    """A campaign gate that is gpudoctor's own `gate` command: judged in this process (gpudoctor.gate.gate_target
+    through gpudoctor.target), never by running gpudoctor's CLI. None of these given: the campaign's defaults."""
+
+    profile: str | None = None
+    models: tuple[str, ...] = ()  # --model; none: the configuration's model and draft
+    expect_gpus: int | None = None
+    sglang_url: str | None = None
+    timeout: float = 10.0
+    host: str | None = None  # --host; none: the campaign's target
+    inventory: str | None = None  # --inventory; none: the campaign's inventory
+
+
+# `gpudoctor gate` flags a campaign's gate may carry to be judged in process; any other flag (--json, --slurm,
+# --snapshot, ...) makes it an ordinary command, run as written.
+_GATE_FLAGS = {"--profile": "profile", "--model": "models", "--expect-gpus": "expect_gpus",
+               "--sglang-url": "sglang_url", "--timeout": "timeout", "--host": "host", "--inventory": "inventory"}
+
+
+def gpudoctor_argv(argv: list[str]) -> list[str] | None:
+    """The arguments after `gpudoctor` for `gpudoctor ARGS` (by bare name) or `PYTHON -m gpudoctor ARGS`; else None.
+    A path to some gpudoctor executable is the user's own command."""
+    if argv[:1] == ["gpudoctor"]:
+        return argv[1:]
+    if len(argv) >= 3 and argv[1:3] == ["-m", "gpudoctor"] and "python" in Path(argv[0]).name:
+        return argv[3:]
+    return None
+
+
+def _gate_call(v: _V, argv: list[str] | None) -> GateCall | None:
+    """The gate command as a GateCall when it is gpudoctor's own gate with only the flags above; its values are
+    checked here, at the file's line."""
+    rest = gpudoctor_argv(argv or [])
+    if not rest or rest[0] != "gate":
+        return None
+    kw: dict = {"models": []}
+    args = iter(rest[1:])
+    for a in args:
+        flag, eq, val = a.partition("=")
+        if flag not in _GATE_FLAGS:
+            return None
+        if not eq:
+            val = next(args, None)
+            if val is None:
+                v.fail(f"gate.command: {flag} needs a value", "gate", "command")
+        key = _GATE_FLAGS[flag]
+        if key == "models":
+            kw["models"].append(val)
+        elif key in ("expect_gpus", "timeout"):
+            try:
+                num = int(val) if key == "expect_gpus" else float(val)
+            except ValueError:
+                v.fail(f"gate.command: {flag} must be a {'whole ' if key == 'expect_gpus' else ''}number, got "
+                       f"{val!r}", "gate", "command")
+            from gpudoctor.inputs import number
+
+            kw[key] = number(num, f"gate.command {flag}", integer=key == "expect_gpus",
+                             lo=0 if key == "expect_gpus" else 0.1, hi=None if key == "expect_gpus" else 600,
+                             error=lambda msg, **_kw: v.doc.error(msg, "gate", "command"))
+        else:
+            kw[key] = val
+    if kw.get("sglang_url") is not None:
+        from gpudoctor.inputs import http_url
+
+        http_url(kw["sglang_url"], "gate.command --sglang-url",
+                 error=lambda msg, **_kw: v.doc.error(msg, "gate", "command"))
+    kw["models"] = tuple(kw["models"])
+    return GateCall(**kw)
+
+
 @dataclass
 class Config:
     """One server configuration: a method at a TP size, and how to launch it."""
@@ -92,6 +163,7 @@ class Campaign:
     timeouts: dict[str, float]
     warmup: int
     gate_command: list[str] | None
+    gate_call: GateCall | None  # the gate command when it is gpudoctor's own gate (judged in process)
     heal_command: list[str] | None
     gpu_release_mib: int
     on_crash: str
@@ -275,6 +347,7 @@ def load(path: str) -> Campaign:
         timeouts[k] = float(v.number(val, "timeouts", k, lo=0.001))
     gate = v.mapping(d.get("gate") or {}, "gate", keys={"command", "heal_command"})
     gate_cmd = gate.get("command", DEFAULT_GATE)
+    gate_argv = None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None
     gpu = v.mapping(d.get("gpu") or {}, "gpu", keys={"release_mib"})
     on_crash = d.get("on_crash", "skip")
     if on_crash not in ("skip", "restart"):
@@ -307,7 +380,7 @@ def load(path: str) -> Campaign:
         concurrency=sorted(v.int_list(d["concurrency"], "concurrency")) if "concurrency" in d else [],
         context_limit=limit,
         timeouts=timeouts, warmup=int(v.number(d.get("warmup", 2), "warmup", integer=True, lo=0)),
-        gate_command=None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None,
+        gate_command=gate_argv, gate_call=_gate_call(v, gate_argv),
         heal_command=v.argv(gate.get("heal_command"), "gate", "heal_command") or None,
         gpu_release_mib=int(v.number(gpu.get("release_mib", 1024), "gpu", "release_mib", integer=True, lo=0)),
         on_crash=on_crash, validate=validate, heal=heal, kind=kind, api=api, request_rates=sorted(set(rates)),

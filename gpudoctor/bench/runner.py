@@ -107,9 +107,10 @@ def _has_flag(argv: list[str], flag: str) -> bool:
 class Runner:
     """One campaign run into one output directory.
 
-    `host` is where the servers run: this machine (LocalHost) or the campaign's target over SSH. The gate, the heal
-    command and `sglang validate` always run here; for a remote target gpudoctor's own gate and heal commands are
-    pointed at it with `--host TARGET --inventory INVENTORY`.
+    `host` is where the servers run: this machine (LocalHost) or the campaign's target over SSH. `sglang validate`
+    and gpudoctor's own gate are judged in this process (the gate on the target, opened through gpudoctor.target);
+    another gate or heal command runs here, a gpudoctor command in it pointed at a remote target with
+    `--host TARGET --inventory INVENTORY`.
     """
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
@@ -481,25 +482,50 @@ class Runner:
                     argv += ["--model", model]
         return argv
 
+    def gate_once(self, cfg: Config) -> tuple[bool, str]:
+        """(passed, what was asked and what it said). gpudoctor's own `gate` is judged here, in process, on the
+        campaign's target through the one seam (gpudoctor.target → pipeline.check_host → gate profile); any other
+        command runs as written (a gpudoctor command in it aimed at the target)."""
+        camp, call = self.camp, self.camp.gate_call
+        if call is None:
+            argv = self.gate_argv(cfg)
+            res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
+            return res.ok, " ".join(argv) if res.ok else f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
+        from gpudoctor.gate import gate_target
+        from gpudoctor.report import gate_lines
+        from gpudoctor.target import open_target
+
+        models = call.models or tuple(m for m in (camp.model, cfg.method.draft_model) if m)
+        spec = call.host or (camp.target if camp.is_remote else None)
+        with open_target(spec, call.inventory or self.inventory_path, expect_gpus=call.expect_gpus, models=models,
+                         sglang_url=call.sglang_url, timeout=call.timeout) as target:
+            result = gate_target(target, call.profile)
+        what = (f"gpudoctor gate, profile {result.profile}, on {result.host}"
+                + "".join(f" --model {m}" for m in models))
+        if result.passed:
+            return True, what
+        lines = [text for text, _ in gate_lines(result)]  # root causes first
+        more = f" (and {len(lines) - 1} more: gpudoctor gate{f' --host {spec}' if spec else ''})" if len(lines) > 1 else ""
+        return False, f"{what} → exit {result.exit_code}: {lines[0]}{more}"
+
     def gate(self, cfg: Config) -> None:
         camp = self.camp
         if not camp.gate_command:
             return
-        argv = self.gate_argv(cfg)
-        res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
-        if res.ok:
-            self.emit("note", text=f"gate passed: {' '.join(argv)}")
+        ok, said = self.gate_once(cfg)
+        if ok:
+            self.emit("note", text=f"gate passed: {said}")
             return
-        first = f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
+        first = said
         if camp.heal_command:
             heal = self.local.run(self.for_target(camp.heal_command), timeout=camp.timeouts["gate_s"])
             self.emit("note", text=f"gate failed; heal: {heal.describe()}")
-            res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
-            if res.ok:
+            ok, said = self.gate_once(cfg)
+            if ok:
                 self.emit("note", text="gate passed after healing")
                 return
         raise CampaignStopped(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
-                              + ("" if not camp.heal_command else f"; after healing: {res.describe()}"))
+                              + ("" if not camp.heal_command else f"; after healing: {said}"))
 
 
 def _loopback(address: str) -> bool:

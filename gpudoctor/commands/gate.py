@@ -67,19 +67,11 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
-    """The gate's verdict on the target; the profiles come from the same inventory as the target's policy."""
-    from gpudoctor.gate import evaluate, resolve_profile, unreachable
-    from gpudoctor.pipeline import check_host
+    """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
+    from gpudoctor.gate import gate_target
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
-        inv = target.inventory
-        prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
-                               path=str(inv.path) if inv is not None else None)
-        try:
-            diag = check_host(target)
-        except HostError as exc:
-            return unreachable(target.name, prof.name, exc.one_line())
-    return evaluate(diag, prof)
+        return gate_target(target, profile)
 
 
 def _gate_npd(*args) -> int:

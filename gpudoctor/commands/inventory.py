@@ -51,7 +51,8 @@ def show(inventory_path, as_json):
                 for p in inv.proxmox.values()]
         _table("Proxmox nodes", ("NAME", "ADDRESS", "USER", "CONFIG DIR", "PCT"), rows)
     if inv.profiles:
-        rows = [(p.name, " ".join(p.patterns)) for p in inv.profiles.values()]
+        rows = [(p.name, " ".join([*p.patterns, *(f"{k}={v}" for k, v in p.spec if k not in ("require", "ignore"))]))
+                for p in inv.profiles.values()]
         _table("Gate profiles", ("PROFILE", "CHECKS"), rows)
     pol = inv.policy
     if pol.auto_apply or pol.never_apply or pol.budgets or pol.checks:

@@ -61,9 +61,31 @@ def test_defaults(tmp_path):
     c = campaign.load(str(f))
     assert c.server_command == ["python", "-m", "sglang.launch_server"]
     assert c.gate_command == ["gpudoctor", "gate", "--profile", "benchmark"]
+    assert c.gate_call == campaign.GateCall(profile="benchmark")  # gpudoctor's own gate: judged in process
     assert c.baseline == "baseline" and c.port == 30000 and c.timeouts["ready_s"] == 1800
     assert c.configs()[0].sglang_args == ["--model-path", "/m", "--tp-size", "8", "--host", "127.0.0.1", "--port",
                                           "30000"]
+
+
+MINIMAL = "model: /m\ntp: 8\nmethods: {baseline: {}}\nworkloads: [{name: w, max_tokens: 64}]\nconcurrency: 1\n"
+
+
+@pytest.mark.parametrize("command, call", [
+    ("gpudoctor gate", campaign.GateCall()),
+    ("gpudoctor gate --profile=serve --model /a --model /b --expect-gpus 8 --timeout 2.5 --host ct200 "
+     "--inventory /etc/inv.yaml --sglang-url http://127.0.0.1:30000",
+     campaign.GateCall("serve", ("/a", "/b"), 8, "http://127.0.0.1:30000", 2.5, "ct200", "/etc/inv.yaml")),
+    ("/usr/bin/python3 -m gpudoctor gate --profile benchmark", campaign.GateCall("benchmark")),
+    ("gpudoctor gate --json", None),  # a flag the in-process gate does not carry: run as written
+    ("/opt/gd/bin/gpudoctor gate", None),  # a path: the user's own gpudoctor
+    ("gpudoctor check", None),
+    ("sh -c 'gpudoctor gate'", None),
+])
+def test_gate_command_judged_in_process(tmp_path, command, call):
+    f = tmp_path / "c.yaml"
+    f.write_text(MINIMAL + f"gate:\n  command: {command}\n")
+    c = campaign.load(str(f))
+    assert c.gate_call == call and c.gate_command == __import__("shlex").split(command)
 
 
 # (file body, line, message) — every one must exit 3 with `gpudoctor: FILE:LINE: message`
@@ -104,6 +126,15 @@ BAD = [
     (GOOD.replace("  command: /venv/bin/python -m sglang.launch_server", "  command: {a: 1}"), 4,
      "server.command must be a string or a list of strings"),
     (GOOD + "tp: [2]\n", 25, "duplicate key 'tp'"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --timeout soon\n", 7,
+     "gate.command: --timeout must be a number, got 'soon'"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --timeout 9000\n", 7,
+     "gate.command --timeout must be a number >= 0.1 and <= 600, got 9000"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --expect-gpus -1\n", 7,
+     "gate.command --expect-gpus must be an integer >= 0, got -1"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --profile\n", 7, "gate.command: --profile needs a value"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --sglang-url ftp://x\n", 7,
+     "gate.command --sglang-url must be an http:// or https:// URL"),
     ("model: [unclosed\n", 1, "YAML syntax error"),  # where the bracket opened, not the end of the file
     ("- just\n- a list\n", 1, "the campaign must be a mapping"),
     ("", 1, "the campaign must be a mapping"),

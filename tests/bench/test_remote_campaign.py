@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.bench.timing import Slack
+from tests.model.modelfiles import write_model
 
 from tests.bench.conftest import REPO, env, run_cli
 from tests.bench.remote_lab import make_lab
@@ -208,7 +210,7 @@ def test_model_files_are_read_on_the_target(lab):
 
 
 def test_real_gate_over_ssh_stops_the_campaign(lab):
-    # gpudoctor's own gate, run here with --host ct200: ct200 (this machine, through sshd) has no NVIDIA driver.
+    # gpudoctor's own gate, judged in this process on ct200 (this machine, through sshd), which has no NVIDIA driver.
     path, _ = lab.campaign("methods: {baseline: {}}\n", gate=f"[{sys.executable}, -m, gpudoctor, gate, --profile, "
                                                            "benchmark]")
     out = lab.tmp / "out"
@@ -216,9 +218,36 @@ def test_real_gate_over_ssh_stops_the_campaign(lab):
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("gpudoctor: gate failed before baseline-tp1, campaign stopped (nothing recorded for it): ")
-    assert (f"gate --profile benchmark --host ct200 --inventory {lab.inventory} --model {lab.tmp}/model → rc 2: "
-            "BLOCK host.driver.loaded") in last
+    assert last.endswith(f": gpudoctor gate, profile benchmark, on ct200 --model {lab.tmp}/model → exit 2: "
+                         "BLOCK host.driver.loaded: No NVIDIA driver is loaded — fix: Install or load the NVIDIA "
+                         "driver (modprobe nvidia). (and 9 more: gpudoctor gate --host ct200)"), last
     assert records(out) == [] and lab.remote_logs() == {}
+
+
+def test_gpudoctor_gate_is_judged_in_process_on_the_target(lab, monkeypatch):
+    # `gpudoctor gate` in a campaign is not a command to run: the runner judges it in its own process on ct200,
+    # opened through the campaign's inventory (whose profile applies), with each configuration's models. A gpudoctor
+    # on PATH that records its calls proves no CLI ran.
+    monkeypatch.setenv("PATH", f"{lab.gate.parent}:{os.environ['PATH']}")
+    lab.inventory.write_text(lab.inventory.read_text() + "profiles:\n  lab:\n    require: ['workload.model.*']\n"
+                                                         "    fail_free: false\n")
+    write_model(lab.files / str(lab.tmp / "model").lstrip("/"), shards=2, elems=64)  # complete on ct200
+    body = """\
+    methods:
+      baseline: {baseline: true}
+      eagle3: {args: [--speculative-algorithm, EAGLE3], draft_model: /models/draft}
+    """  # /models/draft is an empty directory on ct200
+    path, _ = lab.campaign(body, concurrency="[1]", gate="[gpudoctor, gate, --profile, lab]")
+    out = lab.tmp / "out"
+    p = bench_run(lab, path, out)
+    assert p.returncode == 2, p.stderr
+    assert f"gate passed: gpudoctor gate, profile lab, on ct200 --model {lab.tmp}/model\n" in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"gpudoctor: gate failed before eagle3-tp1, campaign stopped (nothing recorded for it): "
+                           f"gpudoctor gate, profile lab, on ct200 --model {lab.tmp}/model --model /models/draft "
+                           f"→ exit 2: BLOCK workload.model.complete[/models/draft]: /models/draft: model incomplete"), last
+    assert [(r["label"], r["status"]) for r in records(out)] == [("baseline-tp1", "ok")]
+    assert lab.gate_calls() == []
 
 
 def test_gpus_not_released_on_the_target_stop_the_campaign(lab):

@@ -111,6 +111,34 @@ def test_cli_inventory_profiles(tmp_path):
 HOSTS = "hosts:\n  ct200:\n    address: 127.0.0.1\n"
 
 
+def test_cli_inventory_mapping_profile(tmp_path):
+    # the mapping form docs/gate.md shows: ignore what may fail, require what must pass
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(HOSTS + "profiles:\n  nvml-ok:\n    require: [driver.nvml.init]\n"
+                           "    ignore: ['devices.*', 'cuda.*']\n    free_port: true\n")
+    blocked = SNAPS / "h200-uvm-blocked.json"
+    r = run_gate("--snapshot", str(blocked), "--inventory", str(inv), "--profile", "nvml-ok", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert run_gate("--snapshot", str(blocked), "--inventory", str(inv), cwd=tmp_path).returncode == 2
+    inv.write_text(inv.read_text().replace("ignore: ['devices.*', 'cuda.*']", "ignore: ['devices.*']"))
+    r = run_gate("--snapshot", str(blocked), "--inventory", str(inv), "--profile", "nvml-ok", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout.startswith("BLOCK cuda.init"), r.stdout
+
+
+@pytest.mark.parametrize("profile, expect", [
+    ("    require: cuda.init\n", "inventory.yaml:6: profile p: require must be a list of strings"),
+    ("    require: ['cuda init']\n", "inventory.yaml:6: profile p: require: 'cuda init' is not a check id pattern"),
+    ("    max_foreign_mib: -1\n", "inventory.yaml:6: profile 'p': max_foreign_mib must be a number of MiB"),
+    ("    fail_free: 'no'\n", "inventory.yaml:6: profile 'p': fail_free must be true or false"),
+    ("    free_ports: true\n", "inventory.yaml:6: unknown key 'free_ports' in profile p (did you mean 'free_port'?)"),
+])
+def test_bad_mapping_profile_is_one_line_at_its_line(tmp_path, profile, expect):
+    (tmp_path / "inventory.yaml").write_text(HOSTS + "profiles:\n  p:\n" + profile)
+    r = run_gate("--snapshot", str(SNAPS / "h200-healthy.json"), "--profile", "p", cwd=tmp_path)
+    assert r.returncode == 3 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args, inv_text, expect", [
     (["--profile", "nope"], None, "unknown gate profile 'nope' (known: benchmark, default, serve)"),
     (["--profile", "nope"], HOSTS + "profiles:\n  mine: [cuda.init]\n",
