@@ -72,7 +72,6 @@ class Daemon:
         self._reload = False
         self._reset = False
         self._run_now = False
-        self._last_cycle_mono: float | None = None
 
     # --- configuration ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -162,7 +161,6 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.cycles.inc()
             self.metrics.xid_watch.set(1 if self.xid_watcher is not None and self.xid_watcher.running else 0)
-        self._last_cycle_mono = time.monotonic()
         return max(codes, default=0)
 
     def _cycle_host(self, name: str) -> int:
