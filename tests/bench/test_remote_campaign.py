@@ -55,10 +55,9 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
     lab.smi_busy.write_text("2")  # the first stop finds GPU memory still held for two more queries
     path, port = lab.campaign(body, max_tokens=40, decode="200", ttft="20")
     out = lab.tmp / "out"
-    slack = Slack().measure()
-    p = bench_run(lab, path, out)
+    with Slack().during() as slack:  # the lateness around and during the run (timing.py)
+        p = bench_run(lab, path, out)
     assert p.returncode == 0, p.stderr
-    slack.measure()  # a machine that wakes processes late widens the bounds by that lateness (tests/bench/timing.py)
     recs = records(out)
     assert_honest(recs)
     assert sorted((r["label"], r["concurrency"]) for r in recs) == [
