@@ -428,6 +428,25 @@ def check_paths(camp: Campaign, host) -> None:
                               path=camp.path, line=line)
 
 
+def check_gate_profile(camp: Campaign, inventory) -> None:
+    """Before anything starts: the profile of an in-process gate exists in the inventory it will be judged with (or
+    is built in); an unknown one is the campaign's bad input at its gate line, not a stop before the first server."""
+    from gpudoctor.errors import ConfigError
+    from gpudoctor.gate import resolve_profile
+    from gpudoctor.target import resolve_inventory
+
+    call = camp.gate_call
+    if call is None:
+        return
+    inv = resolve_inventory(call.inventory or inventory, required=False)
+    try:
+        resolve_profile(call.profile, dict(inv.profiles) if inv is not None else {})
+    except ConfigError as exc:
+        where = f"; inventory: {inv.path}" if inv is not None else ""
+        raise ConfigError(f"gate.command: {exc.message}{where}", path=camp.path,
+                          line=camp.lines.get(("gate", "command"))) from None
+
+
 def _methods(v: _V, raw, tp: list[int]) -> list[Method]:
     v.mapping(raw, "methods")
     if not raw:

@@ -590,9 +590,10 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     connected before anything else happens; `host` overrides where the servers run, `heal_engine_factory` the
     daemon engine the healer judges and heals with (gpudoctor.daemon.engine.Engine; default: the pipeline).
     """
-    from gpudoctor.bench.campaign import check_paths, load
+    from gpudoctor.bench.campaign import check_gate_profile, check_paths, load
 
     camp = load(path)
+    check_gate_profile(camp, inventory)
     inventory_path = None
     if host is None:
         if camp.is_remote:

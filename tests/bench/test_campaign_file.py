@@ -133,6 +133,8 @@ BAD = [
     (MINIMAL + "gate:\n  command: gpudoctor gate --expect-gpus -1\n", 7,
      "gate.command --expect-gpus must be an integer >= 0, got -1"),
     (MINIMAL + "gate:\n  command: gpudoctor gate --profile\n", 7, "gate.command: --profile needs a value"),
+    (MINIMAL + "gate:\n  command: gpudoctor gate --profile nope\n", 7,
+     "gate.command: unknown gate profile 'nope' (known: benchmark, default, serve)"),
     (MINIMAL + "gate:\n  command: gpudoctor gate --sglang-url ftp://x\n", 7,
      "gate.command --sglang-url must be an http:// or https:// URL"),
     ("model: [unclosed\n", 1, "YAML syntax error"),  # where the bracket opened, not the end of the file
@@ -142,7 +144,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("body,line,message", BAD, ids=[b[2][:40] for b in BAD])
-def test_bad_campaign_is_one_line_exit_3(tmp_path, capsys, body, line, message):
+def test_bad_campaign_is_one_line_exit_3(tmp_path, capsys, monkeypatch, body, line, message):
+    monkeypatch.chdir(tmp_path)  # no ./inventory.yaml: the gate's profiles are the built-in ones
+    monkeypatch.delenv("GPUDOCTOR_INVENTORY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     f = tmp_path / "c.yaml"
     f.write_text(body)
     out = tmp_path / "out"
