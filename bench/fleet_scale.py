@@ -36,13 +36,14 @@ from gpudoctor.fleet import check_fleet  # noqa: E402
 
 def simulated(n: int, parallel: int) -> None:
     from gpudoctor.diagnose import diagnose
-    from gpudoctor.snapshot import facts_of, load
+    from gpudoctor.snapshot import load
+    from gpudoctor.target import snapshot_facts
 
     docs = [load(str(p)) for p in sorted((ROOT / "tests" / "fixtures" / "snapshots").glob("*.json"))]
     names = [f"sim{i:04d}" for i in range(n)]
 
     def check(name: str):
-        return diagnose(facts_of(docs[int(name[3:]) % len(docs)]))
+        return diagnose(snapshot_facts(docs[int(name[3:]) % len(docs)]))
 
     t = time.perf_counter()
     check(names[0])

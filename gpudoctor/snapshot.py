@@ -221,30 +221,3 @@ def _validate_transcript(transcript: dict, name: str, bad) -> None:
         elif op == "statvfs":
             if not isinstance(value, dict) or not all(isinstance(v, (int, float, str, bool)) for v in value.values()):
                 bad(f"{where}: a statvfs result is a mapping of plain values")
-
-
-class Answers(dict):
-    """A transcript that counts how many of the replay's questions it answered (target.py replays through it)."""
-
-    hits = 0
-
-    def get(self, key, default=None):
-        if key in self:
-            self.hits += 1
-            return self[key]
-        return default
-
-    def require_hits(self, doc: dict) -> None:
-        """A transcript that answered nothing cannot be judged: every read would look like a missing thing."""
-        if not self.hits:
-            raise InputError("the snapshot's transcript answers none of the reads gpudoctor makes: cannot judge",
-                             path=doc.get("_path"))
-
-
-def facts_of(doc: dict, regather: bool = True) -> dict:
-    """The snapshot's facts: re-gathered from its transcript through today's code when it has one."""
-    if not regather or not isinstance(doc.get("transcript"), dict):
-        return doc["facts"]
-    from gpudoctor.target import open_target
-
-    return open_target(snapshot=doc, search=False).facts()

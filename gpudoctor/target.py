@@ -239,7 +239,7 @@ def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
     if isinstance(doc.get("proxmox_transcript"), dict):
         c = doc.get("context") or {}
         rctx.proxmox = ReplayHost(name=c.get("proxmox") or "proxmox", transcript=doc["proxmox_transcript"])
-    from gpudoctor.snapshot import Answers
+    from gpudoctor.host.replay import Answers
 
     answers = Answers(doc["transcript"])
     facts = gather(ReplayHost(name=rctx.name, transcript=answers), rctx)
@@ -248,3 +248,9 @@ def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
     facts["meta"]["replayed_from"] = doc.get("created")
     return facts
 
+
+def snapshot_facts(doc: dict, regather: bool = True) -> dict:
+    """A loaded snapshot's facts: re-gathered from its transcript through today's code when it has one."""
+    if not regather or not isinstance(doc.get("transcript"), dict):
+        return doc["facts"]
+    return open_target(snapshot=doc, search=False).facts()

@@ -7,6 +7,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 
+from gpudoctor.errors import InputError
 from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult
 
 
@@ -183,3 +184,21 @@ class ReplayHost(Host):
 
     def rename(self, src, dst, timeout=10.0):
         raise OSError(errno.EROFS, "a snapshot is read-only", src)
+
+
+class Answers(dict):
+    """A transcript that counts how many of the replay's questions it answered (a snapshot replays through it)."""
+
+    hits = 0
+
+    def get(self, key, default=None):
+        if key in self:
+            self.hits += 1
+            return self[key]
+        return default
+
+    def require_hits(self, doc: dict) -> None:
+        """A transcript that answered nothing cannot be judged: every read would look like a missing thing."""
+        if not self.hits:
+            raise InputError("the snapshot's transcript answers none of the reads gpudoctor makes: cannot judge",
+                             path=doc.get("_path"))

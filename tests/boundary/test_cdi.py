@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpudoctor import cdi, snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status
 from gpudoctor.remedies.cdi import CdiSpec
@@ -78,7 +80,7 @@ def test_edit_changes_only_the_digits():
 def stale_container_facts(major=509):
     """The real H200 capture of a container whose /dev/nvidia-uvm is 509:0 (ENXIO, cuInit 999; live uvm 238), with
     the CDI spec it was made from visible at /etc/cdi/nvidia.yaml."""
-    f = snapshot.facts_of(snapshot.load(str(FIX / "snapshots" / "h200-uvm-stale-major.json")))
+    f = snapshot_facts(snapshot.load(str(FIX / "snapshots" / "h200-uvm-stale-major.json")))
     f = copy.deepcopy(f)
     f["cdi"] = {"dirs": {"/etc/cdi": ["nvidia.yaml"], "/var/run/cdi": "ENOENT"},
                 "specs": [{"path": "/etc/cdi/nvidia.yaml", "text": YAML.replace("major: 510", f"major: {major}"),
@@ -236,5 +238,5 @@ def test_snapshot_of_a_cdi_host_replays_to_the_same_verdict(host_root, tmp_path)
     doc = snapshot.take(r.host(), GatherContext(name=NAME, timeout=5))
     p = tmp_path / "snap.json"
     p.write_text(json.dumps(doc))
-    again = snapshot.facts_of(snapshot.load(str(p)))
+    again = snapshot_facts(snapshot.load(str(p)))
     assert stale_keys(again) == stale_keys(doc["facts"]) != []

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status
 from gpudoctor.platform import driver_of, own_cgroup, unit_of
@@ -17,7 +19,7 @@ SNAP = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 
 
 def facts(name):
-    return snapshot.facts_of(snapshot.load(str(SNAP / f"{name}.json")))
+    return snapshot_facts(snapshot.load(str(SNAP / f"{name}.json")))
 
 
 def test_daemon_reload_signature_is_the_root_cause_with_the_known_fixes():

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 
 SNAP = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
@@ -26,7 +28,7 @@ UNIT_WORDS = re.compile(r"DeviceAllow|drop-in", re.I)
 
 
 def facts(name):
-    return snapshot.facts_of(snapshot.load(str(SNAP / f"{name}.json")))
+    return snapshot_facts(snapshot.load(str(SNAP / f"{name}.json")))
 
 
 def as_platform(f, kind):

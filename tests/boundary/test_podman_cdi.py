@@ -150,9 +150,10 @@ def test_container_from_a_stale_cdi_spec_names_the_spec(engine, tmp_path):
     # a snapshot taken in the container replays, anywhere, to the same diagnosis
     # (tests/fixtures/snapshots/podman-cdi-uvm-510.json, the sample in docs/boundaries.md, is one such snapshot)
     from gpudoctor import snapshot
+    from gpudoctor.target import snapshot_facts
     from gpudoctor.diagnose import diagnose
 
-    again = diagnose(snapshot.facts_of(snapshot.load(str(tmp_path / "snapshot.json"))))
+    again = diagnose(snapshot_facts(snapshot.load(str(tmp_path / "snapshot.json"))))
     assert again.root_cause.key == rc["key"] and again.root_cause.summary == rc["summary"]
 
 

@@ -10,6 +10,8 @@ import jsonschema
 from rich.console import Console
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.report import render
 
@@ -21,7 +23,7 @@ SCHEMA = json.loads((SNAPSHOTS.parents[2] / "gpudoctor" / "data" / "check.schema
 
 def _no_driver_facts():
     """The healthy H200 with its driver unloaded: no /proc/driver/nvidia, no nvidia modules, no nodes."""
-    f = copy.deepcopy(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json"))))
+    f = copy.deepcopy(snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-healthy.json"))))
     f["host"]["modules"] = {"error": None, "nvidia": []}
     f["host"]["driver_version_file"] = {"error": "ENOENT"}
     for name in ("nvidia", "nvidiactl", "nvidia-uvm", "nvidia-caps"):
@@ -54,13 +56,13 @@ def test_only_devices_keeps_the_full_ranking_and_says_the_cause_is_outside():
 
 
 def test_only_a_layer_with_its_own_root_cause_is_unchanged():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))), {"devices"})
+    d = diagnose(snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))), {"devices"})
     assert d.root_cause.key == "devices.node.major[/dev/nvidia-uvm]" and d.outside == []
     assert "outside --only" not in _text(d)
 
 
 def test_cgroup2_denied_uvm_on_the_h200_names_the_node_and_ties_cuda_to_it():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(H200_1201 / "h200-uvm-cgroup2-denied.json"))))
+    d = diagnose(snapshot_facts(snapshot.load(str(H200_1201 / "h200-uvm-cgroup2-denied.json"))))
     by = d.by_key()
     node = by["devices.node.open[/dev/nvidia-uvm]"]
     assert "EPERM" in node.summary
@@ -71,7 +73,7 @@ def test_cgroup2_denied_uvm_on_the_h200_names_the_node_and_ties_cuda_to_it():
 
 
 def test_cgroup2_denied_ctl_nvml_255_says_what_nvidia_smi_printed():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(H200_1201 / "h200-ctl-cgroup2-denied.json"))))
+    d = diagnose(snapshot_facts(snapshot.load(str(H200_1201 / "h200-ctl-cgroup2-denied.json"))))
     nvml = d.by_key()["driver.nvml.init"]
     assert "NVML_ERROR_rc" not in nvml.summary and "nvidia-smi exited 255" in nvml.summary
     assert "Unknown Error" in nvml.summary
@@ -81,7 +83,7 @@ def test_cgroup2_denied_ctl_nvml_255_says_what_nvidia_smi_printed():
 def test_a_missing_node_does_not_explain_an_eperm_on_a_present_one():
     """The H200 with c 195:* denied (a Docker/OCI container), and /dev/nvidia-uvm also gone: the container's device
     rules stay the cause of the EPERM on the 195 nodes, not a symptom of the missing uvm node."""
-    facts = copy.deepcopy(snapshot.facts_of(snapshot.load(str(H200_1201 / "h200-ctl-cgroup2-denied.json"))))
+    facts = copy.deepcopy(snapshot_facts(snapshot.load(str(H200_1201 / "h200-ctl-cgroup2-denied.json"))))
     facts["devices"]["nodes"]["/dev/nvidia-uvm"] = {"exists": False, "error": "ENOENT", "path": "/dev/nvidia-uvm"}
     d = diagnose(facts)
     by = d.by_key()

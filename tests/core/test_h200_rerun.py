@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gate import evaluate, resolve_profile
 from gpudoctor.remedies.bench_orphans import StopOrphanServers
@@ -18,7 +20,7 @@ from .conftest import SNAPSHOTS
 
 
 def _diag(name):
-    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / f"{name}.json")))
+    facts = snapshot_facts(snapshot.load(str(SNAPSHOTS / f"{name}.json")))
     return facts, diagnose(facts)
 
 

@@ -5,6 +5,8 @@ import json
 import pytest
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.fabric import parse_topo, tp_groups
 
@@ -12,7 +14,7 @@ from .conftest import SNAPSHOTS, capture
 
 
 def x2(name="h200x2-healthy"):
-    return diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / f"{name}.json"))))
+    return diagnose(snapshot_facts(snapshot.load(str(SNAPSHOTS / f"{name}.json"))))
 
 
 def test_two_gpus_each_with_full_width_and_mrrs():

@@ -7,6 +7,8 @@ import jsonschema
 import pytest
 
 from gpudoctor import snapshot
+
+from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 
 from .conftest import SNAPSHOTS
@@ -28,7 +30,7 @@ CASES = {
 def test_snapshot_replays_to_its_verdict(name):
     code, root, words = CASES[name]
     doc = snapshot.load(str(SNAPSHOTS / f"{name}.json"))
-    d = diagnose(snapshot.facts_of(doc))
+    d = diagnose(snapshot_facts(doc))
     assert d.exit_code == code
     assert (d.root_cause.key if d.root_cause else None) == root
     text = " ".join([d.root_cause.summary, *d.root_cause.evidence, *d.chain]) if d.root_cause else ""
@@ -48,7 +50,7 @@ def _recorded_part(recorded, again):
 
 def test_replayed_facts_equal_recorded_facts():
     doc = snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))
-    again = snapshot.facts_of(doc)
+    again = snapshot_facts(doc)
     for key in ("host", "driver", "devices", "cuda", "workload"):
         a, b = dict(doc["facts"][key]), dict(again[key])
         for x in (a, b):
@@ -57,7 +59,7 @@ def test_replayed_facts_equal_recorded_facts():
 
 
 def test_uvm_blocked_names_the_node_not_cuda_unknown_error():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))))
+    d = diagnose(snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-uvm-blocked.json"))))
     cuda = next(f for f in d.findings if f.id == "cuda.init")
     assert cuda.status.value == "fail" and cuda.blocked_by == "devices.node.major[/dev/nvidia-uvm]"
     nvml = next(f for f in d.findings if f.id == "driver.nvml.init")
@@ -66,14 +68,14 @@ def test_uvm_blocked_names_the_node_not_cuda_unknown_error():
 
 
 def test_ctl_blocked_names_nvml_17_as_a_symptom():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-ctl-blocked.json"))))
+    d = diagnose(snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-ctl-blocked.json"))))
     nvml = next(f for f in d.findings if f.id == "driver.nvml.init")
     assert nvml.data["nvml_code"] == 17 and "blocked by the operating system" in nvml.summary
     assert nvml.blocked_by == "devices.node.major[/dev/nvidiactl]"
 
 
 def test_healthy_reports_real_values():
-    d = diagnose(snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json"))))
+    d = diagnose(snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-healthy.json"))))
     by = d.by_key()
     assert by["fabric.pcie.mrrs[0000:00:06.0]"].data == {"mrrs": 4096, "mps": 256}
     assert by["fabric.numa.gpu_node[0000:00:06.0]"].status.value == "info"
@@ -81,7 +83,7 @@ def test_healthy_reports_real_values():
 
 
 def test_expect_gpus_mismatch_fails():
-    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
+    facts = snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
     facts["meta"]["context"]["expect_gpus"] = 8
     d = diagnose(facts)
     assert d.exit_code == 2 and d.root_cause.key == "driver.gpu.count"
@@ -89,7 +91,7 @@ def test_expect_gpus_mismatch_fails():
 
 
 def test_mrrs_policy_turns_report_into_audit():
-    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
+    facts = snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
     facts["meta"]["context"]["policy"] = {"pcie": {"mrrs": 512}}
     f = diagnose(facts).by_key()["fabric.pcie.mrrs[0000:00:06.0]"]
     assert f.status.value == "warn" and "4096 ≠ policy 512" in f.summary and f.remedy == "fabric.pcie.mrrs"

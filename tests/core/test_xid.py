@@ -160,10 +160,11 @@ def test_an_unreadable_kernel_log_is_explained_never_ok():
 
 def test_a_snapshot_without_the_kernel_log_probe_has_no_xid_finding():
     from gpudoctor import snapshot
+    from gpudoctor.target import snapshot_facts
 
     from .conftest import SNAPSHOTS
 
-    facts = snapshot.facts_of(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
+    facts = snapshot_facts(snapshot.load(str(SNAPSHOTS / "h200-healthy.json")))
     assert "kernel_log" not in facts and not [f for f in diagnose(facts).findings if f.id == "driver.xid"]
 
 

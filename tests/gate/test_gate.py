@@ -12,11 +12,12 @@ from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import ConfigError
 from gpudoctor.findings import Finding
 from gpudoctor.gate import evaluate, resolve_profile
-from gpudoctor.snapshot import facts_of, load
+from gpudoctor.snapshot import load
+from gpudoctor.target import snapshot_facts
 
 
 def diag(name):
-    return diagnose(facts_of(load(str(SNAPS / f"{name}.json"))))
+    return diagnose(snapshot_facts(load(str(SNAPS / f"{name}.json"))))
 
 
 def test_default_profile_blocks_on_failures_only_root_cause_first():

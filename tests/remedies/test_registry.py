@@ -42,9 +42,10 @@ def test_findings_never_name_a_remedy_themselves():
 @pytest.mark.parametrize("snap", SNAPSHOTS, ids=lambda p: p.stem)
 def test_on_real_snapshots_findings_and_plans_agree_with_the_registry(snap):
     from gpudoctor.diagnose import diagnose
-    from gpudoctor.snapshot import facts_of, load
+    from gpudoctor.snapshot import load
+    from gpudoctor.target import snapshot_facts
 
-    facts = facts_of(load(str(snap)))
+    facts = snapshot_facts(load(str(snap)))
     d = diagnose(facts)
     spec = {c.id: c for c in all_checks()}
     for f in d.findings:
