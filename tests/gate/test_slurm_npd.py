@@ -32,7 +32,7 @@ def test_failure_on_a_node_drained_by_an_admin_leaves_their_reason(slurm, tmp_pa
     r = gate_slurm(slurm, tmp_path, BAD)
     assert r.returncode == 2
     assert slurm.updates() == []
-    assert "already drained by someone else (bad DIMM, ticket 4711)" in r.stderr
+    assert "left as is, IDLE+DRAIN: drained by someone else (bad DIMM, ticket 4711)" in r.stderr
 
 
 def test_same_failure_again_does_not_redrain(slurm, tmp_path):
@@ -42,7 +42,7 @@ def test_same_failure_again_does_not_redrain(slurm, tmp_path):
 
 
 def test_new_failure_updates_our_own_reason(slurm, tmp_path):
-    slurm.node("gpu01", "DRAINED", "gpudoctor: something older")
+    slurm.node("gpu01", "IDLE+DRAIN", "gpudoctor: something older")
     gate_slurm(slurm, tmp_path, BAD)
     assert slurm.updates()[0][-1] == f"reason=gpudoctor: {ROOT_CAUSE}"
 
