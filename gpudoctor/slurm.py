@@ -34,9 +34,12 @@ def node_name(env: dict | None = None) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
+def _short(text: str, limit: int = MAX_REASON) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def make_reason(headline: str) -> str:
-    text = " ".join(f"{PREFIX} {headline}".split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+    return _short(" ".join(f"{PREFIX} {headline}".split()))
 
 
 @dataclass
@@ -78,7 +81,7 @@ class NodeInfo:
         if not why:
             return None
         text = f"{self.state}: " + ", ".join(why)
-        return f"{text} ({self.reason})" if self.reason else text
+        return f"{text} ({_short(self.reason)})" if self.reason else text
 
 
 _REASON_TAIL = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
@@ -131,9 +134,9 @@ def decide(info: NodeInfo, passed: bool, node: str, headline: str = "") -> Slurm
         if not info.drained:
             return SlurmAction("none", f"{node} is in service")
         if "NOT_RESPONDING" in info.flags:
-            return SlurmAction("kept", f"{node} stays drained ({info.reason}): slurmctld does not hear from it yet "
+            return SlurmAction("kept", f"{node} stays drained ({_short(info.reason)}): slurmctld does not hear from it yet "
                                        f"(NOT_RESPONDING); the next passing check resumes it")
-        return SlurmAction("resumed", f"{node} resumed (gpudoctor had drained it: {info.reason})",
+        return SlurmAction("resumed", f"{node} resumed (gpudoctor had drained it: {_short(info.reason)})",
                            ["scontrol", "update", f"nodename={node}", "state=resume"])
     reason = make_reason(headline)
     if info.drained and info.reason == reason:

@@ -234,7 +234,10 @@ class SlurmLab:
         for line in self.scontrol("show", "reservation").splitlines():
             if line.startswith("ReservationName="):
                 self.scontrol("delete", f"reservation={line.split()[0].split('=', 1)[1]}")
-        self.run(["scancel", "--full", "-u", "root"]) if _which("scancel") else None
+        self.run(["scontrol", "cancel_reboot", self.node])
+        if self.run(["squeue", "-h", "-o", "%i"]).stdout.split():
+            self.run(["scancel", "-u", "root"])
+            self._wait(lambda: not self.run(["squeue", "-h", "-o", "%i"]).stdout.split(), 15, "the lab's jobs to end")
         st = self.state()
         if "DOWN" in st or "DRAIN" in st or "FAIL" in st:
             self.scontrol("update", f"nodename={self.node}", "state=resume")
