@@ -81,7 +81,7 @@ def _gate_npd(*args) -> int:
     try:
         code, line = npd.verdict(_evaluate(*args))
     except GpudoctorError as exc:
-        code, line = npd.error_verdict(exc.one_line())
+        code, line = npd.error_verdict(exc)
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback
         code, line = npd.error_verdict(f"internal error: {type(exc).__name__}: {exc}")
     click.echo(line)
