@@ -14,7 +14,8 @@ namespace with every state, spool, log and munge file under a temp dir (docs/tes
                                     reconfigure` makes slurmctld and slurmd read it again
       .node / .addr / .conf / .base / .log(name)
 
-The node's address 192.0.2.1 (TEST-NET-1) is a second address on the namespace's own `lo`: slurmd resolves its
+Daemons run as children of the test through `nsenter --net` (the mount namespace stays the host's: slurmd's cgroup
+plugin reads /sys/fs/cgroup, which `ip netns exec` would replace by an empty sysfs). The node's address 192.0.2.1 (TEST-NET-1) is a second address on the namespace's own `lo`: slurmd resolves its
 NodeAddr with AI_ADDRCONFIG and cannot bind where the only addresses are loopback ones.
 """
 
@@ -194,6 +195,10 @@ class SlurmLab:
         text += f"NodeName={self.node} NodeAddr={ADDR} CPUs={os.cpu_count()} RealMemory=100 State=UNKNOWN\n"
         text += f"PartitionName=lab Nodes={self.node} Default=YES MaxTime=INFINITE State=UP\n"
         self.conf.write_text(text)
+        # slurmd 22.05 loads a cgroup plugin even with proctrack/linuxproc and task/none; autodetected on a pure
+        # cgroup2 host it is cgroup/v2, which wants systemd's D-Bus to place slurmstepd. cgroup/v1 named here
+        # starts on either layout and, with these plugins, makes no cgroup at all.
+        (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
 
     # ---- the node ---------------------------------------------------------------------------------------------
     def run(self, argv, env: dict | None = None, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
