@@ -134,8 +134,8 @@ def decide(info: NodeInfo, passed: bool, node: str, headline: str = "") -> Slurm
         if not info.drained:
             return SlurmAction("none", f"{node} is in service")
         if "NOT_RESPONDING" in info.flags:
-            return SlurmAction("kept", f"{node} stays drained ({_short(info.reason)}): slurmctld does not hear from it yet "
-                                       f"(NOT_RESPONDING); the next passing check resumes it")
+            return SlurmAction("kept", f"{node} stays drained ({_short(info.reason)}): slurmctld does not hear from "
+                                       f"it yet (NOT_RESPONDING); the next passing check resumes it")
         return SlurmAction("resumed", f"{node} resumed (gpudoctor had drained it: {_short(info.reason)})",
                            ["scontrol", "update", f"nodename={node}", "state=resume"])
     reason = make_reason(headline)

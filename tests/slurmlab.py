@@ -1,7 +1,8 @@
 """The Slurm lab: Debian's real munged + slurmctld + slurmd (slurm-wlm 22.05) as root, one node, in a private network
 namespace with every state, spool, log and munge file under a temp dir (docs/testing.md says what is real).
 
-    skip_reason() -> str | None     why the lab cannot run here (one line), None when it can
+    (tests/gate/conftest.py's `slurmlab` fixture checks first that munged, slurmctld, slurmd, scontrol, ip and
+    nsenter are installed and that it runs as root: tests/needs.py's one-line skip, a failure under CI=true)
     SlurmLab(base).start() / .close()   (also a context manager); close() kills every daemon it started, deletes
                                     the namespace and checks (leftovers() is empty afterwards), also after a failure
       .run(argv, env=None)          a command inside the namespace with SLURM_CONF set (scontrol, gpudoctor, …)
@@ -15,8 +16,9 @@ namespace with every state, spool, log and munge file under a temp dir (docs/tes
       .node / .addr / .conf / .base / .log(name)
 
 Daemons run as children of the test through `nsenter --net` (the mount namespace stays the host's: slurmd's cgroup
-plugin reads /sys/fs/cgroup, which `ip netns exec` would replace by an empty sysfs). The node's address 192.0.2.1 (TEST-NET-1) is a second address on the namespace's own `lo`: slurmd resolves its
-NodeAddr with AI_ADDRCONFIG and cannot bind where the only addresses are loopback ones.
+plugin reads /sys/fs/cgroup, which `ip netns exec` would replace by an empty sysfs). The node's address 192.0.2.1
+(TEST-NET-1) is a second address on the namespace's own `lo`: slurmd resolves its NodeAddr with AI_ADDRCONFIG and
+cannot bind where the only addresses are loopback ones.
 """
 
 from __future__ import annotations
@@ -31,26 +33,11 @@ from pathlib import Path
 
 ADDR = "192.0.2.1"
 NODE = "gpu01"
-SBIN = ("munged", "mungekey", "slurmctld", "slurmd")
-BIN = ("scontrol", "sinfo", "sbatch", "squeue")
-INSTALL = "apt-get install slurmctld slurmd slurm-client munge"
 
 
 def _which(name: str) -> str | None:
     return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}")
                                        if os.access(p, os.X_OK)), None)
-
-
-def skip_reason() -> str | None:
-    """One line naming what is missing, or None."""
-    if os.geteuid() != 0:
-        return "the Slurm lab needs root (a network namespace; munged, slurmctld and slurmd as root)"
-    for name in (*SBIN, *BIN, "ip"):
-        if _which(name) is None:
-            what = "iproute2" if name == "ip" else INSTALL
-            return f"{name} is not installed (the Slurm lab's tests are skipped): apt-get install {what}" \
-                if name == "ip" else f"{name} is not installed (the Slurm lab's tests are skipped): {INSTALL}"
-    return None
 
 
 class SlurmLab:
@@ -137,12 +124,15 @@ class SlurmLab:
         return out
 
     # ---- helpers ----------------------------------------------------------------------------------------------
+    def _in_ns(self, argv) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.netns}", *argv]
+
     def _ns(self, argv, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(["nsenter", f"--net=/run/netns/{self.netns}", *argv], check=True, capture_output=True, **kw)
+        return subprocess.run(self._in_ns(argv), check=True, capture_output=True, **kw)
 
     def _daemon(self, name: str, argv) -> None:
         log = open(self.base / "log" / f"{name}.out", "wb")
-        self.procs[name] = subprocess.Popen(["nsenter", f"--net=/run/netns/{self.netns}", *argv], stdout=log,
+        self.procs[name] = subprocess.Popen(self._in_ns(argv), stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env())
         log.close()
 
@@ -202,8 +192,8 @@ class SlurmLab:
 
     # ---- the node ---------------------------------------------------------------------------------------------
     def run(self, argv, env: dict | None = None, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(["nsenter", f"--net=/run/netns/{self.netns}", *argv], env=self.env(env), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+        return subprocess.run(self._in_ns(argv), env=self.env(env), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, **kw)
 
     def scontrol(self, *args) -> str:
         res = self.run(["scontrol", *args])

@@ -89,6 +89,6 @@ def test_only_slurm_py_runs_scontrol():
     """One implementation: no other module drains or resumes a node (the daemon's healing, --npd)."""
     root = Path(__file__).resolve().parents[2]
     literal = re.compile(r"""["']scontrol\b|state=(resume|drain|down|undrain)""", re.I)
-    users = sorted(str(p.relative_to(root)) for d in ("gpudoctor", "checks", "remedies") for p in (root / d).rglob("*.py")
-                   if literal.search(p.read_text()))
+    users = sorted(str(p.relative_to(root)) for d in ("gpudoctor", "checks", "remedies")
+                   for p in (root / d).rglob("*.py") if literal.search(p.read_text()))
     assert users == ["gpudoctor/slurm.py"]
