@@ -1,8 +1,8 @@
 """The Slurm lab: Debian's real munged + slurmctld + slurmd (slurm-wlm 22.05) as root, one node, in a private network
 namespace with every state, spool, log and munge file under a temp dir (docs/testing.md says what is real).
 
-    (tests/gate/conftest.py's `slurmlab` fixture checks first that munged, slurmctld, slurmd, scontrol, ip and
-    nsenter are installed and that it runs as root: tests/needs.py's one-line skip, a failure under CI=true)
+    need_lab()                      munged, slurmctld, slurmd, scontrol, ip, nsenter installed and root, else
+                                    tests/needs.py's one-line skip (a failure under CI=true)
     SlurmLab(base).start() / .close()   (also a context manager); close() kills every daemon it started, deletes
                                     the namespace and checks (leftovers() is empty afterwards), also after a failure
       .run(argv, env=None)          a command inside the namespace with SLURM_CONF set (scontrol, gpudoctor, …)
@@ -38,6 +38,16 @@ NODE = "gpu01"
 def _which(name: str) -> str | None:
     return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}")
                                        if os.access(p, os.X_OK)), None)
+
+
+def need_lab() -> None:
+    """What the lab needs: one skip line each outside CI (tests/needs.py), a failure under CI=true."""
+    from tests import needs
+
+    for name in ("munged", "slurmctld", "slurmd", "scontrol", "ip", "nsenter"):
+        needs.need(name)
+    if os.geteuid() != 0:
+        needs.unavailable("the Slurm lab needs root (a network namespace; munged, slurmctld, slurmd as root)")
 
 
 class SlurmLab:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from gate_harness import Slurm
-
-from tests import needs
 
 
 @pytest.fixture
@@ -18,12 +14,9 @@ def slurm(tmp_path):
 @pytest.fixture(scope="session")
 def slurmlab(tmp_path_factory):
     """One real Slurm cluster (munged, slurmctld, slurmd; one node) for the session, torn down leak-free."""
-    for name in ("munged", "slurmctld", "slurmd", "scontrol", "ip", "nsenter"):
-        needs.need(name)
-    if os.geteuid() != 0:
-        needs.unavailable("the Slurm lab needs root (a network namespace; munged, slurmctld, slurmd as root)")
-    from tests.slurmlab import SlurmLab
+    from tests.slurmlab import SlurmLab, need_lab
 
+    need_lab()
     lab = SlurmLab(tmp_path_factory.mktemp("slurmlab"))
     lab.start()
     try:
