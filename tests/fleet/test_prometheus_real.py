@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fleet_helpers import replay_check
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import needs
@@ -91,9 +92,6 @@ def _textfile(tmp: Path, *args) -> Path:
 
 
 def _fleet_text() -> str:
-    sys.path.insert(0, str(ROOT / "tests" / "fleet"))
-    from fleet_helpers import replay_check
-
     from gpudoctor.errors import HostUnreachable
     from gpudoctor.fleet import check_fleet
     from gpudoctor.promfile import render
