@@ -24,8 +24,7 @@ MAX_REASON = 200  # ours, for sinfo's columns; Slurm itself keeps 5000+ characte
 IN_SERVICE = frozenset({"IDLE", "MIXED", "ALLOCATED"})  # base states of a node that runs (or may run) jobs
 # flags that do not take a node out of service: a job ending, a ping late by a second after a resume, a
 # reservation for users (a MAINT reservation adds MAINTENANCE), scheduler bookkeeping
-HARMLESS = frozenset({"COMPLETING", "NOT_RESPONDING", "RESERVED", "PLANNED", "CLOUD", "DYNAMIC_NORM", "DYNAMIC_FUTURE",
-                      "POWER_UP", "POWERING_UP"})
+HARMLESS = frozenset({"COMPLETING", "NOT_RESPONDING", "RESERVED", "PLANNED", "CLOUD", "DYNAMIC_NORM"})
 
 
 def node_name(env: dict | None = None) -> str:

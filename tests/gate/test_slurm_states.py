@@ -63,7 +63,7 @@ def test_the_completing_admin_drain_names_its_state_and_reason():
         "node in service or one it drained itself")
 
 
-@pytest.mark.parametrize("state", ["DRAINED", "DRNG", "IDLE+DRAINED", "FUTURE", "UNKNOWN", "IDLE+POWERED_DOWN",
+@pytest.mark.parametrize("state", ["DRAINED", "DRNG", "IDLE+DRAINED", "FUTURE", "UNKNOWN", "IDLE+POWERED_DOWN", "IDLE+POWERING_UP",
                                    "IDLE+INVALID_REG", "ERROR", ""])
 def test_states_gpudoctor_does_not_know_are_left_alone(state):
     info = NodeInfo(state or None, "gpudoctor: old")
