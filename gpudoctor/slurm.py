@@ -64,23 +64,21 @@ class NodeInfo:
         return bool(self.reason) and self.reason.startswith(PREFIX)
 
     def foreign(self) -> str | None:
-        """Why gpudoctor must leave the node alone (someone else's state), or None: in service or drained by
+        """Why gpudoctor must leave the node alone (someone else's state), or None: in service, or drained by
         gpudoctor and still as gpudoctor left it."""
-        why = []
         if not self.state:
             return "its state could not be read"
-        if self.base not in IN_SERVICE:
-            why.append(self.base or self.state)
-        other = sorted(self.flags - HARMLESS - {"DRAIN"})
-        why += other
+        why = [] if self.base in IN_SERVICE else [self.base or self.state]
+        why += sorted(self.flags - HARMLESS - {"DRAIN"})
         if self.maintenance:
             why.append(f"in maintenance reservation {', '.join(self.maintenance)}")
         if self.drained and not self.ours:
             why.append("drained by someone else")
-        if not why:
-            return None
-        text = f"{self.state}: " + ", ".join(why)
-        return f"{text} ({_short(self.reason)})" if self.reason else text
+        return ", ".join(why) or None
+
+    def evidence(self) -> str:
+        """State= and Reason= as scontrol showed them (a long reason shortened)."""
+        return f"State={self.state}" + (f", Reason={_short(self.reason)}" if self.reason else "")
 
 
 _REASON_TAIL = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
@@ -127,8 +125,8 @@ def decide(info: NodeInfo, passed: bool, node: str, headline: str = "") -> Slurm
     """What the gate does to the node (pure): the argv to run, or why nothing."""
     foreign = info.foreign()
     if foreign is not None:
-        return SlurmAction("kept", f"{node} left as is, {foreign}: gpudoctor changes only a node in service or one "
-                                   f"it drained itself")
+        return SlurmAction("kept", f"{node} left as is: {foreign} ({info.evidence()}); gpudoctor changes only a "
+                                   f"node in service or one it drained itself")
     if passed:
         if not info.drained:
             return SlurmAction("none", f"{node} is in service")

@@ -32,7 +32,8 @@ def test_failure_on_a_node_drained_by_an_admin_leaves_their_reason(slurm, tmp_pa
     r = gate_slurm(slurm, tmp_path, BAD)
     assert r.returncode == 2
     assert slurm.updates() == []
-    assert "left as is, IDLE+DRAIN: drained by someone else (bad DIMM, ticket 4711)" in r.stderr
+    assert ("left as is: drained by someone else (State=IDLE+DRAIN, Reason=bad DIMM, ticket 4711); gpudoctor changes "
+            "only a node in service or one it drained itself") in r.stderr
 
 
 def test_same_failure_again_does_not_redrain(slurm, tmp_path):

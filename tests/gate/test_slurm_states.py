@@ -59,8 +59,11 @@ def test_real_states_parse_and_decide(name):
 def test_the_completing_admin_drain_names_its_state_and_reason():
     info = parse_show_node((FIX / "idle-completing-drain.txt").read_text())
     assert decide(info, True, "gpu01").detail == (
-        "gpu01 left as is, IDLE+COMPLETING+DRAIN: drained by someone else (admin drain): gpudoctor changes only a "
-        "node in service or one it drained itself")
+        "gpu01 left as is: drained by someone else (State=IDLE+COMPLETING+DRAIN, Reason=admin drain); gpudoctor "
+        "changes only a node in service or one it drained itself")
+    down = parse_show_node((FIX / "down-drain-not-responding-gpudoctor.txt").read_text())
+    assert decide(down, True, "gpu01").detail.startswith(
+        "gpu01 left as is: DOWN (State=DOWN+DRAIN+NOT_RESPONDING, Reason=gpudoctor: old)")
 
 
 @pytest.mark.parametrize("state", ["DRAINED", "DRNG", "IDLE+DRAINED", "FUTURE", "UNKNOWN", "IDLE+POWERED_DOWN", "IDLE+POWERING_UP",
@@ -82,7 +85,7 @@ def test_an_active_maint_reservation_is_an_admins_state_before_state_shows_it():
     assert parse_reservations("No reservations in the system\n") == []
     info = NodeInfo("IDLE", None, ("maint1",))
     assert decide(info, False, "gpu01", NEW).detail.startswith(
-        "gpu01 left as is, IDLE: in maintenance reservation maint1")
+        "gpu01 left as is: in maintenance reservation maint1 (State=IDLE)")
 
 
 def test_only_slurm_py_runs_scontrol():
