@@ -1,8 +1,14 @@
-"""Slurm mode of the gate: drain the node on failure, undrain only what gpudoctor drained.
+"""Slurm mode of the gate: drain the node on failure, resume only what gpudoctor drained — an admin's state is sacred.
 
-Used as a prolog or HealthCheckProgram on the compute node. The drain reason is always prefixed "gpudoctor:";
-on success the node is resumed only if its current reason starts with that prefix — a drain an admin (or another
-tool) set is never undone, and never overwritten (mej/nhc#134 is the complaint this avoids).
+Used as a Prolog or HealthCheckProgram on the compute node. gpudoctor changes a node only when it is in service
+(IDLE, MIXED or ALLOCATED with no admin flag) or drained by gpudoctor itself (reason prefix "gpudoctor:") and still
+in the state gpudoctor left it in. A node that is DOWN, FAIL, in MAINTENANCE (a flag, or an active MAINT reservation),
+REBOOT_REQUESTED/REBOOT_ISSUED, powered down, in a state this module does not know, or drained by anyone else is left
+exactly as it is — never drained over, never resumed (mej/nhc#134 is the class of bug this avoids). The gate's verdict
+(its exit code) is the same either way. This module is the only place gpudoctor runs `scontrol`.
+
+States are scontrol's words (`scontrol show node`: BASE+FLAG+FLAG, e.g. IDLE+COMPLETING+DRAIN,
+DOWN+DRAIN+NOT_RESPONDING); sinfo's DRAINED/DRNG/DRAINING never appear there and are treated as unknown.
 """
 
 from __future__ import annotations
@@ -10,10 +16,15 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PREFIX = "gpudoctor:"
-MAX_REASON = 200
+MAX_REASON = 200  # ours, for sinfo's columns; Slurm itself keeps 5000+ characters verbatim
+
+IN_SERVICE = frozenset({"IDLE", "MIXED", "ALLOCATED"})  # base states of a node that runs (or may run) jobs
+# flags that do not take a node out of service: a job ending, a ping late by a second after a resume, a
+# reservation for users (a MAINT reservation adds MAINTENANCE), scheduler bookkeeping
+HARMLESS = frozenset({"COMPLETING", "NOT_RESPONDING", "RESERVED", "PLANNED", "CLOUD", "DYNAMIC_NORM"})
 
 
 def node_name(env: dict | None = None) -> str:
@@ -22,41 +33,82 @@ def node_name(env: dict | None = None) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
+def _short(text: str, limit: int = MAX_REASON) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def make_reason(headline: str) -> str:
-    text = " ".join(f"{PREFIX} {headline}".split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+    return _short(" ".join(f"{PREFIX} {headline}".split()))
 
 
 @dataclass
 class NodeInfo:
-    state: str | None
+    state: str | None  # scontrol's State=, e.g. "IDLE+COMPLETING+DRAIN"
     reason: str | None  # without the trailing "[user@time]"
+    maintenance: tuple[str, ...] = field(default_factory=tuple)  # active MAINT reservations that hold the node
+
+    @property
+    def base(self) -> str:
+        return (self.state or "").upper().split("+")[0]
+
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset((self.state or "").upper().split("+")[1:])
 
     @property
     def drained(self) -> bool:
-        return bool(self.state) and any(s in self.state.upper() for s in ("DRAIN", "DRNG"))
+        return "DRAIN" in self.flags
 
     @property
     def ours(self) -> bool:
         return bool(self.reason) and self.reason.startswith(PREFIX)
+
+    def foreign(self) -> str | None:
+        """Why gpudoctor must leave the node alone (someone else's state), or None: in service, or drained by
+        gpudoctor and still as gpudoctor left it."""
+        if not self.state:
+            return "its state could not be read"
+        why = [] if self.base in IN_SERVICE else [self.base or self.state]
+        why += sorted(self.flags - HARMLESS - {"DRAIN"})
+        if self.maintenance:
+            why.append(f"in maintenance reservation {', '.join(self.maintenance)}")
+        if self.drained and not self.ours:
+            why.append("drained by someone else")
+        return ", ".join(why) or None
+
+    def evidence(self) -> str:
+        """State= and Reason= as scontrol showed them (a long reason shortened)."""
+        return f"State={self.state}" + (f", Reason={_short(self.reason)}" if self.reason else "")
 
 
 _REASON_TAIL = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
 
 
 def parse_show_node(text: str) -> NodeInfo:
-    """State and Reason from `scontrol show node NAME` (Reason runs to the end of its line)."""
+    """State and Reason from `scontrol show node NAME` (Reason runs to the end of its line, any length)."""
     state = reason = None
     for line in text.splitlines():
         m = re.search(r"(?:^|\s)State=(\S+)", line)
         if m and state is None:
             state = m.group(1)
         idx = line.find("Reason=")
-        if idx >= 0 and (idx == 0 or line[idx - 1].isspace()):
+        if reason is None and idx >= 0 and line[:idx].strip() == "":
             reason = _REASON_TAIL.sub("", line[idx + len("Reason="):]).strip() or None
             if reason == "(null)":
                 reason = None
     return NodeInfo(state, reason)
+
+
+def parse_reservations(text: str) -> list[dict]:
+    """`scontrol show reservation`: one dict per reservation (ReservationName, Flags, State, Nodes, …)."""
+    out: list[dict] = []
+    for line in text.splitlines():
+        for key, val in re.findall(r"(?:^|\s)(\w+)=(\S*)", line):
+            if key == "ReservationName":
+                out.append({})
+            if out:
+                out[-1].setdefault(key, val)
+    return out
 
 
 @dataclass
@@ -69,28 +121,60 @@ class SlurmAction:
         return {"action": self.action, "detail": self.detail, "argv": self.argv}
 
 
+def decide(info: NodeInfo, passed: bool, node: str, headline: str = "") -> SlurmAction:
+    """What the gate does to the node (pure): the argv to run, or why nothing."""
+    foreign = info.foreign()
+    if foreign is not None:
+        return SlurmAction("kept", f"{node} left as is: {foreign} ({info.evidence()}); gpudoctor changes only a "
+                                   f"node in service or one it drained itself")
+    if passed:
+        if not info.drained:
+            return SlurmAction("none", f"{node} is in service")
+        if "NOT_RESPONDING" in info.flags:
+            return SlurmAction("kept", f"{node} stays drained ({_short(info.reason)}): slurmctld does not hear from "
+                                       f"it yet (NOT_RESPONDING); the next passing check resumes it")
+        return SlurmAction("resumed", f"{node} resumed (gpudoctor had drained it: {_short(info.reason)})",
+                           ["scontrol", "update", f"nodename={node}", "state=resume"])
+    reason = make_reason(headline)
+    if info.drained and info.reason == reason:
+        return SlurmAction("kept", f"{node} already drained by gpudoctor for this reason")
+    return SlurmAction("drained", f"{node} drained: {reason}",
+                       ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+
+
+def read_node(host, node: str, *, timeout: float = 15.0) -> NodeInfo | str:
+    """The node's state, reason and active maintenance reservations; a string saying what failed otherwise."""
+    show = host.run(["scontrol", "show", "node", node], timeout=timeout)
+    if not show.ok:
+        return f"`scontrol show node {node}` failed: {show.describe()}"
+    info = parse_show_node(show.stdout)
+    resv = host.run(["scontrol", "show", "reservation"], timeout=timeout)
+    if not resv.ok:
+        return f"`scontrol show reservation` failed: {resv.describe()}"
+    maint = []
+    for r in parse_reservations(resv.stdout):
+        if r.get("State") != "ACTIVE" or "MAINT" not in r.get("Flags", "").split(",") or not r.get("Nodes"):
+            continue
+        names = host.run(["scontrol", "show", "hostnames", r["Nodes"]], timeout=timeout)
+        if not names.ok:
+            return f"`scontrol show hostnames {r['Nodes']}` failed: {names.describe()}"
+        if node in names.stdout.split():
+            maint.append(r["ReservationName"])
+    info.maintenance = tuple(maint)
+    return info
+
+
 def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> SlurmAction:
     """Drain or resume the node for a GateResult, through `host.run` (a LocalHost on the compute node)."""
     node = node or node_name()
-    show = host.run(["scontrol", "show", "node", node], timeout=timeout)
-    info = parse_show_node(show.stdout) if show.ok else NodeInfo(None, None)
-    if result.passed:
-        if info.drained and info.ours:
-            argv = ["scontrol", "update", f"nodename={node}", "state=resume"]
-            res = host.run(argv, timeout=timeout)
-            if not res.ok:
-                return SlurmAction("failed", f"could not resume {node}: {res.describe()}", argv)
-            return SlurmAction("resumed", f"{node} resumed (gpudoctor had drained it: {info.reason})", argv)
-        if info.drained:
-            return SlurmAction("kept", f"{node} stays drained: its reason was not set by gpudoctor ({info.reason})")
-        return SlurmAction("none", f"{node} is not drained")
-    reason = make_reason(result.headline)
-    if info.drained and not info.ours:
-        return SlurmAction("kept", f"{node} is already drained by someone else ({info.reason}); reason left as is")
-    if info.drained and info.reason == reason:
-        return SlurmAction("kept", f"{node} already drained by gpudoctor for this reason")
-    argv = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"]
-    res = host.run(argv, timeout=timeout)
+    info = read_node(host, node, timeout=timeout)
+    if isinstance(info, str):
+        return SlurmAction("failed", f"{node} left as is: its state could not be read ({info})")
+    act = decide(info, result.passed, node, result.headline)
+    if act.argv is None:
+        return act
+    res = host.run(act.argv, timeout=timeout)
     if not res.ok:
-        return SlurmAction("failed", f"could not drain {node}: {res.describe()}", argv)
-    return SlurmAction("drained", f"{node} drained: {reason}", argv)
+        verb = "resume" if act.action == "resumed" else "drain"
+        return SlurmAction("failed", f"could not {verb} {node}: {res.describe()}", act.argv)
+    return act

@@ -26,6 +26,15 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "busybox": (("busybox", "/bin/busybox"), "apt-get install busybox-static"),
     "podman": (("podman",), "apt-get install podman runc"),
     "runc": (("runc", "/usr/sbin/runc"), "apt-get install runc"),
+    # the Slurm lab (tests/slurmlab.py) and the Prometheus tests (tests/gate/test_prometheus.py)
+    "slurmctld": (("slurmctld", "/usr/sbin/slurmctld"), "apt-get install slurmctld slurmd slurm-client munge"),
+    "slurmd": (("slurmd", "/usr/sbin/slurmd"), "apt-get install slurmctld slurmd slurm-client munge"),
+    "scontrol": (("scontrol",), "apt-get install slurmctld slurmd slurm-client munge"),
+    "munged": (("munged", "/usr/sbin/munged"), "apt-get install slurmctld slurmd slurm-client munge"),
+    "ip": (("ip", "/usr/sbin/ip", "/sbin/ip"), "apt-get install iproute2"),
+    "promtool": (("promtool",), "apt-get install prometheus"),
+    "prometheus": (("prometheus",), "apt-get install prometheus"),
+    "node_exporter": (("prometheus-node-exporter", "node_exporter"), "apt-get install prometheus-node-exporter"),
 }
 
 

@@ -15,7 +15,8 @@ from gpudoctor.errors import GpudoctorError, HostError
               help="What is required: default (no failures), serve, benchmark, or a profile from the inventory.")
 @click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), help="Gate a saved snapshot instead.")
 @click.option("--slurm", is_flag=True, help="Slurm prolog/HealthCheckProgram: drain the node on failure, resume it "
-                                           "on success only if gpudoctor drained it.")
+                                           "on success only if gpudoctor drained it; a node DOWN, FAIL, in "
+                                           "maintenance, rebooting or drained by someone else is left as is.")
 @click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, else `hostname -s`).")
 @click.option("--npd", is_flag=True, help="node-problem-detector plugin: one line, exit 0 ok / 1 problem / 2 unknown.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema gpudoctor.gate/1).")
@@ -81,7 +82,7 @@ def _gate_npd(*args) -> int:
     try:
         code, line = npd.verdict(_evaluate(*args))
     except GpudoctorError as exc:
-        code, line = npd.error_verdict(exc.one_line())
+        code, line = npd.error_verdict(exc)
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback
         code, line = npd.error_verdict(f"internal error: {type(exc).__name__}: {exc}")
     click.echo(line)

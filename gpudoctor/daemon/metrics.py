@@ -16,8 +16,9 @@ class DaemonMetrics:
     """Every metric the daemon exports. Names match promfile.render where they overlap."""
 
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics
 
+        disable_created_metrics()  # no *_created series beside each counter: docs/daemon.md lists every series
         r = self.registry = CollectorRegistry()
         Info("gpudoctor", "gpudoctor build information.", registry=r).info({"version": __version__})
         self.check = Gauge("gpudoctor_check_status", "Check status: 0 ok, 1 warn, 2 fail, 3 unknown.",

@@ -32,6 +32,9 @@ with open(os.environ["SCONTROL_LOG"], "a") as fh:
 if sys.argv[1:3] == ["show", "node"]:
     sys.stdout.write(open(os.environ["SCONTROL_SHOW"]).read())
     sys.exit(int(os.environ.get("SCONTROL_SHOW_RC", "0")))
+if sys.argv[1:3] == ["show", "reservation"]:
+    sys.stdout.write("No reservations in the system\\n")
+    sys.exit(0)
 if sys.argv[1:2] == ["update"] and os.environ.get("SCONTROL_UPDATE_RC"):
     sys.stderr.write("slurm_update error: Invalid node state specified\\n")
     sys.exit(int(os.environ["SCONTROL_UPDATE_RC"]))
@@ -39,7 +42,8 @@ if sys.argv[1:2] == ["update"] and os.environ.get("SCONTROL_UPDATE_RC"):
 
 
 class Slurm:
-    """A stand-in `scontrol` on PATH that records every call and answers `show node` from a file."""
+    """A stand-in `scontrol` on PATH that records every call and answers `show node` from a file (in scontrol's
+    words; tests/gate/test_slurm_lab.py meets the real one), `show reservation` with none."""
 
     def __init__(self, tmp: Path):
         self.bin = tmp / "bin"

@@ -32,7 +32,8 @@ def test_failure_on_a_node_drained_by_an_admin_leaves_their_reason(slurm, tmp_pa
     r = gate_slurm(slurm, tmp_path, BAD)
     assert r.returncode == 2
     assert slurm.updates() == []
-    assert "already drained by someone else (bad DIMM, ticket 4711)" in r.stderr
+    assert ("left as is: drained by someone else (State=IDLE+DRAIN, Reason=bad DIMM, ticket 4711); gpudoctor changes "
+            "only a node in service or one it drained itself") in r.stderr
 
 
 def test_same_failure_again_does_not_redrain(slurm, tmp_path):
@@ -42,7 +43,7 @@ def test_same_failure_again_does_not_redrain(slurm, tmp_path):
 
 
 def test_new_failure_updates_our_own_reason(slurm, tmp_path):
-    slurm.node("gpu01", "DRAINED", "gpudoctor: something older")
+    slurm.node("gpu01", "IDLE+DRAIN", "gpudoctor: something older")
     gate_slurm(slurm, tmp_path, BAD)
     assert slurm.updates()[0][-1] == f"reason=gpudoctor: {ROOT_CAUSE}"
 
@@ -92,18 +93,38 @@ def npd(tmp_path, *args):
     return run_gate("--npd", *args, cwd=tmp_path)
 
 
-def test_npd_ok_problem_unknown_each_exactly_one_line(tmp_path):
+def _npd_line(r) -> str:
+    """NPD's view: the whole stdout, trimmed, cut at max_output_length (80) bytes; the line must fit by itself."""
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith("\n"), r.stdout
+    line = r.stdout.strip()
+    assert len(line.encode()) <= 80, (len(line.encode()), line)
+    return line
+
+
+def test_npd_ok_problem_unknown_each_exactly_one_line_within_80_bytes(tmp_path):
     r = npd(tmp_path, "--snapshot", GOOD)
-    assert (r.returncode, r.stdout) == (0, "gpudoctor: ok (profile default)\n")
+    assert (r.returncode, _npd_line(r)) == (0, "ok (gpudoctor gate, profile default)")
     r = npd(tmp_path, "--snapshot", BAD)
-    assert r.returncode == 1 and r.stdout.count("\n") == 1
-    assert r.stdout.startswith(f"gpudoctor: {ROOT_CAUSE}")
+    assert r.returncode == 1 and _npd_line(r) == ROOT_CAUSE  # the cause first, nothing before it
     r = npd(tmp_path, "--snapshot", str(tmp_path / "nope.json"))
-    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "no such snapshot file" in r.stdout
+    assert r.returncode == 2 and _npd_line(r).startswith("no such snapshot file") and "(nope.json)" in r.stdout
     (tmp_path / "inventory.yaml").write_text("profiles: [\n")
     r = npd(tmp_path, "--snapshot", GOOD)
-    assert r.returncode == 2 and r.stdout.count("\n") == 1 and "inventory.yaml:2: YAML syntax error" in r.stdout
+    line = _npd_line(r)
+    assert r.returncode == 2 and line.startswith("YAML syntax error") and line.endswith("(inventory.yaml:2)"), line
+    r = npd(tmp_path, "--snapshot", GOOD, "--no-such-flag")
+    assert r.returncode == 2 and "No such option" in _npd_line(r)
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_npd_line_is_cut_by_gpudoctor_on_a_character_not_by_npd_in_a_sentence():
+    from gpudoctor.npd import fit
+
+    long = "cuInit → 999 CUDA_ERROR_UNKNOWN: " + "ä" * 100
+    line = fit(long, " (+2 more)")
+    assert len(line.encode()) <= 80 and line.endswith("… (+2 more)") and line.startswith("cuInit → 999")
+    line.encode().decode("utf-8")  # whole characters only
+    assert fit("short", " (+1 more)") == "short (+1 more)"
 
 
 def test_npd_unreachable_host_is_unknown(tmp_path):

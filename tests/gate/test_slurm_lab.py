@@ -1,0 +1,171 @@
+"""`gpudoctor gate --slurm` against the real Slurm 22.05 (tests/slurmlab.py): as a command, as HealthCheckProgram
+through the wrapper docs/gate.md documents, as a Prolog; and an admin's state, set with scontrol as an admin would,
+is never changed by it — neither by a failing gate (no drain over it) nor by a passing one (no resume)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gate_harness import SNAPS
+
+from gpudoctor.slurm import make_reason, parse_show_node
+
+pytestmark = pytest.mark.usefixtures("node")
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = str(SNAPS / "h200-uvm-blocked.json")
+GOOD = str(SNAPS / "h200-healthy.json")
+ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
+GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")  # the installed console script, as a user runs it
+
+
+def gate(lab, tmp_path, snap, *extra):
+    """`gpudoctor gate --slurm` inside the lab's namespace, as slurmd's node would run it."""
+    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", *extra], cwd=tmp_path,
+                   env={"HOME": str(tmp_path), "SLURMD_NODENAME": lab.node, "GPUDOCTOR_INVENTORY": ""})
+
+
+def info(lab):
+    return parse_show_node(lab.show())
+
+
+def test_a_failing_gate_drains_and_a_passing_one_resumes(node, tmp_path):
+    r = gate(node, tmp_path, BAD)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"slurm: {node.node} drained: gpudoctor: {ROOT_CAUSE}" in r.stderr
+    i = info(node)
+    assert i.state == "IDLE+DRAIN" and i.reason == make_reason(ROOT_CAUSE)  # Slurm keeps our reason byte for byte
+    r = gate(node, tmp_path, BAD)  # the same failure again: nothing to change
+    assert r.returncode == 2 and "already drained by gpudoctor for this reason" in r.stderr
+    r = gate(node, tmp_path, GOOD)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"slurm: {node.node} resumed (gpudoctor had drained it: gpudoctor: {ROOT_CAUSE})" in r.stderr
+    node.wait_state(lambda s: s == "IDLE", 10)
+    assert info(node).reason is None
+
+
+def _down(lab):
+    lab.scontrol("update", f"nodename={lab.node}", "state=down", "reason=bad PSU, ticket 812")
+
+
+def _drain(lab):
+    lab.scontrol("update", f"nodename={lab.node}", "state=drain", "reason=bad DIMM, ticket 4711")
+
+
+def _drain_long(lab):
+    lab.scontrol("update", f"nodename={lab.node}", "state=drain", "reason=" + "fan curve under review; " * 220)
+
+
+def _fail(lab):
+    lab.scontrol("update", f"nodename={lab.node}", "state=fail", "reason=failing disk")
+
+
+def _maint(lab):
+    lab.scontrol("create", "reservation", "reservationname=gpd_maint", "starttime=now", "duration=10",
+                 f"nodes={lab.node}", "users=root", "flags=maint")
+
+
+def _reboot(lab):
+    lab.run(["sbatch", "-N1", "-n1", "-o", "/dev/null", "--wrap", "sleep 60"])  # busy: the reboot waits for it
+    lab.wait_state(lambda s: s.startswith("MIXED"), 10)
+    lab.scontrol("reboot", "ASAP", "nextstate=resume", "reason=kernel update", lab.node)
+
+
+ADMIN = {  # how an admin sets it -> what State= shows right after (the reservation shows only a few s later)
+    "down": (_down, "DOWN", "bad PSU, ticket 812"),
+    "drain-other-reason": (_drain, "IDLE+DRAIN", "bad DIMM, ticket 4711"),
+    "drain-5000-chars": (_drain_long, "IDLE+DRAIN", ("fan curve under review; " * 220).strip()),
+    "fail": (_fail, "IDLE+FAIL", "failing disk"),
+    "maint-reservation": (_maint, ("IDLE", "IDLE+MAINTENANCE+RESERVED"), None),
+    "reboot-requested": (_reboot, "MIXED+DRAIN+REBOOT_REQUESTED", "kernel update"),
+}
+
+
+@pytest.mark.parametrize("admin", list(ADMIN))
+def test_an_admins_state_is_never_changed(node, tmp_path, admin):
+    setup, state, reason = ADMIN[admin]
+    states = state if isinstance(state, tuple) else (state,)
+    setup(node)
+    before = node.show()
+    assert info(node).state in states and info(node).reason == reason
+    for snap, code in ((BAD, 2), (GOOD, 0)):  # a failing gate drains nothing over it, a passing one resumes nothing
+        r = gate(node, tmp_path, snap)
+        assert r.returncode == code, r.stdout + r.stderr
+        assert f"slurm: {node.node} left as is: " in r.stderr
+        assert any(f"(State={s}" in r.stderr for s in states), r.stderr
+        assert "gpudoctor changes only a node in service or one it drained itself" in r.stderr
+        assert "Traceback" not in r.stderr
+        after = info(node)
+        assert after.state in states and after.reason == reason, node.show()
+    assert _reason_line(node.show()) == _reason_line(before)
+
+
+def _reason_line(text):
+    return [line for line in text.splitlines() if line.strip().startswith("Reason=")]
+
+
+def test_a_gpudoctor_drain_an_admin_took_down_is_not_resumed(node, tmp_path):
+    assert gate(node, tmp_path, BAD).returncode == 2
+    node.scontrol("update", f"nodename={node.node}", "state=down", "reason=gpudoctor: PSU swap, ticket 813")
+    r = gate(node, tmp_path, GOOD)  # our prefix, but DOWN is not the state gpudoctor left it in
+    assert r.returncode == 0 and "left as is: DOWN (State=DOWN+DRAIN, Reason=gpudoctor: PSU swap" in r.stderr
+    assert info(node).state == "DOWN+DRAIN"
+
+
+def _wrapper(lab, tmp_path, snapshot_file: Path) -> Path:
+    """docs/gate.md's wrapper, verbatim but for two lines a test needs: the lab's slurm.conf (a real node reads
+    /etc/slurm/slurm.conf) and, in place of /usr/local/bin/gpudoctor, this run's gpudoctor gating a snapshot."""
+    doc = (ROOT / "docs" / "gate.md").read_text()
+    text = re.search(r"```sh\n(#!/bin/sh\n.*?)```", doc, re.S).group(1)
+    assert "export PATH" in text and "/usr/local/bin/gpudoctor gate --slurm" in text
+    shim = tmp_path / "gpudoctor-under-test"
+    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})"\n')
+    shim.chmod(0o755)
+    text = text.replace("/usr/local/bin/gpudoctor", str(shim), 1)
+    text = text.replace("#!/bin/sh\n", f"#!/bin/sh\nSLURM_CONF={lab.conf}; export SLURM_CONF\n", 1)
+    path = tmp_path / "gpudoctor-slurm-check"
+    path.write_text(text)
+    path.chmod(0o755)
+    tmp_path.chmod(0o755)
+    return path
+
+
+def test_health_check_program_drains_then_resumes(node, tmp_path):
+    snap = tmp_path / "snapshot"
+    snap.write_text(BAD)
+    node.write_conf(HealthCheckProgram=str(_wrapper(node, tmp_path, snap)), HealthCheckInterval="1")
+    try:
+        node.scontrol("reconfigure")
+        node.wait_state(lambda s: s == "IDLE+DRAIN", 30)  # slurmd ran it with only SLURMD_NODENAME set
+        assert info(node).reason == make_reason(ROOT_CAUSE)
+        snap.write_text(GOOD)
+        node.wait_state(lambda s: s == "IDLE", 30)
+    finally:
+        node.write_conf(HealthCheckProgram=None, HealthCheckInterval=None)
+        node.scontrol("reconfigure")
+
+
+def test_a_failing_prolog_drains_and_the_job_is_requeued_held(node, tmp_path):
+    snap = tmp_path / "snapshot"
+    snap.write_text(BAD)
+    node.write_conf(Prolog=str(_wrapper(node, tmp_path, snap)))
+    try:
+        node.scontrol("reconfigure")
+        job = node.run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "true"]).stdout.strip()
+        assert job.isdigit()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            shown = node.run(["scontrol", "show", "job", job]).stdout
+            if "Reason=launch_failed_requeued_held" in shown:
+                break
+            time.sleep(0.2)
+        assert "JobState=PENDING" in shown and "Reason=launch_failed_requeued_held" in shown, shown
+        i = info(node)
+        assert i.state == "IDLE+DRAIN" and i.reason == make_reason(ROOT_CAUSE)  # the gate's reason, not "Prolog error"
+    finally:
+        node.write_conf(Prolog=None)
+        node.scontrol("reconfigure")
