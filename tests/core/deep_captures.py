@@ -1,0 +1,125 @@
+"""Deep snapshots built from the real H200 capture (examples/h200-healthy.json) and the deep figures the H200 gave.
+
+The capture's transcript is kept as recorded; what the deep tier adds is appended as the recording host would have
+written it: nvidia-smi's GPU and process lists, the measuring child's JSON line and the NCCL probe's line
+(docs/h200/deep-tp1.txt). The healthy figures are the H200's (issue #27: H2D 53.0, D2H 55.3, pageable 6.6 / 16.3
+GB/s, device copy 4.23 TB/s, bf16 GEMM 798 TFLOP/s). A faulty scenario changes what the H200 could not show (a
+downtrained link, MaxReadReq 128, a remote NUMA node, a power cap, another process, errors) in the capture's
+nvidia-smi XML, config space or the child's samples, with figures scaled as that fault limits them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from gpudoctor.gather.deep import PROBE as NCCL_PROBE
+from gpudoctor.gather.deep_child import PROGRAM
+from gpudoctor.gather.deep_gpu import QUERY_APPS, QUERY_GPUS, child_args, settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURE = ROOT / "examples" / "h200-healthy.json"
+BUS = "00000000:00:06.0"
+GIB = 1 << 30
+
+
+def _key(argv) -> str:
+    return json.dumps(["run", argv], separators=(",", ":"))
+
+
+def _run(argv, stdout="", rc=0, duration=0.1) -> dict:
+    return {"argv": argv, "rc": rc, "stdout": stdout, "stderr": "", "duration_s": duration, "timed_out": False,
+            "timeout_s": 45.0}
+
+
+def samples(*, link=(5, 16), reasons=(), procs=(), power=(118.0, 163.0), sm=(1980, 1980), util=(0, 100)) -> dict:
+    return {"n": 9, "sm": list(sm), "mem": [3201, 3201], "power": list(power), "temp": [31, 34], "util": list(util),
+            "reasons": sorted(reasons), "link": [{"gen": link[0], "width": link[1]}], "procs": list(procs)}
+
+
+def _test(kind, value, reps, *, nbytes=GIB, **kw) -> dict:
+    per = (2 * nbytes if kind == "d2d" else nbytes) / (value * 1e9) if kind != "gemm" else 2 * 8192 ** 3 / (value * 1e12)
+    t = {"kind": kind, "seconds": [round(per * (1 + 0.004 * i), 6) for i in range(reps)], "samples": samples()}
+    if kind == "gemm":
+        t.update(n=8192, dtype="bf16", tflops=value)
+    else:
+        t.update(bytes=nbytes, gbs=value)
+    if kind == "d2d":
+        t["counted"] = "read+write"
+    t.update(kw)
+    return t
+
+
+def healthy_child() -> dict:
+    """The child's record as the H200's figures give it (one NUMA node: the VM reports none for the GPU)."""
+    pages = {"0": 16}
+    return {
+        "schema": "gpudoctor.deep.gpu/1", "device": 0, "pid": 4711, "backend": "torch", "torch": "2.11.0+cu130",
+        "error": None, "name": "NVIDIA H200", "bus_id": BUS, "notes": [], "skipped": [],
+        "before": {"ecc_uncorrected": 0, "ecc_corrected": 0,
+                   "remap": {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0}, "mig": 0,
+                   "power_limit_w": 700.0, "link_max": {"gen": 5, "width": 16, "gpu_gen": 5},
+                   "app_clocks_mhz": {"sm": 1980, "sm_default": 1980}},
+        "idle": {"n": 6, "util": [0, 0], "reasons": ["gpu_idle"], "procs": [], "link": [{"gen": 5, "width": 16}]},
+        "numa": {"bdf": "0000:00:06.0", "gpu_node": None, "nodes": [0], "gpu_cpus": "0-15", "mems_allowed": "0",
+                 "cpus_allowed": "0-15"},
+        "tests": [
+            _test("h2d", 53.0, 5, memory="pinned", placement="local", node=None, page_nodes=pages, policy_note=None),
+            _test("d2h", 55.3, 5, memory="pinned", placement="local", node=None, page_nodes=pages, policy_note=None),
+            _test("h2d", 6.6, 3, memory="pageable", placement="local", node=None, page_nodes=pages),
+            _test("d2h", 16.3, 3, memory="pageable", placement="local", node=None, page_nodes=pages),
+            _test("d2d", 4230.0, 20),
+            _test("gemm", 798.0, 20),
+        ],
+        "uptime_start": 5000.0, "uptime_end": 5009.6, "elapsed_s": 9.6,
+    }
+
+
+def test_of(child: dict, kind: str, memory: str | None = None, placement: str | None = None) -> dict:
+    return next(t for t in child["tests"] if t["kind"] == kind and (memory is None or t.get("memory") == memory)
+                and (placement is None or t.get("placement") == placement))
+
+
+def build(child: dict | None = None, *, policy: dict | None = None, apps: str = "", xml_edits=(),
+          mrrs: int | None = None) -> dict:
+    """A deep snapshot: the H200 capture plus the deep tier's answers (`child` None: the GPU is not measured)."""
+    doc = copy.deepcopy(json.loads(CAPTURE.read_text()))
+    pol = {"deep": True, **(policy or {})}
+    doc["context"]["policy"] = pol
+    doc["facts"] = {}
+    tr = doc["transcript"]
+    xml_key = _key(["nvidia-smi", "-q", "-x"])
+    for old, new in xml_edits:
+        assert old in tr[xml_key]["stdout"], old
+        tr[xml_key]["stdout"] = tr[xml_key]["stdout"].replace(old, new)
+    if mrrs is not None:  # DevCtl bits 14:12 of the capture's PCI Express capability
+        for key, val in tr.items():
+            if "/sys/bus/pci/devices" in key and "config_hex" in val.get("stdout", ""):
+                data = json.loads(val["stdout"])
+                for g in data["gpus"]:
+                    cfg = bytearray.fromhex(g["config_hex"])
+                    ptr = cfg[0x34] & 0xFC
+                    while cfg[ptr] != 0x10:
+                        ptr = cfg[ptr + 1] & 0xFC
+                    ctl = int.from_bytes(cfg[ptr + 8:ptr + 10], "little")
+                    ctl = (ctl & ~0x7000) | ((mrrs.bit_length() - 8) << 12)
+                    cfg[ptr + 8:ptr + 10] = ctl.to_bytes(2, "little")
+                    g["config_hex"] = cfg.hex()
+                val["stdout"] = json.dumps(data)
+    tr[_key(QUERY_GPUS)] = _run(QUERY_GPUS, f"0, {BUS}, NVIDIA H200\n")
+    tr[_key(QUERY_APPS)] = _run(QUERY_APPS, apps)
+    if child is not None:
+        argv = ["<python>", "-c", PROGRAM, child_args(0, [], settings(pol))]
+        tr[_key(argv)] = _run(argv, json.dumps(child, sort_keys=True) + "\n", duration=child["elapsed_s"] + 1.2)
+        rdv = "/tmp/.gpudoctor-nccl-0"
+        nccl = ["<python>", "-c", NCCL_PROBE, "0", "1", rdv, "0", str(256 << 20), "20"]
+        line = {"seconds_per_op": (256 << 20) / 8639.7e9, "algbw_gbs": 8639.7, "busbw_gbs": 0.0, "nccl": "2.28.9"}
+        tr[_key(nccl)] = _run(nccl, json.dumps(line) + "\n", duration=6.9)
+        tr[_key(["rm", "-f", rdv])] = _run(["rm", "-f", rdv])
+    return doc
+
+
+def write(doc: dict, path: Path) -> Path:
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
