@@ -161,13 +161,51 @@ def sample_words(samples: dict | None) -> str:
     return "; ".join(parts)
 
 
+def num(v: float) -> str:
+    """53.0, 4230, 798.0: one decimal below a thousand."""
+    return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.1f}"
+
+
 def figure_line(fig: dict) -> str:
     """'H2D pinned 53.0 GB/s = 0.84 of the Gen5 x16 link (63.0 GB/s), floor 0.75'."""
-    s = f"{fig['label']} {fig['value']:g} {fig['unit']}"
+    s = f"{fig['label']} {num(fig['value'])} {fig['unit']}"
     if fig["ratio"] is not None:
-        s += f" = {fig['ratio']:.2f} of {fig['limit_what']} ({fig['limit']:g} {fig['unit']})"
+        s += f" = {fig['ratio']:.2f} of {fig['limit_what']} ({num(fig['limit'])} {fig['unit']})"
     if fig.get("ratio_current") is not None and fig.get("loaded_link") != fig.get("max_link"):
         s += f", {fig['ratio_current']:.2f} of the {fmt_link(fig.get('loaded_link'))} it ran at"
     if fig["floor"] is not None:
         s += f", floor {fig['floor']:.2f}"
     return s
+
+
+def table_problems(t: dict | None = None) -> list[str]:
+    """What is wrong with a SKU table: a number without a source, or a floor a healthy card would fail (above its
+    healthy ratio) or one so far below it that a sick card passes (under 85 % of healthy: DCGM's H200 HBM floor is
+    2333 MB/s of 4.8 TB/s)."""
+    t = t or table()
+    bad = []
+
+    def floors(where, fl):
+        for kind, f in (fl or {}).items():
+            if not f.get("source"):
+                bad.append(f"{where} {kind}: floor without a source")
+            if not (0 < f.get("floor", 0) <= f.get("healthy", 0) <= 1):
+                bad.append(f"{where} {kind}: floor {f.get('floor')} above its healthy ratio {f.get('healthy')}")
+            elif f["floor"] < 0.85 * f["healthy"]:
+                bad.append(f"{where} {kind}: floor {f['floor']} is below 85 % of the healthy {f['healthy']}: a card "
+                           "that lost that much would pass")
+
+    floors("default", t.get("floors_default"))
+    for s in t.get("skus") or []:
+        name = s.get("sku", "?")
+        if not s.get("source") or "NVIDIA" not in s["source"] or "http" not in s["source"]:
+            bad.append(f"{name}: memory and bf16 figures without an NVIDIA source (name and URL)")
+        for k in ("memory_gbs", "bf16_dense_tflops"):
+            if not isinstance(s.get(k), (int, float)) or s[k] <= 0:
+                bad.append(f"{name}: {k} missing")
+        if s.get("nvlink_gbs_per_link") and not s.get("nvlink_source"):
+            bad.append(f"{name}: NVLink rate without a source")
+        if set((s.get("floors") or {})) != {"d2d", "gemm"}:
+            bad.append(f"{name}: needs floors for d2d and gemm")
+        floors(name, s.get("floors"))
+    return bad
