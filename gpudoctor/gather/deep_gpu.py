@@ -111,13 +111,16 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
         peers = [p["index"] for p in gpus if p["index"] > g["index"]]
         from gpudoctor.gather.deep_child import PROGRAM
 
-        res = host.run([*python, "-c", PROGRAM, child_args(g["index"], peers, s)], timeout=t + 15.0,
+        # The program comes on stdin ("python3 - ARGS"), so a snapshot's key is the arguments alone: a deep snapshot
+        # replays through later versions of the child (its answer is what was measured then).
+        res = host.run([*python, "-", child_args(g["index"], peers, s)], timeout=t + 10.0, input=PROGRAM.encode(),
                        env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONWARNINGS": "ignore"})
         rec["command"] = {"rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
                           "duration_s": round(res.duration_s, 3)}
         rec["result"] = parse_child(res.stdout)
         if rec["result"] is None:
-            rec["error"] = ("measuring child " + res.describe() + ": " + (res.stderr.strip() or res.stdout.strip())[-300:])
+            tail = (res.stderr.strip() or res.stdout.strip())[-300:]
+            rec["error"] = f"measuring child {res.describe()}: {tail}"
         elif res.timed_out:
             rec["error"] = f"measuring child did not finish in {res.timeout_s:g} s (what it measured is kept)"
         out["gpus"].append(rec)

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 from gpudoctor.gather.deep import PROBE as NCCL_PROBE
-from gpudoctor.gather.deep_child import PROGRAM
 from gpudoctor.gather.deep_gpu import QUERY_APPS, QUERY_GPUS, child_args, settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,8 +109,10 @@ def build(child: dict | None = None, *, policy: dict | None = None, apps: str = 
     tr[_key(QUERY_GPUS)] = _run(QUERY_GPUS, f"0, {BUS}, NVIDIA H200\n")
     tr[_key(QUERY_APPS)] = _run(QUERY_APPS, apps)
     if child is not None:
-        argv = ["<python>", "-c", PROGRAM, child_args(0, [], settings(pol))]
-        tr[_key(argv)] = _run(argv, json.dumps(child, sort_keys=True) + "\n", duration=child["elapsed_s"] + 1.2)
+        # "python3 - ARGS" with the program on stdin; the recording host keys it without the interpreter's flags
+        argv = ["<python>", child_args(0, [], settings(pol))]
+        tr[_key(argv)] = _run(["python3", "-", argv[1]], json.dumps(child, sort_keys=True) + "\n",
+                              duration=child["elapsed_s"] + 1.2)
         rdv = "/tmp/.gpudoctor-nccl-0"
         nccl = ["<python>", "-c", NCCL_PROBE, "0", "1", rdv, "0", str(256 << 20), "20"]
         line = {"seconds_per_op": (256 << 20) / 8639.7e9, "algbw_gbs": 8639.7, "busbw_gbs": 0.0, "nccl": "2.28.9"}

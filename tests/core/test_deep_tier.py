@@ -218,7 +218,7 @@ def test_a_child_killed_at_its_deadline_keeps_what_it_measured(tmp_path):
     c = dc.healthy_child()
     c["tests"] = c["tests"][:2]
     doc = dc.build(c)
-    key = next(k for k in doc["transcript"] if "gpudoctor.deep.gpu/1" in k)
+    key = next(k for k in doc["transcript"] if '\\"budget_s\\"' in k)
     doc["transcript"][key].update(rc=None, timed_out=True, timeout_s=45.0)
     d = judge(doc, tmp_path)
     f = figs(d)
@@ -266,3 +266,17 @@ def test_child_places_host_memory_on_the_node_it_binds():
     assert placed and len(placed) == len(out["numa"]["nodes"])
     for t in placed:
         assert t["page_nodes"] == {str(t["node"]): 16}, t  # move_pages: every sampled page on the bound node
+
+
+def test_child_runs_from_stdin_and_records_under_a_key_the_deep_snapshots_use():
+    """The gather runs `python3 - ARGS` with the program on stdin; the recording host's key is what
+    deep_captures writes, so a deep snapshot taken live replays the same way the built ones do."""
+    from gpudoctor.host.local import LocalHost
+    from gpudoctor.host.replay import RecordingHost
+
+    args = child_args(0, [], settings({"deep": True}))
+    rec = RecordingHost(inner=LocalHost())
+    res = rec.run([*rec.python, "-", args], timeout=20, input=PROGRAM.encode())
+    assert res.ok and parse_child(res.stdout)["error"].startswith("RuntimeError: no CUDA")
+    built = dc.build(dc.healthy_child())["transcript"]
+    assert set(rec.transcript) <= set(built)
