@@ -233,8 +233,13 @@ def _refused_finding(rec, deep):
                    data={"refused": True, "pids": [p["pid"] for p in who]}, explained_by=())
 
 
+# What stops the deep tier from measuring at all (a missing driver, NVML or CUDA failing) explains its unknowns.
+_UPSTREAM = ("host.driver.loaded", "host.uvm.loaded", "driver.nvml.init", "cuda.init", "cuda.device_count")
+
+
 @check("fabric.deep.figure", summary="Deep tier (--deep): each GPU's pinned/pageable host copies, device copy, bf16 "
-       "GEMM and P2P as ratios to the link's and the SKU's physical limits, each against a floor healthy cards reach.")
+       "GEMM and P2P as ratios to the link's and the SKU's physical limits, each against a floor healthy cards reach.",
+       depends_on=_UPSTREAM)
 def deep_figures(facts):
     """A figure below its floor is a symptom: the cause it names (fabric.deep.*, fabric.pcie.mrrs, driver.*) is the
     root; without one it says "below floor, cause unknown" with the numbers."""
@@ -257,7 +262,7 @@ def deep_figures(facts):
         if not g["figs"]:
             why = rec.get("error") or res.get("error") or "the child measured nothing"
             out.append(Finding("fabric.deep.figure", Status.UNKNOWN, f"{_subject(rec)}: deep measurement failed: "
-                               f"{why[:200]}", subject=_subject(rec), evidence=notes, explained_by=(),
+                               f"{why[:200]}", subject=_subject(rec), evidence=notes,
                                data={"backend": res.get("backend"), "error": why}))
             continue
         if rec.get("error") or res.get("error"):
