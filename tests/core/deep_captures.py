@@ -124,3 +124,48 @@ def build(child: dict | None = None, *, policy: dict | None = None, apps: str = 
 def write(doc: dict, path: Path) -> Path:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return path
+
+
+# --- two GPUs: the 2-GPU H200 capture (NVLink NV18 between them) ------------------------------------------------
+CAPTURE_X2 = ROOT / "tests" / "fixtures" / "snapshots" / "h200x2-healthy.json"
+BUS1 = "00000000:00:07.0"
+
+
+def healthy_child_x2(index: int, p2p_gbs: float | None = None, can_access: bool = True) -> dict:
+    """GPU `index` of the 2-GPU host: the H200's single-GPU figures; GPU 0 also copies to GPU 1 (p2p_gbs: no P2P
+    figure was measured on that host — the healthy value is an assumption, the faulty ones scale from the link)."""
+    c = healthy_child()
+    c.update(device=index, bus_id=BUS if index == 0 else BUS1, pid=4711 + index)
+    c["numa"].update(bdf="0000:00:06.0" if index == 0 else "0000:00:07.0", gpu_cpus="0-31", cpus_allowed="0-31")
+    if p2p_gbs is not None:
+        c["tests"].append(_test("p2p", p2p_gbs, 5, nbytes=256 << 20, peer=1, can_access_peer=can_access))
+    return c
+
+
+def build_x2(children: list[dict], *, topo=None, p2p=None) -> dict:
+    """A deep snapshot of the 2-GPU capture; `topo`/`p2p` replace the pair's cell in `nvidia-smi topo -m` / `-p2p r`."""
+    doc = copy.deepcopy(json.loads(CAPTURE_X2.read_text()))
+    pol = {"deep": True}
+    doc["context"]["policy"] = pol
+    doc["facts"] = {}
+    tr = doc["transcript"]
+    if topo:
+        k = _key(["nvidia-smi", "topo", "-m"])
+        tr[k]["stdout"] = tr[k]["stdout"].replace("NV18", topo)
+    if p2p:
+        k = _key(["nvidia-smi", "topo", "-p2p", "r"])
+        tr[k]["stdout"] = tr[k]["stdout"].replace("X\tOK", f"X\t{p2p}").replace("OK\tX", f"{p2p}\tX")
+    tr[_key(QUERY_GPUS)] = _run(QUERY_GPUS, f"0, {BUS}, NVIDIA H200\n1, {BUS1}, NVIDIA H200\n")
+    tr[_key(QUERY_APPS)] = _run(QUERY_APPS, "")
+    for i, child in enumerate(children):
+        argv = ["<python>", child_args(i, [j for j in range(len(children)) if j > i], settings(pol))]
+        tr[_key(argv)] = _run(["python3", "-", argv[1]], json.dumps(child, sort_keys=True) + "\n",
+                              duration=child["elapsed_s"] + 1.2)
+    rdv = "/tmp/.gpudoctor-nccl-0_1"
+    alg = 296.3 if not topo else 21.0  # docs/h200x2/check-deep.json over NV18; through host memory without it
+    for rank in (0, 1):
+        nccl = ["<python>", "-c", NCCL_PROBE, str(rank), "2", rdv, str(rank), str(256 << 20), "20"]
+        line = {"seconds_per_op": (256 << 20) / (alg * 1e9), "algbw_gbs": alg, "busbw_gbs": alg, "nccl": "2.28.9"}
+        tr[_key(nccl)] = _run(nccl, json.dumps(line) + "\n" if rank == 0 else "", duration=7.4)
+    tr[_key(["rm", "-f", rdv])] = _run(["rm", "-f", rdv])
+    return doc

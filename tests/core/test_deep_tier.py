@@ -280,3 +280,22 @@ def test_child_runs_from_stdin_and_records_under_a_key_the_deep_snapshots_use():
     assert res.ok and parse_child(res.stdout)["error"].startswith("RuntimeError: no CUDA")
     built = dc.build(dc.healthy_child())["transcript"]
     assert set(rec.transcript) <= set(built)
+
+
+def test_two_gpus_peer_copy_over_nvlink_is_judged_against_its_links(tmp_path):
+    d = judge(dc.build_x2([dc.healthy_child_x2(0, p2p_gbs=372.0), dc.healthy_child_x2(1)]), tmp_path)
+    f = figs(d)
+    assert d.verdict.value == "ok", [x.key for x in d.findings if x.bad]
+    assert "P2P copy 372.0 GB/s = 0.83 of 18 NVLinks x 25 GB/s (450.0 GB/s)" in f["GPU 0 p2p-1"].summary
+    assert f["GPU 1 h2d"].status.value == "ok" and "GPU 1 p2p-0" not in f
+
+
+def test_a_pair_without_p2p_is_the_root_cause_of_a_slow_peer_copy(tmp_path):
+    doc = dc.build_x2([dc.healthy_child_x2(0, p2p_gbs=9.8, can_access=False), dc.healthy_child_x2(1)],
+                      topo="PHB", p2p="CNS")
+    d = judge(doc, tmp_path)
+    root = _root(d)
+    assert root.key == "fabric.deep.p2p_path[GPU 0-1]"
+    assert "can_access_peer False, nvidia-smi topo -p2p r: CNS" in root.summary and "ACS or the IOMMU" in root.summary
+    assert any("P2P copy 9.8 GB/s = 0.16 of the Gen5 x16 link (63.0 GB/s)" in e for e in root.evidence)
+    assert figs(d)["GPU 0 p2p-1"].blocked_by == root.key
