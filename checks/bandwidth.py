@@ -158,7 +158,8 @@ def _causes(facts, rec, res, dg, figs, p2p_status) -> dict:
                     f"{sum(pages.values())} sampled pages remote)",
                     [f"move_pages of the pinned buffer: {pages} (GPU {numa.get('bdf')} on node {gnode}, CPUs "
                      f"{numa.get('gpu_cpus')})", f"this process: Mems_allowed {numa.get('mems_allowed')}, "
-                     f"Cpus_allowed {numa.get('cpus_allowed')}"] + ([t["policy_note"]] if t.get("policy_note") else []),
+                     f"Cpus_allowed {numa.get('cpus_allowed')}"] + ([t["policy_note"]] if t.get("policy_note") else [])
+                    + _wrong_node(numa),
                     {"gpu_node": gnode, "page_nodes": pages, "mems_allowed": numa.get("mems_allowed")}))
         slowing = [r for r in smp.get("reasons") or [] if r in SLOWING]
         if slowing:
@@ -195,6 +196,24 @@ def _causes(facts, rec, res, dg, figs, p2p_status) -> dict:
                      f"nvidia-smi topo -p2p r GPU{res.get('device')}-GPU{f['peer']}: {st}"],
                     {"peer": f["peer"], "can_access_peer": can, "p2p_read": st}))
     return causes
+
+
+def _cpus(text):
+    out = set()
+    for part in (text or "").split(","):
+        a, _, b = part.strip().partition("-")
+        if a.isdigit():
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _wrong_node(numa) -> list[str]:
+    """Evidence that the process is bound off the GPU's node: its allowed CPUs miss every CPU local to the GPU."""
+    mine, local = _cpus(numa.get("cpus_allowed")), _cpus(numa.get("gpu_cpus"))
+    if mine and local and not mine & local:
+        return [f"this process is bound to the wrong node: Cpus_allowed {numa.get('cpus_allowed')} has none of the "
+                f"GPU's CPUs {numa.get('gpu_cpus')}"]
+    return []
 
 
 def _counters_moved(before, after, facts, rec) -> list[str]:

@@ -54,7 +54,7 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     from gpudoctor.gather.deep_gpu import measure
 
     per_gpu = measure(host, ctx, python)
-    refused = {f"GPU{r['index']}" for r in per_gpu["gpus"] if r.get("refused")}
+    refused = {f"GPU{r['index']}" for r in per_gpu["gpus"] or [] if r.get("refused")}
     out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}", **per_gpu}
     for s in sizes:
         groups = tp_groups(topo, s) if s > 1 else [{"gpus": ["GPU0"], "worst_link": "X", "numa_nodes": []}]

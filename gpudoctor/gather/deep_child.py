@@ -152,6 +152,15 @@ except (OSError, AttributeError) as e:
 FOREIGN = set()   # NVML pids on the GPU before this process touched it
 SELF = set([os.getpid()])
 
+def mark_self():
+    # The process NVML lists now and did not before this one made its context is this one (in a container NVML
+    # may report the host's PID for it).
+    if NV is not None:
+        new = [p["pid"] for p in (NV.procs() or []) if p["pid"] not in FOREIGN]
+        if len(new) == 1:
+            SELF.add(new[0])
+        out["self_pids"] = sorted(SELF)
+
 def summarise(samples):
     s = {"n": len(samples)}
     for k in ("sm", "mem", "power", "temp", "util"):
@@ -332,10 +341,7 @@ def run_torch(torch):
 
     dbuf = torch.empty(n, dtype=torch.uint8, device=d)
     torch.cuda.synchronize()
-    if NV is not None:  # the process NVML lists now and did not before is this one (PID namespaces differ)
-        new = [p["pid"] for p in (NV.procs() or []) if p["pid"] not in FOREIGN]
-        if len(new) == 1:
-            SELF.add(new[0])
+    mark_self()
     numa = out["numa"]
     places = [("local", numa["gpu_node"])]
     remote = [x for x in numa["nodes"] if x != numa["gpu_node"]]
@@ -420,12 +426,14 @@ def run_ctypes():
     reps = A["reps"]
     d1, d2 = ctypes.c_uint64(), ctypes.c_uint64()
     ck(cu.cuMemAlloc_v2(ctypes.byref(d1), ctypes.c_size_t(n)), "cuMemAlloc")
+    mark_self()
     def timed(fn, k):
-        fn(); cu.cuCtxSynchronize()
+        fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         ts = []
         with Sampler() as s:
             for _ in range(k):
-                t = time.perf_counter(); fn(); cu.cuCtxSynchronize(); ts.append(time.perf_counter() - t)
+                t = time.perf_counter(); fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+                ts.append(time.perf_counter() - t)
         ts.sort()
         return ts, ts[len(ts) // 2], s.summary
     numa = out["numa"]
@@ -440,8 +448,10 @@ def run_ctypes():
         hb = HostBuf(n, node)
         if memory == "pinned":
             ck(cu.cuMemHostRegister_v2(ctypes.c_void_p(hb.addr), ctypes.c_size_t(n), 0), "cuMemHostRegister")
-        for kind, fn in (("h2d", lambda: cu.cuMemcpyHtoD_v2(d1, ctypes.c_void_p(hb.addr), ctypes.c_size_t(n))),
-                         ("d2h", lambda: cu.cuMemcpyDtoH_v2(ctypes.c_void_p(hb.addr), d1, ctypes.c_size_t(n)))):
+        for kind, fn in (("h2d", lambda: ck(cu.cuMemcpyHtoD_v2(d1, ctypes.c_void_p(hb.addr), ctypes.c_size_t(n)),
+                                            "cuMemcpyHtoD")),
+                         ("d2h", lambda: ck(cu.cuMemcpyDtoH_v2(ctypes.c_void_p(hb.addr), d1, ctypes.c_size_t(n)),
+                                            "cuMemcpyDtoH"))):
             ts, med, smp = timed(fn, reps[memory])
             record(kind, memory=memory, placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
                    bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
@@ -449,7 +459,7 @@ def run_ctypes():
             cu.cuMemHostUnregister(ctypes.c_void_p(hb.addr))
         hb.close()
     ck(cu.cuMemAlloc_v2(ctypes.byref(d2), ctypes.c_size_t(n)), "cuMemAlloc")
-    ts, med, smp = timed(lambda: cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), reps["d2d"])
+    ts, med, smp = timed(lambda: ck(cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), "cuMemcpyDtoD"), reps["d2d"])
     record("d2d", bytes=n, counted="read+write", seconds=ts, gbs=2 * n / med / 1e9, samples=smp)
     cu.cuMemFree_v2(d1); cu.cuMemFree_v2(d2)
     out["skipped"].append("gemm: the ctypes backend has no cuBLAS (run with a python that has torch)")

@@ -15,6 +15,7 @@ import math
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.replay import not_recorded
 
 QUERY_GPUS = ["nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader,nounits"]
 QUERY_APPS = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",
@@ -88,6 +89,8 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
     s = settings(ctx.policy)
     force = bool(ctx.policy.get("deep_force"))
     q = host.run(QUERY_GPUS, timeout=ctx.timeout)
+    if not_recorded(q):  # a deep snapshot from before per-GPU measurements: it holds only the NCCL probe
+        return {"gpus": None}
     out: dict = {"settings": s, "force": force, "gpus": [], "apps": [], "xids": None}
     if not q.ok:
         out["gpus_error"] = "nvidia-smi --query-gpu " + q.describe()

@@ -153,6 +153,8 @@ def test_pinned_memory_on_a_remote_numa_node_is_the_root_cause(tmp_path):
     assert root.id == "fabric.deep.numa"
     assert "NUMA node 0 landed on node(s) 1 (16 of 16 sampled pages remote)" in root.summary
     assert any("Mems_allowed 1" in e for e in root.evidence)
+    assert any("bound to the wrong node: Cpus_allowed 16-31 has none of the GPU's CPUs 0-15" in e
+               for e in root.evidence)
     assert any("H2D pinned 40.2 GB/s = 0.64" in e for e in root.evidence)
     assert figs(d)["GPU 0 h2d_remote"].status.value == "info"
 
@@ -299,3 +301,23 @@ def test_a_pair_without_p2p_is_the_root_cause_of_a_slow_peer_copy(tmp_path):
     assert "can_access_peer False, nvidia-smi topo -p2p r: CNS" in root.summary and "ACS or the IOMMU" in root.summary
     assert any("P2P copy 9.8 GB/s = 0.16 of the Gen5 x16 link (63.0 GB/s)" in e for e in root.evidence)
     assert figs(d)["GPU 0 p2p-1"].blocked_by == root.key
+
+
+def test_the_child_reads_the_card_and_never_sets_it():
+    """Item 4: no NVML or CUDA call that changes a clock, a power limit, a mode or resets the GPU."""
+    import re
+
+    calls = set(re.findall(r"\b(nvml[A-Za-z_0-9]+|cu[A-Z][A-Za-z_0-9]+|cuda[A-Z][A-Za-z_0-9]+)", PROGRAM))
+    setters = {c for c in calls if re.search(r"Set|Reset|Clear|Enable|Disable|Lock", c) and c != "cuCtxSetCurrent"}
+    assert setters == set(), setters
+    assert {"nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows"} <= calls
+
+
+def test_a_deep_snapshot_from_before_the_per_gpu_tier_replays_as_it_did(tmp_path):
+    doc = dc.build(dc.healthy_child())
+    for key in [k for k in doc["transcript"] if "--query-gpu" in k or '\\"budget_s\\"' in k]:
+        del doc["transcript"][key]
+    d = judge(doc, tmp_path)
+    assert d.verdict.value == "ok" and not figs(d)
+    assert d.by_key()["fabric.nccl.allreduce[TP1:0]"].status.value == "info"
