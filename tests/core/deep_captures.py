@@ -38,7 +38,10 @@ def samples(*, link=(5, 16), reasons=(), procs=(), power=(118.0, 163.0), sm=(198
 
 
 def _test(kind, value, reps, *, nbytes=GIB, **kw) -> dict:
-    per = (2 * nbytes if kind == "d2d" else nbytes) / (value * 1e9) if kind != "gemm" else 2 * 8192 ** 3 / (value * 1e12)
+    if kind == "gemm":
+        per = 2 * 8192 ** 3 / (value * 1e12)
+    else:
+        per = (2 * nbytes if kind == "d2d" else nbytes) / (value * 1e9)
     t = {"kind": kind, "seconds": [round(per * (1 + 0.004 * i), 6) for i in range(reps)], "samples": samples()}
     if kind == "gemm":
         t.update(n=8192, dtype="bf16", tflops=value)
