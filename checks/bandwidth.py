@@ -9,25 +9,25 @@ root cause. A shortfall no cause explains says "below floor, cause unknown" with
 from gpudoctor.checkreg import check
 from gpudoctor.deep_limits import HOST_LINK, SLOWING, figure_line, figures, fmt_link, link_gbs, sample_words
 from gpudoctor.findings import Finding, Status
+from gpudoctor.xid import norm_pci
 
 
 def _policy(facts):
     return ((facts.get("meta") or {}).get("context") or {}).get("policy") or {}
 
 
-def _norm_bus(bus):
-    return (bus or "").lower().lstrip("0")
-
 
 def _driver_gpu(facts, bus):
-    return next((g for g in (facts.get("driver") or {}).get("gpus") or [] if _norm_bus(g.get("bus_id")) ==
-                 _norm_bus(bus)), None)
+    want = norm_pci(bus)
+    return next((g for g in (facts.get("driver") or {}).get("gpus") or [] if want and norm_pci(g.get("bus_id")) ==
+                 want), None)
 
 
 def _fabric_gpu(facts, bus):
     """The sysfs record of a GPU (bdf 0000:00:06.0 for NVML's 00000000:00:06.0)."""
-    want = _norm_bus(bus)
-    return next((g for g in (facts.get("fabric") or {}).get("gpus") or [] if _norm_bus(g.get("bdf")) == want), None)
+    want = norm_pci(bus)
+    return next((g for g in (facts.get("fabric") or {}).get("gpus") or [] if want and norm_pci(g.get("bdf")) == want),
+                None)
 
 
 def _subject(rec):
@@ -227,7 +227,7 @@ def _counters_moved(before, after, facts, rec) -> list[str]:
         if ra.get(k) is not None and rb.get(k) is not None and rb[k] > ra[k]:
             moved.append(f"row remap {k} {ra[k]} → {rb[k]}")
     xids = ((facts.get("deep") or {}).get("xids") or {}).get("lines") or []
-    mine = [x for x in xids if _norm_bus(x.get("pci")) == _norm_bus(rec.get("bus_id"))]
+    mine = [x for x in xids if norm_pci(rec.get("bus_id")) and norm_pci(x.get("pci")) == norm_pci(rec.get("bus_id"))]
     moved += [f"Xid {x.get('code')} during the run: {x.get('text', '')[:120]}" for x in mine]
     return moved
 

@@ -16,6 +16,7 @@ import math
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
+from gpudoctor.xid import norm_pci
 
 QUERY_GPUS = ["nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader,nounits"]
 QUERY_APPS = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",
@@ -65,12 +66,9 @@ def parse_child(stdout: str) -> dict | None:
     return None
 
 
-def norm_bus(bus: str | None) -> str:
-    return (bus or "").lower().lstrip("0")
-
 
 def held_by(apps: list[dict], bus_id: str) -> list[dict]:
-    return [a for a in apps if norm_bus(a["bus_id"]) == norm_bus(bus_id)]
+    return [a for a in apps if norm_pci(a["bus_id"]) == norm_pci(bus_id)]
 
 
 def list_apps(host: Host, ctx: GatherContext) -> tuple[list[dict], str | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 from gpudoctor.gather.deep import PROBE as NCCL_PROBE
@@ -84,7 +85,7 @@ def test_of(child: dict, kind: str, memory: str | None = None, placement: str | 
 
 
 def build(child: dict | None = None, *, policy: dict | None = None, apps: str = "", xml_edits=(),
-          mrrs: int | None = None) -> dict:
+          mrrs: int | None = None, xids=()) -> dict:
     """A deep snapshot: the H200 capture plus the deep tier's answers (`child` None: the GPU is not measured)."""
     doc = copy.deepcopy(json.loads(CAPTURE.read_text()))
     pol = {"deep": True, **(policy or {})}
@@ -121,6 +122,13 @@ def build(child: dict | None = None, *, policy: dict | None = None, apps: str = 
         line = {"seconds_per_op": (256 << 20) / 8639.7e9, "algbw_gbs": 8639.7, "busbw_gbs": 0.0, "nccl": "2.28.9"}
         tr[_key(nccl)] = _run(nccl, json.dumps(line) + "\n", duration=6.9)
         tr[_key(["rm", "-f", rdv])] = _run(["rm", "-f", rdv])
+        # the kernel log read after the children, over the window their own uptimes give (gather/deep_gpu.py)
+        from gpudoctor.gather.kernel_log import _PY_KMSG, MAX_RECORDS, MAX_XIDS
+
+        window = math.ceil(child["uptime_end"] - child["uptime_start"]) + 2
+        kmsg = ["<python>", "-c", _PY_KMSG, str(window), str(MAX_RECORDS), str(MAX_XIDS), "5.0", "/dev/kmsg"]
+        tr[_key(kmsg)] = _run(kmsg, json.dumps({"uptime": child["uptime_end"] + 0.5, "scanned": 4096,
+                                                "truncated": False, "lines": [list(x) for x in xids]}) + "\n")
     return doc
 
 

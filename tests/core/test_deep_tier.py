@@ -322,3 +322,12 @@ def test_a_deep_snapshot_from_before_the_per_gpu_tier_replays_as_it_did(tmp_path
     d = judge(doc, tmp_path)
     assert d.verdict.value == "ok" and not figs(d)
     assert d.by_key()["fabric.nccl.allreduce[TP1:0]"].status.value == "info"
+
+
+def test_an_xid_logged_while_measuring_is_named(tmp_path):
+    xid = [5004.2, "NVRM: Xid (PCI:0000:00:06): 63, pid=4711, name=python3, Row Remapper: New row marked for Remapping"]
+    before = [3100.0, "NVRM: Xid (PCI:0000:00:06): 13, pid=1, name=x, Graphics Exception"]  # before the run
+    d = judge(dc.build(dc.healthy_child(), xids=[before, xid]), tmp_path)
+    root = _root(d)
+    assert root.id == "fabric.deep.errors" and "Xid 63 during the run" in root.summary
+    assert not any("Xid 13" in e for e in root.evidence)
