@@ -331,3 +331,12 @@ def test_an_xid_logged_while_measuring_is_named(tmp_path):
     root = _root(d)
     assert root.id == "fabric.deep.errors" and "Xid 63 during the run" in root.summary
     assert not any("Xid 13" in e for e in root.evidence)
+
+
+def test_mig_mode_names_why_a_whole_gpu_figure_is_low(tmp_path):
+    c = dc.healthy_child()
+    c["before"]["mig"] = 1
+    _low(c, "gemm", 120.0)
+    root = _root(judge(dc.build(c), tmp_path))
+    assert root.id == "fabric.deep.mig" and "MIG mode is enabled" in root.summary
+    assert any("bf16 GEMM 120.0 TFLOP/s = 0.12" in e for e in root.evidence)
