@@ -340,3 +340,48 @@ def test_mig_mode_names_why_a_whole_gpu_figure_is_low(tmp_path):
     root = _root(judge(dc.build(c), tmp_path))
     assert root.id == "fabric.deep.mig" and "MIG mode is enabled" in root.summary
     assert any("bf16 GEMM 120.0 TFLOP/s = 0.12" in e for e in root.evidence)
+
+
+# --- the whole gather on this machine: real processes, nvidia-smi stood in (no GPU driver here) ------------------
+
+_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*) printf '0, 00000000:00:06.0, NVIDIA H200\\n1, 00000000:00:07.0, NVIDIA H200\\n' ;;
+  --query-compute-apps=*) printf '4242, sglang::scheduler, 71234, 00000000:00:07.0\\n' ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def _live_deep(tmp_path, policy):
+    from gpudoctor.gather import gather
+    from gpudoctor.gather.context import GatherContext
+    from gpudoctor.host.local import LocalHost
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(_SMI)
+    (bindir / "nvidia-smi").chmod(0o755)
+    ctx = GatherContext(name="here", policy={"deep": True, "deep_backend": "ctypes", **policy}, timeout=10)
+    t = time.monotonic()
+    facts = gather(LocalHost(path_prepend=[str(bindir)]), ctx, only={"deep"})
+    return facts, time.monotonic() - t
+
+
+def test_live_gather_runs_the_child_per_free_gpu_and_refuses_the_held_one(tmp_path):
+    facts, secs = _live_deep(tmp_path, {})
+    recs = facts["deep"]["gpus"]
+    assert [r["index"] for r in recs] == [0, 1] and secs < 20
+    assert recs[0]["result"]["error"].startswith("RuntimeError: no CUDA") and recs[0]["command"]["rc"] == 0
+    assert recs[1]["refused"]["pids"][0]["pid"] == 4242 and "result" not in recs[1]
+    by = {f.subject: f for f in diagnose(facts).findings if f.id == "fabric.deep.figure"}
+    assert by["GPU 0"].status.value == "unknown"
+    assert "deep measurement failed: RuntimeError: no CUDA" in by["GPU 0"].summary
+    assert "pid 4242 (sglang::scheduler, 71234 MiB) holds it" in by["GPU 1"].summary
+
+
+def test_live_gather_with_force_measures_the_held_gpu_too(tmp_path):
+    facts, _ = _live_deep(tmp_path, {"deep_force": True})
+    recs = facts["deep"]["gpus"]
+    assert facts["deep"]["force"] is True and all(r.get("result") for r in recs)
+    assert json.loads(child_args(1, [], settings({})))["dev"] == recs[1]["result"]["device"] == 1
