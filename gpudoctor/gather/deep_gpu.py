@@ -76,7 +76,12 @@ def list_apps(host: Host, ctx: GatherContext) -> tuple[list[dict], str | None]:
     if not res.ok:
         return [], "nvidia-smi --query-compute-apps " + res.describe()
     apps = []
-    for pid, name, mib, bus in parse_csv(res.stdout, 4):
+    for ln in res.stdout.splitlines():  # a process name may hold commas: pid first, memory and bus id last
+        pid, _, rest = ln.partition(",")
+        cells = [c.strip() for c in rest.rsplit(",", 2)]
+        if not pid.strip() or len(cells) != 3:
+            continue
+        pid, (name, mib, bus) = pid.strip(), cells
         apps.append({"pid": int(pid) if pid.isdigit() else pid, "name": name,
                      "used_mib": int(mib) if mib.isdigit() else None, "bus_id": bus})
     return apps, None

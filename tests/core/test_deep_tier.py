@@ -347,7 +347,7 @@ def test_mig_mode_names_why_a_whole_gpu_figure_is_low(tmp_path):
 _SMI = """#!/bin/sh
 case "$1" in
   --query-gpu=*) printf '0, 00000000:00:06.0, NVIDIA H200\\n1, 00000000:00:07.0, NVIDIA H200\\n' ;;
-  --query-compute-apps=*) printf '4242, sglang::scheduler, 71234, 00000000:00:07.0\\n' ;;
+  --query-compute-apps=*) printf "4242, sglang::scheduler, tp0, 71234, 00000000:00:07.0\\n" ;;
   *) exit 0 ;;
 esac
 """
@@ -377,7 +377,7 @@ def test_live_gather_runs_the_child_per_free_gpu_and_refuses_the_held_one(tmp_pa
     by = {f.subject: f for f in diagnose(facts).findings if f.id == "fabric.deep.figure"}
     assert by["GPU 0"].status.value == "unknown"
     assert "deep measurement failed: RuntimeError: no CUDA" in by["GPU 0"].summary
-    assert "pid 4242 (sglang::scheduler, 71234 MiB) holds it" in by["GPU 1"].summary
+    assert "pid 4242 (sglang::scheduler, tp0, 71234 MiB) holds it" in by["GPU 1"].summary
 
 
 def test_live_gather_with_force_measures_the_held_gpu_too(tmp_path):
