@@ -2,7 +2,7 @@
 
 import importlib
 
-_MODULES = ["host", "driver", "devices", "boundary", "cdi", "container", "systemd_unit", "kubernetes", "cuda", "fabric", "workload", "workload_model", "workload_hygiene"]
+_MODULES = ["host", "driver", "devices", "boundary", "cdi", "container", "systemd_unit", "kubernetes", "cuda", "fabric", "bandwidth", "workload", "workload_model", "workload_hygiene"]
 
 for _m in _MODULES:
     try:

@@ -175,7 +175,8 @@ def tp_advice(facts):
                    data={"groups": data})
 
 
-@check("fabric.nccl.allreduce", summary="Deep tier (--deep): NCCL all-reduce bus bandwidth of each candidate TP group.")
+@check("fabric.nccl.allreduce", summary="Deep tier (--deep): NCCL all-reduce bus bandwidth of each candidate TP group.",
+       depends_on=("host.driver.loaded", "host.uvm.loaded", "driver.nvml.init", "cuda.init", "cuda.device_count"))
 def allreduce(facts):
     """Measured with torch.distributed (NVLS off); a group far below its peers has a bad link or placement."""
     deep = facts.get("deep") or {}

@@ -38,9 +38,10 @@ class Profile:
     fail_free: bool = True  # any failure outside `ignore` blocks
     max_foreign_mib: int | None = None  # GPU memory other processes may hold (workload.gpu.foreign_memory); None: any
     free_port: bool = False  # the serving port must not be taken by another process (workload.port.serving)
+    deep_floors: bool = False  # every deep-tier figure (fabric.deep.figure, check --deep) at or above its floor
 
 
-PROFILE_KEYS = ("require", "ignore", "fail_free", "max_foreign_mib", "free_port")
+PROFILE_KEYS = ("require", "ignore", "fail_free", "max_foreign_mib", "free_port", "deep_floors")
 
 
 def profile_from(name: str, spec, path: str | None) -> Profile:
@@ -63,14 +64,14 @@ def profile_from(name: str, spec, path: str | None) -> Profile:
         vals = spec.get(key, [])
         if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
             raise ConfigError(f"profile {name!r}: {key} must be a list of check-id patterns", path=path)
-    ff, port = spec.get("fail_free", True), spec.get("free_port", False)
-    for key, val in (("fail_free", ff), ("free_port", port)):
+    ff, port, deep = spec.get("fail_free", True), spec.get("free_port", False), spec.get("deep_floors", False)
+    for key, val in (("fail_free", ff), ("free_port", port), ("deep_floors", deep)):
         if not isinstance(val, bool):
             raise ConfigError(f"profile {name!r}: {key} must be true or false", path=path)
     mx = spec.get("max_foreign_mib")
     if mx is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < 0):
         raise ConfigError(f"profile {name!r}: max_foreign_mib must be a number of MiB (0 or more)", path=path)
-    return Profile(name, tuple(spec.get("require", [])), tuple(spec.get("ignore", [])), ff, mx, port)
+    return Profile(name, tuple(spec.get("require", [])), tuple(spec.get("ignore", [])), ff, mx, port, deep)
 
 
 def resolve_profile(name: str | None, inventory_profiles: dict | None = None, *, path: str | None = None) -> Profile:
@@ -198,6 +199,8 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
                                       f"{profile.max_foreign_mib} MiB)", f.hint, f.blocked_by, True)
         elif profile.free_port and f.id == "workload.port.serving" and f.data.get("in_use_by_other"):
             blockers[f.key] = Blocker(f.key, "fail", f.summary, f.hint, f.blocked_by, True)
+    if profile.deep_floors:
+        _deep_floor_blockers(findings, profile, blockers)
     order = {"fail": 0, "missing": 1, "unknown": 2}
     ranked = sorted(blockers.values(), key=lambda b: (b.symptom_of is not None, order.get(b.status, 9)))
     host = getattr(diagnosis, "host", None) or "?"
@@ -205,6 +208,29 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
         return GateResult(host=host, profile=profile.name, blockers=ranked,
                           error="no check could judge this host (every finding is unknown or there are none)")
     return GateResult(host=host, profile=profile.name, blockers=ranked)
+
+
+def _deep_floor_blockers(findings: list[Finding], profile: Profile, blockers: dict) -> None:
+    """deep_floors: a figure below its floor blocks, with the cause the diagnosis named for it; a figure not judged
+    (no measurement, a SKU without limits) blocks as unknown; no deep figures at all is a missing requirement."""
+    deep = [f for f in findings if f.id == "fabric.deep.figure"]
+    by_key = {f.key: f for f in findings}
+    if not deep:
+        blockers["fabric.deep.figure"] = Blocker("fabric.deep.figure", "missing", f"the {profile.name} profile requires "
+                                                 "deep-tier figures above their floors; none were measured",
+                                                 "run with --deep (gpudoctor gate --deep, or gate a snapshot taken "
+                                                 "with `gpudoctor snapshot --deep`)", required=True)
+        return
+    for f in deep:
+        if f.status == Status.WARN:
+            cause = by_key.get(f.blocked_by or "")
+            if cause is not None and cause.key not in blockers:
+                blockers[cause.key] = Blocker(cause.key, "fail", cause.summary, cause.hint, None, True)
+            blockers[f.key] = Blocker(f.key, "fail", f.summary, f.hint, f.blocked_by, True)
+        elif f.status == Status.UNKNOWN or (f.status == Status.INFO and f.data.get("floor") is None
+                                             and f.data.get("kind") in ("h2d", "d2h", "d2d", "gemm", "p2p")):
+            blockers[f.key] = Blocker(f.key, "unknown", f"{f.summary} (not judged against a floor)", f.hint,
+                                      f.blocked_by, True)
 
 
 def judge(diagnose_fn, profile: Profile, host: str) -> GateResult:

@@ -28,6 +28,15 @@ def _finding_rows(findings):
     return rows
 
 
+def _deep_rows(findings):
+    """(gpu, kind, ratio, floor) of each deep-tier figure that has a limit (fabric.deep.figure's data)."""
+    for f in findings:
+        d = f.data or {}
+        if f.id == "fabric.deep.figure" and d.get("ratio") is not None:
+            kind = d["kind"] + (f"-{d['peer']}" if d.get("peer") is not None else "")
+            yield str(d.get("gpu")), kind, d["ratio"], d.get("floor")
+
+
 def render(results, *, now: float | None = None) -> str:
     """Text exposition for a list of host results.
 
@@ -46,8 +55,17 @@ def render(results, *, now: float | None = None) -> str:
     last = Gauge("gpudoctor_last_run_timestamp_seconds", "When the host was last checked (Unix time).", ["host"],
                  registry=reg)
     dur = Gauge("gpudoctor_check_duration_seconds", "Wall time of the last check of the host.", ["host"], registry=reg)
+    ratio = Gauge("gpudoctor_gpu_bandwidth_ratio", "Deep tier (--deep): a GPU's measured figure over its physical "
+                  "limit (h2d/d2h: the link's max gen and width; d2d: the SKU's memory bandwidth; gemm: its dense bf16 "
+                  "peak; p2p: the pair's link).", ["host", "gpu", "kind"], registry=reg)
+    floor = Gauge("gpudoctor_gpu_bandwidth_floor", "Deep tier: the ratio a healthy GPU of that SKU reaches at least "
+                  "(gpudoctor/data/gpu_skus.json).", ["host", "gpu", "kind"], registry=reg)
     for r in results:
         host = r["host"]
+        for gpu, kind, rt, fl in _deep_rows(r.get("findings") or []):
+            ratio.labels(host, gpu, kind).set(rt)
+            if fl is not None:
+                floor.labels(host, gpu, kind).set(fl)
         st = r["status"]
         reachable = st not in ("unreachable", "error")
         up.labels(host).set(1 if reachable else 0)

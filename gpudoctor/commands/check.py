@@ -18,7 +18,7 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-                      deep_python=None, units=()):
+                      deep_python=None, units=(), deep_force=False):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
     from gpudoctor.target import open_target
 
@@ -28,7 +28,10 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
         refuse_live_flags(host_name, models, sglang_url)
     if sglang_url:
         http_url(sglang_url, "--sglang-url")
-    policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
+    if deep_force and not deep:
+        raise InputError("--force only applies to --deep (measure a GPU another process holds)")
+    policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {}),
+              **({"deep_force": True} if deep_force else {})} if deep else None
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
                        expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
                        units=units)
@@ -59,8 +62,12 @@ def common(f):
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
 @click.option("--verbose-findings", "-a", "show_all", is_flag=True, help="Show every finding with its evidence.")
-@click.option("--deep", is_flag=True, help="Also measure NCCL all-reduce bandwidth per TP group (occupies the GPUs; needs torch).")
+@click.option("--deep", is_flag=True, help="Also measure each GPU against its physical limit (host and device copies, "
+              "bf16 GEMM, P2P; <= 30 s per GPU) and NCCL all-reduce per TP group (occupies the GPUs; torch, else "
+              "CUDA through ctypes).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+@click.option("--force", "deep_force", is_flag=True,
+              help="With --deep: also measure a GPU another process holds (the figures then include its load).")
 @click.option("--all", "all_hosts", is_flag=True, help="Check every inventory host, concurrently (fleet mode).")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
@@ -72,7 +79,7 @@ def common(f):
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, all_hosts, groups, parallel, host_timeout, prom_path, units=()):
+          deep, deep_python, deep_force, all_hosts, groups, parallel, host_timeout, prom_path, units=()):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -106,7 +113,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if not snapshot_path:
         _warm_imports(as_json)
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
-                           deep_python, units=units) as target:
+                           deep_python, units=units, deep_force=deep_force) as target:
         d = check_host(target, set(only) or None)
     facts = d.facts
     if prom_path:
@@ -199,11 +206,15 @@ def _explain(check_id: str) -> int:
 @click.command("snapshot")
 @common
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
-@click.option("--deep", is_flag=True, help="Also record the NCCL all-reduce probe per TP group (occupies the GPUs; needs torch).")
+@click.option("--deep", is_flag=True, help="Also record the deep tier: each GPU measured against its physical limit and "
+              "the NCCL all-reduce probe per TP group (occupies the GPUs).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+@click.option("--force", "deep_force", is_flag=True,
+              help="With --deep: also measure a GPU another process holds.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also record this systemd unit's device policy (repeatable); replays with the snapshot.")
-def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python, units=()):
+def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python, deep_force=False,
+             units=()):
     """Gather a host's facts (and the raw reads behind them) into one JSON file.
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
@@ -216,7 +227,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
     output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
-                           deep_python=deep_python, units=units) as target:
+                           deep_python=deep_python, units=units, deep_force=deep_force) as target:
         target.connect()
         doc = snap.take(target.host, target.context)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"

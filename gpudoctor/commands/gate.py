@@ -20,8 +20,9 @@ from gpudoctor.errors import GpudoctorError, HostError
 @click.option("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME, else `hostname -s`).")
 @click.option("--npd", is_flag=True, help="node-problem-detector plugin: one line, exit 0 ok / 1 problem / 2 unknown.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema gpudoctor.gate/1).")
+@click.option("--deep", is_flag=True, help="Also run the deep tier (check --deep), for a profile with deep_floors: true.")
 def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, slurm, node, npd,
-         as_json):
+         as_json, deep=False):
     """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
 
     Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
@@ -45,7 +46,7 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     if npd:
         raise SystemExit(_gate_npd(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
                                    snapshot_path))
-    result = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path)
+    result = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep)
     action = None
     if slurm:
         from gpudoctor import slurm as slurm_mode
@@ -67,11 +68,12 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     raise SystemExit(result.exit_code)
 
 
-def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
+def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False):
     """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
     from gpudoctor.gate import gate_target
 
-    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path,
+                           deep=deep) as target:
         return gate_target(target, profile)
 
 

@@ -1,6 +1,9 @@
-"""Deep tier (`check --deep`): NCCL all-reduce bus bandwidth per candidate TP group, measured with torch.distributed.
+"""Deep tier (`check --deep`): every GPU measured against its physical limit (gather/deep_gpu.py: host and device
+copies, GEMM, P2P, with clocks and counters sampled), then NCCL all-reduce bus bandwidth per candidate TP group,
+measured with torch.distributed.
 
-Runs only when asked: it occupies the GPUs for seconds. NVLink multicast (NVLS) stays off.
+Runs only when asked: it occupies the GPUs for seconds. A GPU another process holds is not measured unless
+`--deep --force`. NVLink multicast (NVLS) stays off.
 """
 
 from __future__ import annotations
@@ -48,10 +51,18 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     python = ctx.policy.get("torch_python") or host.python
     python = [python] if isinstance(python, str) else list(python)
     nbytes = int(ctx.policy.get("allreduce_bytes", 256 << 20))
-    out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}"}
+    from gpudoctor.gather.deep_gpu import measure
+
+    per_gpu = measure(host, ctx, python)
+    refused = {f"GPU{r['index']}" for r in per_gpu["gpus"] or [] if r.get("refused")}
+    out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}", **per_gpu}
     for s in sizes:
         groups = tp_groups(topo, s) if s > 1 else [{"gpus": ["GPU0"], "worst_link": "X", "numa_nodes": []}]
         for g in groups:
+            if refused & set(g["gpus"]):
+                out["groups"].append({"tp": s, **g, "error": "not run: another process holds "
+                                      f"{', '.join(sorted(refused & set(g['gpus'])))} (--deep --force runs it)"})
+                continue
             out["groups"].append(_measure(host, python, s, g, nbytes, ctx))
     return out
 
