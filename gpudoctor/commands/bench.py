@@ -103,7 +103,7 @@ def bench():
     gpudoctor bench load --server-url http://127.0.0.1:30000 --concurrency 1,4,16 --max-tokens 256 --out runs/a
     gpudoctor bench run campaign.yaml --out runs/c1 [--resume]
     gpudoctor bench report runs/c1
-    python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 60 --accept-length 3   (a stand-in for dry runs)
+    gpudoctor bench standin --port 30000 --decode-tok-s 60 --accept-length 3   (an SGLang stand-in for dry runs)
 
     Records go to OUT/results.jsonl, one per (label, workload, concurrency, trial), status ok | crashed | error |
     skipped. A failed level is never recorded as zeros. See docs/bench.md.
@@ -267,3 +267,24 @@ def report(out_dir, baseline, no_plots):
     for p in written["plots"]:
         click.echo(p)
     raise SystemExit(EXIT_OK)
+
+
+@bench.command("standin", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def standin(args):
+    """Serve a protocol-faithful SGLang 0.5.23 (or --flavor vllm) stand-in with a known truth, for dry runs.
+
+    \b
+    Example:
+      gpudoctor bench standin --port 30000 --decode-tok-s 60 --accept-length 3 --ttft-ms 40
+    The options are those of `python3 -m gpudoctor.bench.standin` (`gpudoctor bench standin --help` lists them);
+    any other flag is accepted and shown in /server_info, so it can stand in for `python -m sglang.launch_server`
+    in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
+    """
+    from gpudoctor.bench.standin import main
+
+    def bad(message: str):
+        raise InputError(f"bench standin: {message}")
+
+    main(list(args), prog="gpudoctor bench standin", on_error=bad)
