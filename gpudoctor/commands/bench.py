@@ -248,7 +248,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key):
 @bench.command("report")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
-@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (matplotlib, the `plots` extra, is then not needed).")
 def report(out_dir, baseline, no_plots):
     """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
 
@@ -256,7 +256,8 @@ def report(out_dir, baseline, no_plots):
     Example:
       gpudoctor bench report runs/llama70b
     Tables per method x TP: tok/s per workload and concurrency, speedup vs the baseline at the same TP and
-    concurrency, accept length. Levels that were not measured are listed with their reason.
+    concurrency, accept length. Levels that were not measured are listed with their reason. The plots need
+    matplotlib (the `plots` extra); without it report.md and results.csv are written and one line says how to add it.
     Exit codes: 0 written, 3 no results in OUT_DIR.
     """
     from gpudoctor.bench.report import write_report
@@ -266,6 +267,8 @@ def report(out_dir, baseline, no_plots):
     click.echo(written["csv"])
     for p in written["plots"]:
         click.echo(p)
+    if written.get("plots_skipped"):
+        click.echo(written["plots_skipped"], err=True)
     raise SystemExit(EXIT_OK)
 
 
