@@ -106,12 +106,14 @@ def main(argv=None) -> None:
             code = exc.code
         except BrokenPipeError:  # an error line to a closed stderr
             code = EXIT_PIPE
+        _say_notes()
         if _pipe_closed(saved, (out, err)):
             code = EXIT_PIPE
         if argv is None and _is_live_check(args):
             _fast_exit(code)
         raise SystemExit(code)
     finally:
+        _drop_notes()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -143,6 +145,17 @@ class _PipeAware(SafeStream):
         except BrokenPipeError:
             self.pipe_closed = True
             raise
+
+
+def _say_notes() -> None:
+    """What the command asked to say at its end (gpudoctor.commands.NOTES: which inventory it read)."""
+    commands = sys.modules.get("gpudoctor.commands")
+    notes = getattr(commands, "NOTES", None)
+    while notes:
+        try:
+            click.echo(notes.pop(0), err=True)
+        except BrokenPipeError:
+            break
 
 
 def _pipe_closed(saved, wrapped) -> bool:
@@ -201,10 +214,18 @@ def _close_connections() -> None:
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+def _drop_notes() -> None:
+    """The command ends in an error line: that one line is all it says."""
+    commands = sys.modules.get("gpudoctor.commands")
+    if commands is not None:
+        commands.NOTES.clear()
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:
+        _drop_notes()
         click.echo(f"gpudoctor: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -213,6 +234,7 @@ def _run(argv) -> None:
         click.echo(exc.ctx.get_help())
         sys.exit(0)
     except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
+        _drop_notes()
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
         msg = " ".join(exc.format_message().split())
         args = list(sys.argv[1:] if argv is None else argv)
@@ -225,6 +247,7 @@ def _run(argv) -> None:
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
+        _drop_notes()
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort:

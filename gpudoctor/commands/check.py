@@ -18,8 +18,10 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-                      deep_python=None, units=()):
-    """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
+                      deep_python=None, units=(), quiet=False):
+    """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot; the
+    inventory it read is named on stderr (unless quiet: NPD's one line)."""
+    from gpudoctor.commands import say_inventory
     from gpudoctor.target import open_target
 
     if snapshot_path:  # judged as it was recorded: a flag asking for more would be silently ignored
@@ -29,9 +31,12 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
     if sglang_url:
         http_url(sglang_url, "--sglang-url")
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
-    return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
-                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
-                       units=units)
+    target = open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
+                         expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
+                         units=units)
+    if not quiet:
+        say_inventory(target)
+    return target
 
 
 _common = [

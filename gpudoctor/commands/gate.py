@@ -66,11 +66,12 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     raise SystemExit(result.exit_code)
 
 
-def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path):
+def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, quiet=False):
     """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
     from gpudoctor.gate import gate_target
 
-    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path) as target:
+    with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path,
+                           quiet=quiet) as target:
         return gate_target(target, profile)
 
 
@@ -79,7 +80,7 @@ def _gate_npd(*args) -> int:
     from gpudoctor import npd
 
     try:
-        code, line = npd.verdict(_evaluate(*args))
+        code, line = npd.verdict(_evaluate(*args, quiet=True))
     except GpudoctorError as exc:
         code, line = npd.error_verdict(exc.one_line())
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback

@@ -111,7 +111,10 @@ def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
     from gpudoctor.proxmox import pct
     from gpudoctor.target import open_target
 
+    from gpudoctor.commands import say_inventory
+
     inv = load_inventory(inventory)
+    say_inventory(inv)
     if host_name not in inv.hosts and host_name not in inv.proxmox:
         known = ", ".join(sorted([*inv.hosts, *inv.proxmox])) or "none"
         raise InventoryError(f"no host or proxmox host named {host_name!r} (known: {known})", path=inv.path)
