@@ -9,7 +9,7 @@ fields only with --enable-metrics, health checks that take >= 1 s, idle keep-ali
 vLLM flavor: /v1/* and an instant /health only, vLLM's chunk and error shapes and log lines. It logs like the real
 server, can fail on purpose (--fail-mode) or because of the host it runs on (--require-model: the model's config.json
 must be there; --require-device PATH: the node must open, as CUDA's init needs it), and accepts (and shows in /server_info) any other flag, so it can replace
-`python -m sglang.launch_server` or `vllm serve` in a campaign dry run.
+`python3 -m sglang.launch_server` or `vllm serve` in a campaign dry run.
 
 Timing truth, per request: the first step is written --ttft-ms after the request arrives; later steps are written so
 that the tokens after the first step arrive at exactly --decode-tok-s tokens/s. With --accept-length A, step k carries

@@ -282,7 +282,7 @@ def standin(args):
     Example:
       gpudoctor bench standin --port 30000 --decode-tok-s 60 --accept-length 3 --ttft-ms 40
     The options are those of `python3 -m gpudoctor.bench.standin` (`gpudoctor bench standin --help` lists them);
-    any other flag is accepted and shown in /server_info, so it can stand in for `python -m sglang.launch_server`
+    any other flag is accepted and shown in /server_info, so it can stand in for `python3 -m sglang.launch_server`
     in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
     """
     from gpudoctor.bench.standin import main
