@@ -159,10 +159,12 @@ def _warm_imports(as_json: bool) -> None:
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path, host_timeout=None) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
+    from gpudoctor.commands import say_inventory
     from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
+    say_inventory(inv)
     names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
     if not names:
         raise InputError("the inventory selects no hosts", path=inv.path)
