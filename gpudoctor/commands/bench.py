@@ -68,6 +68,10 @@ class Display:
             self._line(f"== {data['label']}: {data['what']}")
         elif kind == "note":
             self._line(f"   {data['text']}")
+        elif kind == "inventory":  # said at the end, and not at all when the run ends in an error line
+            from gpudoctor.commands import NOTES
+
+            NOTES.append(f"inventory: {data['path']}")
 
 
 def _float_list(value: str, flag: str) -> list[float]:
