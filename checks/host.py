@@ -65,7 +65,7 @@ def platform(facts):
 
 @check("host.privileges", summary="Who the probes run as, and what that user cannot see on this host.")
 def privileges(facts):
-    """An ordinary user can use the GPU fully, but some facts are root-only: the PCIe config space past its first
+    """An ordinary user can use a GPU (where a driver is loaded) as root can, but some facts are root-only: the PCIe config space past its first
     64 bytes (MaxReadReq/MaxPayload), the MIG config capability (nvidia-cap1 is 0400 root by design), other users'
     open device nodes and environments (/proc/PID/fd, /proc/PID/environ: GPU memory holders are then known from NVML
     only) and, with kernel.dmesg_restrict=1, the kernel log (XIDs). Information, never a fault."""
@@ -90,8 +90,11 @@ def privileges(facts):
              "is seen through NVML only"]
     if restrict == 1:
         blind.append("the kernel log (kernel.dmesg_restrict = 1 needs CAP_SYSLOG): XIDs are not read")
+    # "usable without root" only where a driver is loaded: on a host without one there is no GPU to use
+    drv = driver_loaded(facts)
+    gpu = "using the GPU needs no root; " if drv is not None and drv.status == Status.OK else ""
     return Finding("host.privileges", Status.INFO,
-                   f"Probes run as uid {ident['uid']} (not root): the GPU is fully usable; {len(blind)} kinds of "
+                   f"Probes run as uid {ident['uid']} (not root): {gpu}{len(blind)} kinds of "
                    "facts are root-only", evidence=[f"/proc/self/status: Uid {ident['uid']}, Gid {ident['gid']}"]
                    + [f"cannot see: {b}" for b in blind],
                    hint="Run `sudo gpudoctor check` (or the daemon as root) to see everything.", data=data)

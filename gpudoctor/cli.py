@@ -9,6 +9,7 @@ import click
 
 from gpudoctor import __version__
 from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError
+from gpudoctor.term import SafeStream
 
 # name -> "module:attribute"; each command lives in gpudoctor/commands/<module>.py
 COMMANDS = {
@@ -91,27 +92,95 @@ def _prestart_probes(args: list[str]) -> None:
 def main(argv=None) -> None:
     """Entry point: run the CLI and turn gpudoctor errors into one line and an exit code.
 
-    stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw."""
-    from gpudoctor.term import SafeStream
-
+    stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw.
+    A reader that went away (`gpudoctor checks | head`) ends the run quietly with EXIT_PIPE."""
     args = list(sys.argv[1:] if argv is None else argv)
     _prestart_probes(args)
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
+    out, err = _PipeAware(sys.stdout), _PipeAware(sys.stderr)
+    sys.stdout, sys.stderr = out, err
     try:
         try:
             _run(argv)
         except SystemExit as exc:
-            if argv is None and _is_live_check(args):
-                _fast_exit(exc.code)
-            raise
+            code = exc.code
+        except BrokenPipeError:  # an error line to a closed stderr
+            code = EXIT_PIPE
+        _say_notes()
+        if _pipe_closed(saved, (out, err)):
+            code = EXIT_PIPE
+        if argv is None and _is_live_check(args):
+            _fast_exit(code)
+        raise SystemExit(code)
     finally:
+        _drop_notes()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
         sys.stdout, sys.stderr = saved
+
+
+# A reader closed the pipe: the exit status a shell shows for a command killed by SIGPIPE (128 + 13), as `git log |
+# head` gives, without the signal (gpudoctor's own cleanup still runs). Never 0: `gpudoctor gate | head` must not pass.
+EXIT_PIPE = 141
+
+
+class _PipeAware(SafeStream):
+    """SafeStream that remembers a write or flush to a closed pipe (click turns that EPIPE into exit 1)."""
+
+    pipe_closed = False
+
+    def write(self, s) -> int:
+        try:
+            return super().write(s)
+        except BrokenPipeError:
+            self.pipe_closed = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.raw_stream.flush()
+        except BrokenPipeError:
+            self.pipe_closed = True
+            raise
+
+
+def _say_notes() -> None:
+    """What the command asked to say at its end (gpudoctor.commands.NOTES: which inventory it read)."""
+    commands = sys.modules.get("gpudoctor.commands")
+    notes = getattr(commands, "NOTES", None)
+    while notes:
+        try:
+            click.echo(notes.pop(0), err=True)
+        except BrokenPipeError:
+            break
+
+
+def _pipe_closed(saved, wrapped) -> bool:
+    """Flush what is buffered; where the reader is gone, point the descriptor at /dev/null so that neither this
+    process nor the interpreter's exit writes to it again (no "Exception ignored ... BrokenPipeError")."""
+    import os
+
+    closed = False
+    for raw, w in zip(saved, wrapped):
+        try:
+            w.flush()
+        except BrokenPipeError:
+            pass
+        except (OSError, ValueError):
+            continue
+        if not w.pipe_closed:
+            continue
+        closed = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, raw.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # not a real descriptor (a test's StringIO): nothing to silence
+            pass
+    return closed
 
 
 def _fast_exit(code) -> None:
@@ -141,15 +210,31 @@ def _close_connections() -> None:
         ssh.close_all()
 
 
+# click >= 8.2 raises this for a bare group (click 8.1 printed the help itself, exit 0).
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _drop_notes() -> None:
+    """The command ends in an error line: that one line is all it says."""
+    commands = sys.modules.get("gpudoctor.commands")
+    if commands is not None:
+        commands.NOTES.clear()
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:
+        _drop_notes()
         click.echo(f"gpudoctor: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except NO_ARGS_IS_HELP as exc:  # a bare `gpudoctor` or group asks for its help: as --help does, exit 0
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
+        _drop_notes()
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
         msg = " ".join(exc.format_message().split())
         args = list(sys.argv[1:] if argv is None else argv)
@@ -162,6 +247,7 @@ def _run(argv) -> None:
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
+        _drop_notes()
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort:

@@ -82,8 +82,18 @@ def resolve_profile(name: str | None, inventory_profiles: dict | None = None, *,
         return profile_from(name, inv[name], path)
     if name in BUILTIN_PROFILES:
         return profile_from(name, BUILTIN_PROFILES[name], None)
-    known = sorted(set(BUILTIN_PROFILES) | set(inv))
-    raise ConfigError(f"unknown gate profile {name!r} (known: {', '.join(known)})", path=path)
+    known = ", ".join(n for n, _ in known_profiles(inv))
+    raise ConfigError(f"unknown gate profile {name!r} (known: {known})", path=path)
+
+
+def known_profiles(inventory_profiles: dict | None = None) -> list[tuple[str, str]]:
+    """Every profile `gate --profile` accepts, with where it comes from (built-in, inventory, or the inventory
+    overriding a built-in): the one list the gate's errors and `inventory show` print."""
+    inv = inventory_profiles or {}
+    where = {n: "built-in" for n in BUILTIN_PROFILES}
+    for n in inv:
+        where[n] = "inventory (overrides the built-in)" if n in BUILTIN_PROFILES else "inventory"
+    return sorted(where.items())
 
 
 @dataclass

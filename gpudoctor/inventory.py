@@ -31,7 +31,7 @@ SSH_KEYS = ("port", "user", "identity_file", "known_hosts", "host_key_policy", "
             "ssh_config")
 HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description")
 PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description")
-TOP_KEYS = ("version", "defaults", "hosts", "proxmox", "profiles", "policy")
+TOP_KEYS = ("version", "example", "defaults", "hosts", "proxmox", "profiles", "policy")
 POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks")
 
 
@@ -140,6 +140,7 @@ class Inventory:
     proxmox: dict[str, ProxmoxEntry] = field(default_factory=dict)
     profiles: dict[str, Profile] = field(default_factory=dict)
     policy: Policy = field(default_factory=Policy)
+    example: bool = False  # `example: true`: a sample (placeholder hosts), used only when named (find_inventory)
 
     def host(self, name: str) -> HostEntry:
         """The named host, or InventoryError listing the names that exist."""
@@ -219,11 +220,36 @@ def find_inventory(path: str | os.PathLike | None = None) -> Path:
         if not p.is_file():
             raise InventoryError(f"${ENV_VAR} names this file, which does not exist", path=env)
         return p
+    samples = []
     for p in default_locations():
         if p.is_file():
-            return p
+            if not is_example(p):
+                return p
+            samples.append(p)
     looked = ", ".join(str(p) for p in default_locations())
-    raise InventoryError(f"no inventory found: pass --inventory FILE, set ${ENV_VAR}, or create one of: {looked}")
+    skipped = "".join(f"; {p} is an example inventory (example: true), used only when named: --inventory {p}"
+                      for p in samples)
+    raise InventoryError(f"no inventory found: pass --inventory FILE, set ${ENV_VAR}, or create one of: "
+                         f"{looked}{skipped}")
+
+
+def is_example(path: Path) -> bool:
+    """The file says `example: true` at its top level: a sample (like the checkout's inventory.yaml), which the
+    search passes over, so that running gpudoctor inside a checkout never picks up its placeholder hosts, profiles
+    and policy silently."""
+    from gpudoctor.inputs import read_text
+    from gpudoctor.yamlload import MAX_BYTES
+
+    try:
+        text = read_text(path, what="inventory", max_bytes=MAX_BYTES, error=InventoryError)
+    except InventoryError:
+        return False  # unreadable: load_inventory reports it, at its path
+    return re.search(r"(?m)^example:[ \t]*true[ \t]*(#.*)?$", text) is not None
+
+
+def source_line(inv: Inventory) -> str:
+    """What every command that read an inventory says about it: which file, and whether it is the example."""
+    return f"inventory: {inv.path}" + (" (an example inventory: its hosts are placeholders)" if inv.example else "")
 
 
 def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
@@ -362,12 +388,17 @@ class _Loader:
         self.check_keys(top, TOP_KEYS, "the inventory")
         if "version" in top:
             self.integer(top["version"][1], "version", 1, 1)
+        example = False
+        if "example" in top:
+            example = self.value(top["example"][1])
+            if not isinstance(example, bool):
+                raise self.err(top["example"][1], "example must be true or false")
         defaults = {}
         if "defaults" in top:
             d = self.mapping(top["defaults"][1], "defaults")
             self.check_keys(d, SSH_KEYS, "defaults")
             defaults = d
-        inv = Inventory(self.path)
+        inv = Inventory(self.path, example=example)
         if "proxmox" in top:
             for pname, (k, v) in self.mapping(top["proxmox"][1], "proxmox").items():
                 self.name(k, "proxmox name")

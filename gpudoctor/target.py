@@ -142,13 +142,14 @@ def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expec
 
 def resolve_inventory(inventory, *, required: bool = True, search: bool = True):
     """The inventory in effect (module docstring); None when none is needed and none is there."""
-    from gpudoctor.inventory import ENV_VAR, Inventory, default_locations, load_inventory
+    from gpudoctor.inventory import ENV_VAR, Inventory, default_locations, is_example, load_inventory
 
     if isinstance(inventory, Inventory):
         return inventory
     if inventory is not None or required:
         return load_inventory(inventory)
-    if search and (os.environ.get(ENV_VAR) or any(p.is_file() for p in default_locations())):
+    # an example inventory (`example: true`, the checkout's sample) is never found by the search
+    if search and (os.environ.get(ENV_VAR) or any(p.is_file() and not is_example(p) for p in default_locations())):
         return load_inventory(None)
     return None
 

@@ -174,6 +174,12 @@ class CreateNodes(Remedy):
                                f"can be made with certainty")
         kind = container_kind(facts)
         can = _can_mknod(facts)
+        live = _live(facts)
+        if (can is False or kind == "lxc" and can is not True) and not _frontend_live(live):
+            # the root cause first: without the driver there is no major to make a node with, whoever makes it
+            return self.refuse(f"{', '.join(targets)}: the NVIDIA driver is not loaded ({PROC_DEVICES} has no nvidia "
+                               f"device; see host.driver.loaded): these nodes need its major, so load the driver "
+                               f"first (creating them here would then also need CAP_MKNOD, which this process lacks)")
         if kind == "lxc" and can is not True:
             return self.refuse(
                 f"{', '.join(targets)}: inside this LXC guest device nodes cannot be created (no CAP_MKNOD in the "
@@ -183,7 +189,6 @@ class CreateNodes(Remedy):
         if can is False:
             return self.refuse(f"{', '.join(targets)}: this user cannot create device nodes here (CAP_MKNOD missing "
                                f"or a user namespace): create them on the host")
-        live = _live(facts)
         mounts = tools(facts).get("dev_mounts") or {}
         modprobe = command(facts, "nvidia-modprobe")
         skipped: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpudoctor import yamlload
 from gpudoctor.bench.remote import DEFAULT_REMOTE_DIR
 
-DEFAULT_SERVER = "python -m sglang.launch_server"
+DEFAULT_SERVER = "python3 -m sglang.launch_server"  # SGLang's own docs; Debian and Ubuntu have no bare `python`
 DEFAULT_SERVERS = {"sglang": DEFAULT_SERVER, "vllm": "vllm serve"}
 KINDS = ("sglang", "vllm")  # how a server is launched (flags) and which log knowledge applies
 DEFAULT_GATE = "gpudoctor gate --profile benchmark"

@@ -110,7 +110,7 @@ def render_heals(records: list[dict], heals: list[dict]) -> list[str]:
 
 
 def render_markdown(records: list[dict], baseline: str | None, title: str, plots: list[str],
-                    order: Order | None = None, heals: list[dict] | None = None) -> str:
+                    order: Order | None = None, heals: list[dict] | None = None, plots_note: str | None = None) -> str:
     agg = aggregate(records)
     order = order or Order(records)
     counts = defaultdict(int)
@@ -165,6 +165,8 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
     lines += render_heals(records, heals or [])
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    elif plots_note:
+        lines += ["## Plots", "", plots_note, ""]
     return "\n".join(lines)
 
 
@@ -180,6 +182,26 @@ def render_csv(records: list[dict], baseline: str | None) -> str:
                "heal": (r.get("heal") or {}).get("n") if isinstance(r.get("heal"), dict) else None}
         w.writerow(["" if row.get(c) is None else row.get(c) for c in cols])
     return buf.getvalue()
+
+
+# matplotlib is the `plots` extra, not a base dependency: it and numpy, pillow, fonttools (+9 packages, ~170 MB,
+# measured in docs/bench.md) are more than the rest of gpudoctor, and a GPU host's report is usually read elsewhere.
+PLOTS_REQUIREMENT = "matplotlib>=3.7"
+
+
+def plots_unavailable() -> str | None:
+    """Why the plots cannot be drawn in this Python (matplotlib missing or broken, and how to add it), or None."""
+    import sys
+
+    try:
+        import matplotlib  # noqa: F401
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError as exc:
+        what = "is not installed" if getattr(exc, "name", None) == "matplotlib" else f"cannot be imported ({exc})"
+        return (f"plots not drawn: matplotlib {what} in {sys.prefix} (the Python gpudoctor runs from); add it there "
+                f"with `{sys.executable} -m pip install '{PLOTS_REQUIREMENT}'` (gpudoctor's `plots` extra) and run "
+                f"`gpudoctor bench report` again")
+    return None
 
 
 def render_plots(records: list[dict], baseline: str | None, plot_dir: Path, order: Order | None = None) -> list[str]:
@@ -253,8 +275,9 @@ def _plot(plt, agg, cells, kind, axis, workload, baseline, order, color, plot_di
     return name
 
 
-def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True) -> dict[str, str]:
-    """Write report.md, results.csv and plots/ into OUT_DIR from its results.jsonl. Returns what was written."""
+def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True) -> dict:
+    """Write report.md, results.csv and plots/ into OUT_DIR from its results.jsonl. Returns what was written, and
+    under "plots_skipped" why no plot was drawn when matplotlib is not there (the tables and CSV are written anyway)."""
     from gpudoctor.atomic import atomic_write
 
     d = Path(out_dir)
@@ -275,10 +298,12 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     baseline = baseline or meta.get("baseline")
     title = meta.get("name") or d.name
     order = Order(records, meta)
-    pngs = render_plots(records, baseline, d / "plots", order) if plots else []
+    skipped = plots_unavailable() if plots else None
+    pngs = render_plots(records, baseline, d / "plots", order) if plots and not skipped else []
     heals = []
     if (d / "heals.jsonl").exists():
         heals = [json.loads(x) for x in (d / "heals.jsonl").read_text().splitlines() if x.strip()]
-    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals))
+    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped))
     atomic_write(d / "results.csv", render_csv(records, baseline))
-    return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs]}
+    return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs],
+            "plots_skipped": skipped}

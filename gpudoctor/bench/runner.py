@@ -598,6 +598,8 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     if host is None:
         if camp.is_remote:
             host, inventory_path = open_campaign_target(camp, inventory, host_key_policy)
+            if on_event is not None:  # the inventory that named the target (the CLI says it as every command does)
+                on_event("inventory", path=inventory_path)
         else:
             host = local_host()
     try:

@@ -1,6 +1,7 @@
 """A protocol-faithful stand-in for SGLang 0.5.23 (or, with --flavor vllm, vLLM's OpenAI server) with a known truth.
 
-Run it as `python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 50 --accept-length 3 --ttft-ms 40`. SGLang
+Run it as `gpudoctor bench standin --port 30000 --decode-tok-s 50 --accept-length 3 --ttft-ms 40` (or
+`python3 -m gpudoctor.bench.standin ...` with the interpreter gpudoctor is installed in). SGLang
 flavor: /generate (streamed and not), /v1/completions, /v1/chat/completions, /v1/models, /health, /health_generate,
 /ready, /model_info, /server_info, /flush_cache with 0.5.23's fields and behaviour (gpudoctor/bench/apispec.py cites
 where each comes from): cumulative output_ids, abort chunks (HTTP 200) when --max-queued-requests is exceeded, timing
@@ -8,7 +9,7 @@ fields only with --enable-metrics, health checks that take >= 1 s, idle keep-ali
 vLLM flavor: /v1/* and an instant /health only, vLLM's chunk and error shapes and log lines. It logs like the real
 server, can fail on purpose (--fail-mode) or because of the host it runs on (--require-model: the model's config.json
 must be there; --require-device PATH: the node must open, as CUDA's init needs it), and accepts (and shows in /server_info) any other flag, so it can replace
-`python -m sglang.launch_server` or `vllm serve` in a campaign dry run.
+`python3 -m sglang.launch_server` or `vllm serve` in a campaign dry run.
 
 Timing truth, per request: the first step is written --ttft-ms after the request arrives; later steps are written so
 that the tokens after the first step arrive at exactly --decode-tok-s tokens/s. With --accept-length A, step k carries
@@ -34,8 +35,15 @@ FAIL_MODES = ("none", "die-mid-level", "hang", "http500", "error-chunk", "never-
 _TRIGGERED = ("die-mid-level", "hang", "http500", "error-chunk")
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m gpudoctor.bench.standin", description=__doc__.splitlines()[0])
+PROG = "python3 -m gpudoctor.bench.standin"
+
+
+def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Namespace, list[str]]:
+    """The stand-in's options; `on_error(message)` replaces argparse's usage-and-exit-2 (the gpudoctor command's
+    one line, exit 3)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    if on_error is not None:
+        p.error = on_error
     p.add_argument("model", nargs="?", default=None, help="vLLM flavor: `vllm serve MODEL`'s positional model")
     p.add_argument("--flavor", choices=("sglang", "vllm"), default="sglang")
     p.add_argument("--host", default="127.0.0.1")
@@ -625,10 +633,11 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     await asyncio.Event().wait()
 
 
-def main(argv=None) -> None:
+def main(argv=None, prog: str = PROG, on_error=None) -> None:
+    """Serve until SIGTERM or ^C (`gpudoctor bench standin` and `python3 -m gpudoctor.bench.standin`)."""
     import signal
 
-    args, extra = parse_args(argv)
+    args, extra = parse_args(argv, prog, on_error)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     try:
         asyncio.run(serve(args, extra))

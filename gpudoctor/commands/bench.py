@@ -68,6 +68,10 @@ class Display:
             self._line(f"== {data['label']}: {data['what']}")
         elif kind == "note":
             self._line(f"   {data['text']}")
+        elif kind == "inventory":  # said at the end, and not at all when the run ends in an error line
+            from gpudoctor.commands import NOTES
+
+            NOTES.append(f"inventory: {data['path']}")
 
 
 def _float_list(value: str, flag: str) -> list[float]:
@@ -103,7 +107,7 @@ def bench():
     gpudoctor bench load --server-url http://127.0.0.1:30000 --concurrency 1,4,16 --max-tokens 256 --out runs/a
     gpudoctor bench run campaign.yaml --out runs/c1 [--resume]
     gpudoctor bench report runs/c1
-    python -m gpudoctor.bench.standin --port 30000 --decode-tok-s 60 --accept-length 3   (a stand-in for dry runs)
+    gpudoctor bench standin --port 30000 --decode-tok-s 60 --accept-length 3   (an SGLang stand-in for dry runs)
 
     Records go to OUT/results.jsonl, one per (label, workload, concurrency, trial), status ok | crashed | error |
     skipped. A failed level is never recorded as zeros. See docs/bench.md.
@@ -248,7 +252,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key):
 @bench.command("report")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
-@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (matplotlib, the `plots` extra, is then not needed).")
 def report(out_dir, baseline, no_plots):
     """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
 
@@ -256,7 +260,8 @@ def report(out_dir, baseline, no_plots):
     Example:
       gpudoctor bench report runs/llama70b
     Tables per method x TP: tok/s per workload and concurrency, speedup vs the baseline at the same TP and
-    concurrency, accept length. Levels that were not measured are listed with their reason.
+    concurrency, accept length. Levels that were not measured are listed with their reason. The plots need
+    matplotlib (the `plots` extra); without it report.md and results.csv are written and one line says how to add it.
     Exit codes: 0 written, 3 no results in OUT_DIR.
     """
     from gpudoctor.bench.report import write_report
@@ -266,4 +271,27 @@ def report(out_dir, baseline, no_plots):
     click.echo(written["csv"])
     for p in written["plots"]:
         click.echo(p)
+    if written.get("plots_skipped"):
+        click.echo(written["plots_skipped"], err=True)
     raise SystemExit(EXIT_OK)
+
+
+@bench.command("standin", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def standin(args):
+    """Serve a protocol-faithful SGLang 0.5.23 (or --flavor vllm) stand-in with a known truth, for dry runs.
+
+    \b
+    Example:
+      gpudoctor bench standin --port 30000 --decode-tok-s 60 --accept-length 3 --ttft-ms 40
+    The options are those of `python3 -m gpudoctor.bench.standin` (`gpudoctor bench standin --help` lists them);
+    any other flag is accepted and shown in /server_info, so it can stand in for `python3 -m sglang.launch_server`
+    in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
+    """
+    from gpudoctor.bench.standin import main
+
+    def bad(message: str):
+        raise InputError(f"bench standin: {message}")
+
+    main(list(args), prog="gpudoctor bench standin", on_error=bad)

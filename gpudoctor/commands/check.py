@@ -18,8 +18,15 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
+<<<<<<< HEAD
                       deep_python=None, units=(), deep_force=False):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
+=======
+                      deep_python=None, units=(), quiet=False):
+    """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot; the
+    inventory it read is named on stderr (unless quiet: NPD's one line)."""
+    from gpudoctor.commands import say_inventory
+>>>>>>> w23cuts
     from gpudoctor.target import open_target
 
     if snapshot_path:  # judged as it was recorded: a flag asking for more would be silently ignored
@@ -28,6 +35,7 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
         refuse_live_flags(host_name, models, sglang_url)
     if sglang_url:
         http_url(sglang_url, "--sglang-url")
+<<<<<<< HEAD
     if deep_force and not deep:
         raise InputError("--force only applies to --deep (measure a GPU another process holds)")
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {}),
@@ -35,6 +43,15 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
     return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
                        expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
                        units=units)
+=======
+    policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
+    target = open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
+                         expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
+                         units=units)
+    if not quiet:
+        say_inventory(target)
+    return target
+>>>>>>> w23cuts
 
 
 _common = [
@@ -161,10 +178,12 @@ def _warm_imports(as_json: bool) -> None:
 
 def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_path, host_timeout=None) -> int:
     """Fleet mode: every selected host concurrently; one record per host; the worst host's exit code."""
+    from gpudoctor.commands import say_inventory
     from gpudoctor.fleet import check_fleet, default_check_fn, select_hosts
     from gpudoctor.inventory import load_inventory
 
     inv = load_inventory(inventory)
+    say_inventory(inv)
     names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
     if not names:
         raise InputError("the inventory selects no hosts", path=inv.path)

@@ -179,6 +179,9 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
                      snapshot=_load_facts(facts_path) if facts_path else None, models=() if facts_path else models,
                      timeout=timeout, units=units,
                      mrrs=int(mrrs) if mrrs else None) as target:
+        from gpudoctor.commands import say_inventory
+
+        say_inventory(target)
         code = run_fix(target, chosen, apply=apply, as_json=as_json, yes=yes, backup_dir=backup_dir,
                        audit_log=audit_log, lock_dir=lock_dir, reboot=reboot, timeout=timeout, options=options)
     raise SystemExit(code)

@@ -68,12 +68,20 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     raise SystemExit(result.exit_code)
 
 
+<<<<<<< HEAD
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False):
+=======
+def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, quiet=False):
+>>>>>>> w23cuts
     """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
     from gpudoctor.gate import gate_target
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path,
+<<<<<<< HEAD
                            deep=deep) as target:
+=======
+                           quiet=quiet) as target:
+>>>>>>> w23cuts
         return gate_target(target, profile)
 
 
@@ -82,7 +90,7 @@ def _gate_npd(*args) -> int:
     from gpudoctor import npd
 
     try:
-        code, line = npd.verdict(_evaluate(*args))
+        code, line = npd.verdict(_evaluate(*args, quiet=True))
     except GpudoctorError as exc:
         code, line = npd.error_verdict(exc)
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback

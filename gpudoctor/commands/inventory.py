@@ -38,10 +38,20 @@ def show(inventory_path, as_json):
     """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy."""
     from gpudoctor.inventory import load_inventory
 
+    from gpudoctor.gate import BUILTIN_PROFILES, known_profiles, profile_from
+    from gpudoctor.inventory import source_line
+
     inv = load_inventory(inventory_path)
+    profiles = [(name, where, profile_from(name, inv.profiles[name] if where.startswith("inventory") else
+                                           BUILTIN_PROFILES[name], inv.path))
+                for name, where in known_profiles(inv.profiles)]
     if as_json:
-        click.echo(json.dumps(inv.to_json(), indent=2, sort_keys=True))
+        doc = {"path": inv.path, "example": inv.example, **inv.to_json(),
+               "gate_profiles": {n: {"source": w, **_profile_json(p)} for n, w, p in profiles}}
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
         raise SystemExit(EXIT_OK)
+    click.echo(source_line(inv))
+    click.echo("")
     hosts = [(h.name, _addr(h.ssh), h.ssh.user or "(ssh config)",
               f"{h.lxc.vmid or '?'}@{h.lxc.proxmox.name}" if h.lxc else "-",
               _expect(h.expect), ",".join(h.groups) or "-") for h in inv.hosts.values()]
@@ -50,10 +60,8 @@ def show(inventory_path, as_json):
         rows = [(p.name, _addr(p.ssh), p.ssh.user or "(ssh config)", p.config_dir, " ".join(p.pct))
                 for p in inv.proxmox.values()]
         _table("Proxmox nodes", ("NAME", "ADDRESS", "USER", "CONFIG DIR", "PCT"), rows)
-    if inv.profiles:
-        rows = [(p.name, " ".join([*p.patterns, *(f"{k}={v}" for k, v in p.spec if k not in ("require", "ignore"))]))
-                for p in inv.profiles.values()]
-        _table("Gate profiles", ("PROFILE", "CHECKS"), rows)
+    # every profile `gate --profile` accepts, from the list its errors name (gpudoctor.gate.known_profiles)
+    _table("Gate profiles", ("PROFILE", "FROM", "REQUIRES"), [(n, w, _profile_text(p)) for n, w, p in profiles])
     pol = inv.policy
     if pol.auto_apply or pol.never_apply or pol.budgets or pol.checks:
         rows = [("auto_apply", " ".join(pol.auto_apply) or "-"), ("never_apply", " ".join(pol.never_apply) or "-"),
@@ -82,7 +90,10 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
     from gpudoctor.inventory import load_inventory
     from gpudoctor.target import host_for
 
+    from gpudoctor.commands import say_inventory
+
     inv = load_inventory(inventory_path)
+    say_inventory(inv)
     entries = inv.select(",".join(specs) if specs else "all")
     targets = {("host", e.name): e for e in entries}
     for e in entries:
@@ -115,6 +126,24 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
         rows = [(r["name"], r["role"], "ok" if r["ok"] else "FAIL", f"{r['ms']} ms", r["detail"]) for r in results]
         _table("SSH reachability", ("NAME", "ROLE", "STATUS", "TIME", "ANSWER"), rows)
     raise SystemExit(EXIT_OK if all(r["ok"] for r in results) else EXIT_UNKNOWN)
+
+
+def _profile_json(p) -> dict:
+    return {"require": list(p.require), "ignore": list(p.ignore), "fail_free": p.fail_free,
+            "max_foreign_mib": p.max_foreign_mib, "free_port": p.free_port}
+
+
+def _profile_text(p) -> str:
+    parts = [*p.require, *(f"!{i}" for i in p.ignore)]
+    if not p.require and not p.ignore:
+        parts.append("no failure" if p.fail_free else "nothing")
+    elif p.fail_free:
+        parts.append("and no failure")
+    if p.max_foreign_mib is not None:
+        parts.append(f"max_foreign_mib={p.max_foreign_mib}")
+    if p.free_port:
+        parts.append("free_port")
+    return " ".join(parts)
 
 
 def _addr(s) -> str:

@@ -43,15 +43,35 @@ def _facts(vmid, config_path, devices_path, running_path, cgroup_layout=None) ->
     from gpudoctor.target import local_host
 
     on_host = vmid is not None
+    host = local_host()
+    node = _is_proxmox_node(host)
+    if not on_host and not devices_path and not node:
+        raise InputError(f"--config {config_path} without --devices: this machine is not a Proxmox node (no "
+                         f"{PVE_DIR}), so there is no node /proc/devices here to judge the majors against; give a "
+                         f"copy of the node's with --devices FILE, or ask the node itself over SSH with --host NODE "
+                         f"VMID (or --host GUEST)")
     vm = vmid if on_host else vmid_from_path(config_path)
-    b = gather_lxc(local_host(), vm, config=config_path, devices=devices_path or "/proc/devices",
+    b = gather_lxc(host, vm, config=config_path, devices=devices_path or "/proc/devices",
                    running=running_path, ask_status=on_host, stat_nodes=on_host, read_running=on_host,
                    read_layout=on_host and cgroup_layout is None)
+    if on_host and not node and b["config"]["text"] is None:
+        raise ConfigError(f"cannot read it ({b['config']['error']}): this machine is not a Proxmox node (no "
+                          f"{PVE_DIR}); reach the node from here over SSH with --host NODE {vmid} (or --host "
+                          f"GUEST), or offline with --config FILE --devices FILE (copies of the node's files)",
+                          path=b["config"]["path"])
     if cgroup_layout is not None:
         b["cgroup"] = {"path": None, "error": None, "layout": cgroup_layout, "evidence": "given with --cgroup-layout"}
     if not on_host:  # offline: the audit's hints name the same files (and say when /proc/devices is not the node's)
         b["offline"] = {"config": config_path, "devices": devices_path}
     return {"meta": {"host": b["proxmox"]}, "boundary": _validated(b, running_given=running_path is not None)}
+
+
+PVE_DIR = "/etc/pve"  # pmxcfs, mounted on every Proxmox VE node: where container configs and the node's files are
+
+
+def _is_proxmox_node(host) -> bool:
+    """This machine is a Proxmox VE node: its /proc/devices is the one its containers' majors live in."""
+    return host.stat(PVE_DIR).kind == "dir"
 
 
 def _validated(b: dict, *, running_given: bool, where: str = "") -> dict:
@@ -91,7 +111,10 @@ def _remote(host_name: str, inventory, vmid: int | None, timeout: float = 10.0):
     from gpudoctor.proxmox import pct
     from gpudoctor.target import open_target
 
+    from gpudoctor.commands import say_inventory
+
     inv = load_inventory(inventory)
+    say_inventory(inv)
     if host_name not in inv.hosts and host_name not in inv.proxmox:
         known = ", ".join(sorted([*inv.hosts, *inv.proxmox])) or "none"
         raise InventoryError(f"no host or proxmox host named {host_name!r} (known: {known})", path=inv.path)
@@ -141,7 +164,8 @@ def host_options(f):
 @lxc.command("audit", epilog=AUDIT_EXIT_DOC)
 @click.argument("vmid", type=int, required=False)
 @click.option("--config", "config_path", metavar="PATH", help="The container config file (instead of VMID).")
-@click.option("--devices", "devices_path", metavar="FILE", help="The host's /proc/devices (default: this machine's).")
+@click.option("--devices", "devices_path", metavar="FILE",
+              help="The Proxmox node's /proc/devices (default: this machine's, on a node only).")
 @click.option("--running", "running_path", metavar="PATH",
               help="The running config LXC generated at start (default with VMID: /var/lib/lxc/VMID/config).")
 @click.option("--cgroup-layout", type=click.Choice(["unified", "hybrid", "legacy"]), default=None,
@@ -188,7 +212,8 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
 @lxc.command("fix", epilog=FIX_EXIT_DOC)
 @click.argument("vmid", type=int, required=False)
 @click.option("--config", "config_path", metavar="PATH", help="The container config file (instead of VMID).")
-@click.option("--devices", "devices_path", metavar="FILE", help="The host's /proc/devices (default: this machine's).")
+@click.option("--devices", "devices_path", metavar="FILE",
+              help="The Proxmox node's /proc/devices (default: this machine's, on a node only).")
 @click.option("--running", "running_path", metavar="PATH",
               help="The running config (default with VMID: /var/lib/lxc/VMID/config).")
 @engine_options

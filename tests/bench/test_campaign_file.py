@@ -59,7 +59,7 @@ def test_defaults(tmp_path):
     f.write_text("model: /m\ntp: 8\nmethods: {baseline: {}}\nworkloads: [{name: w, max_tokens: 64}]\n"
                  "concurrency: 1\n")
     c = campaign.load(str(f))
-    assert c.server_command == ["python", "-m", "sglang.launch_server"]
+    assert c.server_command == ["python3", "-m", "sglang.launch_server"]  # no bare python (#23)
     assert c.gate_command == ["gpudoctor", "gate", "--profile", "benchmark"]
     assert c.gate_call == campaign.GateCall(profile="benchmark")  # gpudoctor's own gate: judged in process
     assert c.baseline == "baseline" and c.port == 30000 and c.timeouts["ready_s"] == 1800

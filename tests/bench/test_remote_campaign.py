@@ -58,6 +58,7 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
     with Slack().during() as slack:  # the lateness around and during the run (timing.py)
         p = bench_run(lab, path, out)
     assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[-1] == f"inventory: {lab.inventory}"  # the file that named the target (#23)
     recs = records(out)
     assert_honest(recs)
     assert sorted((r["label"], r["concurrency"]) for r in recs) == [

@@ -10,33 +10,29 @@ from .conftest import CONFIGS, DEV511
 from .test_cli import gd, work  # noqa: F401 - fixture
 
 
-def _this_machine_lacks_uvm() -> bool:
-    return "nvidia-uvm" not in Path("/proc/devices").read_text()
+def _off_the_node() -> bool:
+    return not Path("/etc/pve").is_dir()
 
 
-needs_no_uvm = pytest.mark.skipif(not _this_machine_lacks_uvm(),
-                                  reason="this machine registers nvidia-uvm: it cannot play 'off the Proxmox node'")
+off_the_node = pytest.mark.skipif(not _off_the_node(), reason="this machine is a Proxmox node (it has /etc/pve)")
 
 
-@needs_no_uvm
-def test_apply_without_devices_off_the_node_refuses_and_changes_nothing(work):
-    _, conf, state = work
+@off_the_node
+def test_apply_without_devices_off_the_node_changes_nothing_and_says_how(work):
+    """Off the node this machine's /proc/devices says nothing about the node's majors (#23): one line, exit 3."""
+    tmp, conf, state = work
     before = conf.read_bytes()
     r = gd("lxc", "fix", "--config", conf, "--apply", *state)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "APPLIED" not in r.stdout and "now allows" not in r.stdout and "no new majors" not in r.stdout
-    assert "REFUSED" in r.stdout and "/dev/nvidia-uvm" in r.stdout and "--devices" in r.stdout
-    assert "nothing was changed" in r.stdout
-    assert conf.read_bytes() == before
+    assert r.returncode == 3 and r.stdout == "", r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "this machine is not a Proxmox node (no /etc/pve)" in lines[0]
+    assert "--devices FILE" in lines[0] and "--host NODE VMID" in lines[0]
+    assert conf.read_bytes() == before and not (tmp / "backups").exists() and not (tmp / "audit.jsonl").exists()
 
 
-@needs_no_uvm
-def test_audit_hint_without_devices_names_devices(work):
+def test_audit_hint_repeats_the_audits_own_files(work):
     _, conf, _ = work
-    r = gd("lxc", "audit", "--config", conf)
-    assert r.returncode == 3
-    assert "pass a copy of the node's /proc/devices with --devices" in r.stdout
-    r = gd("lxc", "audit", "--config", conf, "--devices", DEV511)  # the hint repeats the audit's own files
+    r = gd("lxc", "audit", "--config", conf, "--devices", DEV511)
     assert f"gpudoctor lxc fix --config {conf} --devices {DEV511} --apply" in r.stdout
 
 
