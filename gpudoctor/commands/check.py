@@ -18,15 +18,10 @@ def _console():
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
-<<<<<<< HEAD
-                      deep_python=None, units=(), deep_force=False):
-    """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot."""
-=======
-                      deep_python=None, units=(), quiet=False):
+                      deep_python=None, units=(), deep_force=False, quiet=False):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot; the
     inventory it read is named on stderr (unless quiet: NPD's one line)."""
     from gpudoctor.commands import say_inventory
->>>>>>> w23cuts
     from gpudoctor.target import open_target
 
     if snapshot_path:  # judged as it was recorded: a flag asking for more would be silently ignored
@@ -35,23 +30,16 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
         refuse_live_flags(host_name, models, sglang_url)
     if sglang_url:
         http_url(sglang_url, "--sglang-url")
-<<<<<<< HEAD
     if deep_force and not deep:
         raise InputError("--force only applies to --deep (measure a GPU another process holds)")
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {}),
               **({"deep_force": True} if deep_force else {})} if deep else None
-    return open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
-                       expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
-                       units=units)
-=======
-    policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {})} if deep else None
     target = open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,
                          expect_gpus=expect_gpus, models=models, sglang_url=sglang_url, timeout=timeout, policy=policy,
                          units=units)
     if not quiet:
         say_inventory(target)
     return target
->>>>>>> w23cuts
 
 
 _common = [

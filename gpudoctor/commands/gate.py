@@ -68,20 +68,13 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     raise SystemExit(result.exit_code)
 
 
-<<<<<<< HEAD
-def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False):
-=======
-def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, quiet=False):
->>>>>>> w23cuts
+def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False,
+              quiet=False):
     """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
     from gpudoctor.gate import gate_target
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path,
-<<<<<<< HEAD
-                           deep=deep) as target:
-=======
-                           quiet=quiet) as target:
->>>>>>> w23cuts
+                           deep=deep, quiet=quiet) as target:
         return gate_target(target, profile)
 
 
