@@ -49,6 +49,7 @@ UNITS = REPO / "systemd"
 LAB_UNITS = Path(__file__).resolve().parent / "systemd" / "units"
 STANDIN_DIR = "/opt/gpudoctor-lab"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MODEL = "/dev/shm/models/Qwen3-32B"  # the path systemd/examples/sglang.service.d/gpudoctor.conf gates on
 REBOOT_EXIT = 133  # systemd-nspawn's exit status when the container asked for a reboot
 # units of a full Debian /usr that this container has no use for (no consoles, no logins): masked, for a fast boot;
 # D-Bus stays (systemd-run --wait talks to systemd through it)
@@ -173,6 +174,9 @@ class SystemdLab:
         shutil.copytree(lxclab.CAPTURE, sd / "capture")
         shutil.copy(lxclab.STANDINS / "nvidia-smi", sd / "bin" / "nvidia-smi")
         os.chmod(sd / "bin" / "nvidia-smi", 0o755)
+        from tests.model.modelfiles import write_model
+
+        write_model(sd / "models" / MODEL.rsplit("/", 1)[1])  # a small, real, complete model: a stage's source
         for src, out, extra in (("libcuda_stub.c", sd / "lib" / "libcuda.so.1", ["-Wl,-soname,libcuda.so.1"]),
                                 ("nvidia_driver_shim.c", sd / "nvidia_driver_shim.so", ["-ldl"])):
             subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(out),
@@ -182,6 +186,19 @@ class SystemdLab:
         d = STANDIN_DIR
         return {"PATH": f"{d}/bin:{PATH}", "LD_LIBRARY_PATH": f"{d}/lib", "LD_PRELOAD": f"{d}/nvidia_driver_shim.so",
                 "GPUDOCTOR_SHIM_MAJORS": f"195,{lxclab.CAPS_MAJOR}", "GPUDOCTOR_STANDIN_CAPTURE": f"{d}/capture"}
+
+    def model_source(self) -> str:
+        return f"{STANDIN_DIR}/models/{MODEL.rsplit('/', 1)[1]}"
+
+    def standin_dropin(self) -> str:
+        """A drop-in that gives a unit's processes the NVIDIA stand-ins (a GPU host has the real ones on PATH)."""
+        env = " ".join(f'"{k}={v}"' for k, v in self.standin_env().items())
+        return f"# the systemd lab's NVIDIA stand-ins (tests/systemdlab.py)\n[Service]\nEnvironment={env}\n"
+
+    def write(self, path: str, text: str) -> None:
+        """A file inside the container (its /etc, /run, ...), written from here."""
+        self.sh(f"mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {shlex.quote(path)}", check=True,
+                input=text)
 
     def _argv(self) -> list[str]:
         argv = ["systemd-nspawn", "--boot", "--quiet", "-D", str(self.root), "-M", self.machine,
@@ -289,11 +306,13 @@ mknod -m 444 /dev/nvidia-caps/nvidia-cap2 c {caps} 2
 
     # -- using -------------------------------------------------------------------------------------------------
 
-    def sh(self, cmd: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
+    def sh(self, cmd: str, timeout: float = 60.0, check: bool = True, input: str | None = None
+           ) -> subprocess.CompletedProcess:
         """A shell command in every namespace of the container's PID 1 (not in one of its units)."""
         r = subprocess.run(["nsenter", "-t", str(self.leader()), "-a", "/bin/sh", "-c", cmd], capture_output=True,
                            text=True, timeout=timeout, env={"PATH": PATH, "LANG": "C.UTF-8", "SYSTEMD_PAGER": "",
-                                                            "SYSTEMD_COLORS": "0"}, stdin=subprocess.DEVNULL)
+                                                            "SYSTEMD_COLORS": "0"}, input=input,
+                           **({} if input is not None else {"stdin": subprocess.DEVNULL}))
         if check and r.returncode != 0:
             raise AssertionError(f"in the container: {cmd!r} → rc {r.returncode}: {r.stdout[-2000:]}"
                                  f"{r.stderr[-2000:]}")

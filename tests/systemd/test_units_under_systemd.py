@@ -166,14 +166,46 @@ def test_a_stale_device_allow_is_refused_by_systemd_named_by_check_and_fixed_by_
         lab.systemctl("stop", unit)
 
 
+def test_the_gate_in_execstartpre_blocks_the_server_until_the_host_is_ready(sdlab):
+    """systemd/examples/sglang.service.d/gpudoctor.conf as shipped: gpudoctor-gate.service once per boot, and
+    `gate --profile benchmark --model /dev/shm/models/Qwen3-32B` before every start, in the server's own cgroup.
+    The model is not staged: systemd never runs the server; staged (gpudoctor model stage), it starts."""
+    from tests.systemdlab import MODEL, REPO
+
+    lab, unit = sdlab, "sglang.service"
+    lab.write(f"/etc/systemd/system/{unit}.d/gpudoctor.conf",
+              (REPO / "systemd/examples/sglang.service.d/gpudoctor.conf").read_text())
+    for u in (unit, "gpudoctor-gate.service"):
+        lab.write(f"/etc/systemd/system/{u}.d/lab-standins.conf", lab.standin_dropin())
+    lab.systemctl("daemon-reload")
+    lab.sh(f"rm -rf {MODEL}")
+    served = lab.journal(unit).count("serving: /dev/nvidia-uvm opened")
+    try:
+        assert lab.systemctl("start", unit, check=False).returncode != 0
+        log = lab.journal(unit)
+        assert f"BLOCK workload.model.staged_this_boot[{MODEL}]" in log, log[-3000:]
+        assert lab.show(unit, "ActiveState")["ActiveState"] == "failed"
+        assert lab.show("gpudoctor-gate.service", "ActiveState", "Result") == {"ActiveState": "active",
+                                                                               "Result": "success"}
+        assert log.count("serving: /dev/nvidia-uvm opened") == served  # ExecStart= never ran
+        st = lab.run_unit(["gpudoctor", "model", "stage", "--from", lab.model_source(), "--to", MODEL, "--apply"],
+                          env=lab.standin_env())
+        assert st.returncode == 0, st.stdout + st.stderr
+        lab.systemctl("start", unit)
+        _wait(lambda: lab.journal(unit).count("serving: /dev/nvidia-uvm opened") == served + 1, 20, "the server")
+        assert lab.show(unit, "ActiveState")["ActiveState"] == "active"
+    finally:
+        lab.systemctl("stop", unit, check=False)
+        lab.sh(f"rm -f /etc/systemd/system/{unit}.d/gpudoctor.conf && systemctl daemon-reload")
+
+
 def test_the_daemon_starts_at_boot_after_a_reboot(sdlab):
     lab = sdlab
     lab.systemctl("enable", DAEMON)
     old = lab.show(DAEMON, "MainPID")["MainPID"]
-    boot = lab.sh("cat /proc/sys/kernel/random/boot_id").stdout
     lab.reboot()
     assert lab.exits[-1:] == [133] and lab.boots >= 2
     s = _wait(lambda: (lambda s: s if s["ActiveState"] == "active" else None)(
         lab.show(DAEMON, "ActiveState", "MainPID", "UnitFileState")), 90, "gpudoctor.service active after boot")
     assert s["UnitFileState"] == "enabled" and s["MainPID"] != old
-    assert lab.sh("cat /proc/sys/kernel/random/boot_id").stdout != boot or True
+    assert "Startup finished" in lab.journal()  # the journal of the new boot
