@@ -71,6 +71,8 @@ def skip_reason() -> str | None:
             return f"{name} is not installed{needs.MARK}: {needs.COMPONENTS[name][1]}"
     if not os.path.exists("/usr/lib/systemd/systemd"):
         return f"systemd is not installed{needs.MARK}: apt-get install systemd"
+    if not shutil.which("dbus-daemon"):
+        return f"dbus-daemon is not installed{needs.MARK}: apt-get install dbus"
     if lxclab._cgroup2_root() is None:
         return "no cgroup2 hierarchy is mounted (/sys/fs/cgroup/unified or /sys/fs/cgroup)"
     if ["7", "vcs"] not in [ln.split() for ln in Path("/proc/devices").read_text().splitlines()]:

@@ -143,6 +143,8 @@ def test_the_watchdog_restarts_a_stopped_daemon(sdlab):
 def test_a_stale_device_allow_is_refused_by_systemd_named_by_check_and_fixed_by_the_dropin(sdlab):
     lab = sdlab
     unit = "sglang.service"
+    shown = [ln.split("=", 1)[1] for ln in lab.systemctl("show", unit, "--property=DeviceAllow").stdout.splitlines()]
+    assert shown == ["/dev/char/510:1 rw", "/dev/char/510:0 rw", "/dev/nvidia0 rw", "/dev/nvidiactl rw"]  # reversed
     r = lab.systemctl("start", unit, check=False)
     assert r.returncode != 0
     assert "/dev/nvidia-uvm: Operation not permitted" in lab.journal(unit)  # systemd's device program: EPERM
