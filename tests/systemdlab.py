@@ -320,7 +320,7 @@ mknod -m 444 /dev/nvidia-caps/nvidia-cap2 c {caps} 2
                                  f"{r.stderr[-2000:]}")
         return r
 
-    def systemctl(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def systemctl(self, *args: str, check: bool = True, timeout: float = 300.0) -> subprocess.CompletedProcess:
         return self.sh("systemctl " + shlex.join(args), timeout=timeout, check=check)
 
     def show(self, unit: str, *props: str) -> dict[str, str]:

@@ -119,14 +119,20 @@ def gather(host: Host, ctx: GatherContext) -> dict | None:
     return read_kernel_log(host, window_of(ctx), min(ctx.timeout, 5.0))
 
 
-def _kind_of(host: Host, path: str, t: float) -> str | None:
-    """What `path` is once its links are followed (char, file, ...), None when that cannot be said."""
+def _stat_of(host: Host, path: str, t: float):
+    """`path` stat'ed once its links are followed; None when that cannot be said."""
     for _ in range(8):
         st = host.stat(path, timeout=t)
         if not st.exists or st.kind != "link" or not st.target:
-            return st.kind if st.exists else None
+            return st if st.exists else None
         path = st.target if st.target.startswith("/") else str(PurePosixPath(path).parent / st.target)
     return None
+
+
+def _kind_of(host: Host, path: str, t: float) -> str | None:
+    """What `path` is once its links are followed (char, file, ...), None when that cannot be said."""
+    st = _stat_of(host, path, t)
+    return st.kind if st is not None else None
 
 
 def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/dev/kmsg",
@@ -151,6 +157,13 @@ def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/de
     out["kind"] = None
     lines = d.get("lines") or []
     error = d.get("error")
+    if error in ("EACCES", "EPERM", "ENXIO", "ENODEV") and device:
+        # systemd's ProtectKernelLogs=yes bind-mounts its inaccessible node (c 0:0, mode 000, nodev) over /dev/kmsg
+        st = _stat_of(host, kmsg, t)
+        if st is not None and st.kind == "char" and (st.major, st.minor) == (0, 0):
+            out["kind"] = "char"
+            error += (": c 0:0, not the kernel's log device (a sandbox: systemd's ProtectKernelLogs=yes puts its "
+                      "inaccessible node there)")
     if error is None and not out["scanned"]:
         # a real /dev/kmsg always holds this boot's records: 0 is a stand-in (a sandbox's empty file, /dev/null)
         out["kind"] = kind = _kind_of(host, kmsg, t)

@@ -90,3 +90,15 @@ def test_the_real_kmsg_of_this_machine_is_a_character_device_with_records():
     assert kl["kind"] is None and kl["scanned"] > 0 and kl["source"] == "/dev/kmsg" and not kl["errors"]
     [f] = _xid(kl)
     assert f.data.get("read") is True
+
+
+def test_systemds_inaccessible_node_at_kmsg_is_named_a_sandbox(tmp_path):
+    """ProtectKernelLogs=yes where systemd can make device nodes: /dev/kmsg is its c 0:0, mode 000 (ENXIO)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a 0:0 character node needs root (CAP_MKNOD)")
+    node = tmp_path / "kmsg"
+    os.mknod(node, 0o020000, os.makedev(0, 0))
+    kl = read_kernel_log(_dmesg(tmp_path, DENIED), None, 5.0, kmsg=str(node), device=True)
+    assert kl["source"] is None and kl["errors"][0].startswith(f"{node} → ENXIO: c 0:0, not the kernel's log device")
+    [f] = _xid(kl)
+    assert f.status.value == "info" and "ProtectKernelLogs=yes" in f.summary and "Xids were not checked" in f.summary
