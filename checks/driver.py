@@ -215,7 +215,8 @@ def xid(facts):
     xid_catalog.json): RESET_GPU / RESTART_BM / CONTACT_SUPPORT / … fail, RESTART_APP warns, IGNORE is information;
     Xid 154 is graded by the recovery action it names, or the one NVML reports now. A kernel log that cannot be read
     is said so, never ok: denied (EPERM, dmesg_restrict), a /dev/kmsg that is not the kernel's device (an empty file
-    from a sandbox) or 0 records read where the boot must have logged. Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
+    from a sandbox) or 0 records read where the boot must have logged.
+    Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
     from gpudoctor.xid import findings_from_lines, XidLine
 
     k = facts.get("kernel_log")
