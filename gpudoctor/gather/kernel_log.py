@@ -1,7 +1,8 @@
 """Kernel log facts: the NVRM Xid lines of this boot (or of a window), read from /dev/kmsg, else from `dmesg`.
 
 A log that could not be read is never "no Xid": an error, a /dev/kmsg that is not the kernel's character device
-(systemd's ProtectKernelLogs=yes leaves an empty regular file there), and 0 records where the boot must have logged
+(systemd's ProtectKernelLogs=yes puts its inaccessible node there: c 0:0, or an empty regular file), and 0 records
+where the boot must have logged
 (a real /dev/kmsg always holds this boot's first lines, or its oldest surviving ones) each add an error and leave
 "source" None unless `dmesg` then reads the log.
 
