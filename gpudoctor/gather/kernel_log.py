@@ -2,9 +2,8 @@
 
 A log that could not be read is never "no Xid": an error, a /dev/kmsg that is not the kernel's character device
 (systemd's ProtectKernelLogs=yes puts its inaccessible node there: c 0:0, or an empty regular file), and 0 records
-where the boot must have logged
-(a real /dev/kmsg always holds this boot's first lines, or its oldest surviving ones) each add an error and leave
-"source" None unless `dmesg` then reads the log.
+where the boot must have logged (a real /dev/kmsg always holds this boot's first lines, or its oldest surviving
+ones) each add an error and leave "source" None unless `dmesg` then reads the log.
 
 Bounded: /dev/kmsg is read record by record without blocking until the end of the ring buffer, at most MAX_RECORDS
 records and within the deadline; only the newest MAX_XIDS Xid lines are kept. The window is the policy's
