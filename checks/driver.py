@@ -214,7 +214,9 @@ def xid(facts):
     """Reads /dev/kmsg (else `dmesg`); each Xid code is looked up in the shipped catalog (gpudoctor/data/
     xid_catalog.json): RESET_GPU / RESTART_BM / CONTACT_SUPPORT / … fail, RESTART_APP warns, IGNORE is information;
     Xid 154 is graded by the recovery action it names, or the one NVML reports now. A kernel log that cannot be read
-    is said so, never ok. Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
+    is said so, never ok: denied (EPERM, dmesg_restrict), a /dev/kmsg that is not the kernel's device (an empty file
+    from a sandbox) or 0 records read where the boot must have logged.
+    Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
     from gpudoctor.xid import findings_from_lines, XidLine
 
     k = facts.get("kernel_log")
@@ -225,13 +227,16 @@ def xid(facts):
         errs = k.get("errors") or ["no source"]
         denied = any(e.split(" → ", 1)[-1].startswith(("EACCES", "EPERM", "ENOENT")) or "not permitted" in e
                      for e in errs)
+        sandbox = any("not the kernel's log device" in e or "0 records read" in e for e in errs)
         restrict = (facts.get("host") or {}).get("dmesg_restrict")
-        why = (" (kernel.dmesg_restrict = 1: reading it needs CAP_SYSLOG)" if restrict == 1 else
+        why = (" (/dev/kmsg here is not the kernel's log: a sandbox such as systemd's ProtectKernelLogs=yes)"
+               if sandbox else " (kernel.dmesg_restrict = 1: reading it needs CAP_SYSLOG)" if restrict == 1 else
                " (a container without /dev/kmsg or CAP_SYSLOG)" if denied else "")
-        return Finding("driver.xid", Status.INFO if denied else Status.UNKNOWN,
+        return Finding("driver.xid", Status.INFO if denied or sandbox else Status.UNKNOWN,
                        f"Could not read the kernel log{why}: Xids were not checked", evidence=errs,
-                       hint="Run the check as root on the host (or give the daemon CAP_SYSLOG); the daemon also "
-                            "watches NVML's Xid events.", data={"read": False})
+                       hint="Run the check as root on the host (the shipped gpudoctor.service has CAP_SYSLOG and "
+                            "ProtectKernelLogs=no for this, docs/daemon.md); the daemon also watches NVML's Xid "
+                            "events.", data={"read": False})
     lines = [XidLine(**x) for x in k.get("xids") or []]
     ev = [f"{k['source']}: {k.get('scanned', 0)} records read ({window})" if k["source"] == "/dev/kmsg"
           else f"{k['source']}: read ({window})"]

@@ -7,6 +7,7 @@ rich markup, `line()` for a plain line, `console()` for a Console that escapes w
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import LAYERS, Status
@@ -21,12 +22,54 @@ def to_json(d: Diagnosis) -> str:
     return json.dumps(d.to_json(), indent=2, sort_keys=False)
 
 
-def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None) -> None:
+@dataclass(frozen=True)
+class Scope:
+    """What a check looked at, as `gpudoctor fix` options: a printed remedy line, copied, acts on the same thing."""
+
+    host: str | None = None  # --host NAME: the inventory host the check reached over SSH
+    inventory: str | None = None  # --inventory FILE, when the check was given one
+    units: tuple[str, ...] = ()  # --unit U: the systemd units whose device policy was audited
+    models: tuple[str, ...] = ()  # --model PATH: model directories given on the command line (or recorded)
+    snapshot_of: str | None = None  # check --snapshot: the live host the snapshot was taken of (fix cannot act
+    #                                 on a snapshot: the line says to run the command there)
+
+
+def remedy_command(remedy: str, scope: Scope | None = None) -> str:
+    """`gpudoctor fix ... --only REMEDY` in `scope`, every value shell-quoted. The one place a remedy becomes a
+    command line."""
+    import shlex
+
+    sc = scope or Scope()
+    argv = ["gpudoctor", "fix"]
+    if sc.inventory:
+        argv += ["--inventory", sc.inventory]
+    if sc.host:
+        argv += ["--host", sc.host]
+    for u in sc.units:
+        argv += ["--unit", u]
+    for m in sc.models:
+        argv += ["--model", m]
+    argv += ["--only", remedy]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def remedy_line(remedy: str, scope: Scope | None = None) -> str:
+    """The remedy line of a finding, in the scope it was found in (live host, --host, --unit, --model); for a
+    snapshot, how to act on the live host it was taken of."""
+    cmd = remedy_command(remedy, scope)
+    if scope is not None and scope.snapshot_of:
+        return (f"remedy: {cmd}   (run it on {scope.snapshot_of}, the live host of this snapshot: a snapshot "
+                f"cannot be fixed)")
+    return f"remedy: {cmd}   (dry run: shows the diff; add --apply to make the change)"
+
+
+def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None, scope: Scope | None = None) -> None:
     """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence.
-    `host`: the inventory name the check ran on over SSH, so the remedy line names it (`fix --host NAME`)."""
+    `scope`: what the check looked at, so the remedy line acts on the same thing (`host` alone: Scope(host=))."""
     from rich.table import Table
 
     escape = esc
+    scope = scope or Scope(host=host)
 
     verdict = d.verdict
     t = d.facts.get("meta", {}).get("timings", {}).get("total")
@@ -48,9 +91,7 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
         if rc.hint:
             console.print(f"    fix: {escape(rc.hint)}")
         if rc.remedy:
-            where = f"--host {host} " if host else ""
-            console.print(f"    remedy: gpudoctor fix {escape(where)}--only {escape(rc.remedy)}   (dry run: shows the "
-                          f"diff; add --apply to make the change)")
+            console.print(f"    {escape(remedy_line(rc.remedy, scope))}", soft_wrap=True)  # one line to copy
         if len(d.chain) > 1:
             console.print("    chain: " + escape(" → ".join(d.chain)))
         if len(d.root_causes) > 1:

@@ -184,7 +184,10 @@ class Healer:
             except GpudoctorError:
                 pass
             allow = ", ".join([remedy, f"{remedy}.reboot"] if reboot else [remedy])
-            return (f"gpudoctor fix {where}--only {remedy} --apply{' --reboot' if reboot else ''} (or let the "
+            from gpudoctor.report import Scope, remedy_command  # the one place a remedy becomes a command line
+
+            cmd = remedy_command(remedy, Scope(host=self.name if self.remote else None))
+            return (f"{cmd} --apply{' --reboot' if reboot else ''} (or let the "
                     f"campaign heal it: heal: {{allow: [{allow}]}}), then {self.resume_hint}")
         hint = next((b.hint for b in roots if b.hint), None)
         if hint:

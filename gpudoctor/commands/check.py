@@ -134,9 +134,14 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
 
         click.echo(to_json(d))
     else:
-        from gpudoctor.report import render
+        from gpudoctor.report import Scope, render
 
-        render(d, _console(), verbose=show_all, host=target.name if target.remote else None)
+        ctx = target.context
+        scope = Scope(host=target.name if target.remote else None, inventory=None if snapshot_path else inventory,
+                      units=tuple(ctx.units if snapshot_path else units),
+                      models=tuple(ctx.model_paths if snapshot_path else models),
+                      snapshot_of=d.host if snapshot_path else None)
+        render(d, _console(), verbose=show_all, scope=scope)
     raise SystemExit(d.exit_code)
 
 

@@ -105,7 +105,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     from gpudoctor.daemon.engine import EngineConfig, load_factory
     from gpudoctor.daemon.loop import Daemon, DaemonConfig
     from gpudoctor.daemon.metrics import DaemonMetrics, MetricsServer, parse_addr
-    from gpudoctor.daemon.sdnotify import Notifier
+    from gpudoctor.daemon.sdnotify import Notifier, take_protocol_env
     from gpudoctor.daemon.state import StateStore
 
     state_path = state_path or _default_state()
@@ -124,8 +124,9 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     if not no_xid and not once:
         from gpudoctor.daemon.xid import XidWatcher as xid_factory
 
+    notifier = Notifier(take_protocol_env())  # from here on, children inherit no NOTIFY_SOCKET (sdnotify.py)
     d = Daemon(cfg, engine_factory=load_factory(engine_spec), clock=make_clock(clock_file),
-               store=StateStore(state_path), notifier=Notifier(), metrics=metrics, xid_watcher_factory=xid_factory)
+               store=StateStore(state_path), notifier=notifier, metrics=metrics, xid_watcher_factory=xid_factory)
     d.load()
     if once:
         code = d.run_once()

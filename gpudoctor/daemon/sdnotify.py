@@ -3,6 +3,13 @@
 Follows sd_notify(3): the socket is a unix datagram socket path, or an abstract socket when it starts with '@'.
 $WATCHDOG_USEC (and $WATCHDOG_PID, when set, must be our pid) says how often systemd wants WATCHDOG=1.
 Outside systemd every call is a silent no-op.
+
+The protocol is the main process's alone: `take_protocol_env()` moves systemd's protocol variables out of os.environ
+when the daemon starts (what sd_notify(3)'s unset_environment does), so every child — a check's `systemctl
+is-enabled`, ssh, a probe — gets an environment without them. That is the one place children's environment loses
+them (subprocess and gpudoctor.host.local copy os.environ). A child that inherited NOTIFY_SOCKET would send its own
+datagrams there: `systemctl` sends ERRNO=2 for a missing unit, which systemd rejects (and logs) under
+NotifyAccess=main, or takes as the service's StatusErrno= under NotifyAccess=all.
 """
 
 from __future__ import annotations
@@ -11,6 +18,19 @@ import os
 import socket
 import threading
 import time
+
+
+# sd_notify(3), sd_watchdog_enabled(3), sd_listen_fds(3), systemd.exec(5) (SYSTEMD_EXEC_PID) and the memory pressure
+# protocol (MEMORY_PRESSURE_*): each addressed to the process systemd started, never to its children.
+PROTOCOL_VARS = ("NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES",
+                 "SYSTEMD_EXEC_PID", "MEMORY_PRESSURE_WATCH", "MEMORY_PRESSURE_WRITE")
+
+
+def take_protocol_env(environ=None) -> dict:
+    """Remove systemd's protocol variables from `environ` (default os.environ, which children inherit) and return
+    them, for the Notifier of this process."""
+    environ = os.environ if environ is None else environ
+    return {k: environ.pop(k) for k in PROTOCOL_VARS if k in environ}
 
 
 class Notifier:

@@ -1,5 +1,10 @@
 """Kernel log facts: the NVRM Xid lines of this boot (or of a window), read from /dev/kmsg, else from `dmesg`.
 
+A log that could not be read is never "no Xid": an error, a /dev/kmsg that is not the kernel's character device
+(systemd's ProtectKernelLogs=yes puts its inaccessible node there: c 0:0, or an empty regular file), and 0 records
+where the boot must have logged (a real /dev/kmsg always holds this boot's first lines, or its oldest surviving
+ones) each add an error and leave "source" None unless `dmesg` then reads the log.
+
 Bounded: /dev/kmsg is read record by record without blocking until the end of the ring buffer, at most MAX_RECORDS
 records and within the deadline; only the newest MAX_XIDS Xid lines are kept. The window is the policy's
 `checks: driver.xid: {window: SECONDS}` (inventory), else the whole boot.
@@ -7,6 +12,7 @@ records and within the deadline; only the newest MAX_XIDS Xid lines are kept. Th
 facts["kernel_log"] = {
   "source": "/dev/kmsg" | "dmesg" | None,  "uptime": 12345.6,  "window_s": None | 3600,
   "errors": ["/dev/kmsg → EACCES", "dmesg → rc 1: dmesg: read kernel buffer failed: Operation not permitted"],
+  "kind": "char" | "file" | ... | None,   what /dev/kmsg is, stat'ed when it gave 0 records (None: not stat'ed)
   "scanned": 5120, "truncated": false, "xids": [{"pci", "code", "text", "t", "pid", "name"}, ...],
 }
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import PurePosixPath
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.gather.fabric import FAST
@@ -112,8 +119,27 @@ def gather(host: Host, ctx: GatherContext) -> dict | None:
     return read_kernel_log(host, window_of(ctx), min(ctx.timeout, 5.0))
 
 
-def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/dev/kmsg") -> dict | None:
-    """The kernel log's Xid lines through `host` (`kmsg` is another path only in tests: a saved kmsg dump)."""
+def _stat_of(host: Host, path: str, t: float):
+    """`path` stat'ed once its links are followed; None when that cannot be said."""
+    for _ in range(8):
+        st = host.stat(path, timeout=t)
+        if not st.exists or st.kind != "link" or not st.target:
+            return st if st.exists else None
+        path = st.target if st.target.startswith("/") else str(PurePosixPath(path).parent / st.target)
+    return None
+
+
+def _kind_of(host: Host, path: str, t: float) -> str | None:
+    """What `path` is once its links are followed (char, file, ...), None when that cannot be said."""
+    st = _stat_of(host, path, t)
+    return st.kind if st is not None else None
+
+
+def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/dev/kmsg",
+                    device: bool | None = None) -> dict | None:
+    """The kernel log's Xid lines through `host` (`kmsg` is another path only in tests: a saved kmsg dump).
+    `device`: `kmsg` must be the kernel's character device (default: when it is /dev/kmsg)."""
+    device = kmsg == "/dev/kmsg" if device is None else device
     res = host.run([*host.python, *FAST, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg],
                    timeout=t + 1.0)
     if not_recorded(res):
@@ -128,13 +154,32 @@ def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/de
         out["errors"].append("kernel log probe " + res.describe())
         return out
     out["uptime"], out["scanned"], out["truncated"] = d.get("uptime"), d.get("scanned", 0), d.get("truncated", False)
+    out["kind"] = None
     lines = d.get("lines") or []
-    if d.get("error"):
-        out["errors"].append(f"/dev/kmsg → {d['error']}")
+    error = d.get("error")
+    if error in ("EACCES", "EPERM", "ENXIO", "ENODEV") and device:
+        # systemd's ProtectKernelLogs=yes bind-mounts its inaccessible node (c 0:0, mode 000, nodev) over /dev/kmsg
+        st = _stat_of(host, kmsg, t)
+        if st is not None and st.kind == "char" and (st.major, st.minor) == (0, 0):
+            out["kind"] = "char"
+            error += (": c 0:0, not the kernel's log device (a sandbox: systemd's ProtectKernelLogs=yes puts its "
+                      "inaccessible node there)")
+    if error is None and not out["scanned"]:
+        # a real /dev/kmsg always holds this boot's records: 0 is a stand-in (a sandbox's empty file, /dev/null)
+        out["kind"] = kind = _kind_of(host, kmsg, t)
+        error = ("an empty regular file, not the kernel's log device (a sandbox: systemd's ProtectKernelLogs=yes "
+                 "leaves one there)" if kind == "file" and device else
+                 "0 records read, where this boot must have logged"
+                 + {"char": " (a character device)", "file": " (a regular file)"}.get(kind or "", ""))
+    if error:
+        out["errors"].append(f"{kmsg} → {error}")
+        lines = []
         dm = host.run(["dmesg"], timeout=t)
-        if dm.ok:
+        if dm.ok and dm.stdout.strip():
             out["source"] = "dmesg"
             lines = parse_dmesg(dm.stdout, out["uptime"], window)
+        elif dm.ok:
+            out["errors"].append("dmesg → no output: the kernel log is not readable here")
         elif not not_recorded(dm):
             out["errors"].append("dmesg → " + ("not found" if dm.rc == 127 else dm.describe().split(" → ", 1)[-1]))
     else:

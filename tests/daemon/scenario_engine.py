@@ -7,7 +7,9 @@ to the scenario's `log` file with the fake clock's time, so tests can count rebo
     {"hosts": ["ct200"], "local_host": null, "policy": {"daemon": {...}},
      "findings": {"ct200": [{"id": "cuda.init", "status": "fail", "summary": "...", "remedy": "lxc.reboot"}]},
      "unreachable": [], "remedies": {"lxc.reboot": {"reboot": true, "result": "ok"}},
-     "log": "/tmp/.../applied.jsonl", "clock": "/tmp/.../clock"}
+     "log": "/tmp/.../applied.jsonl", "clock": "/tmp/.../clock",
+     "child": ["/path/to/python", "child.py"]}   optional: run on every check through gpudoctor's LocalHost, as a
+                                                 check runs its probes (a daemon child)
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class ScenarioEngine:
         sc = self._sc()
         if host in sc.get("unreachable", []):
             raise HostUnreachable(f"{host}: connection refused (scenario)")
+        if sc.get("child"):
+            from gpudoctor.host.local import LocalHost
+
+            LocalHost().run(sc["child"], timeout=10)
         return Diagnosis([Finding(**f) for f in sc.get("findings", {}).get(host, [])])
 
     def plan(self, host, diagnosis):

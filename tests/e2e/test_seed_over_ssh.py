@@ -45,7 +45,7 @@ def test_check_names_the_missing_uvm_rule_with_the_chain_and_the_fix(seed_lab):
     assert f"add `lxc.cgroup2.devices.allow: c {M}:* rwm` to the live section of /etc/pve/lxc/200.conf" in flat
     assert "`gpudoctor lxc fix 200 --apply` does this safely" in flat
     assert "devN: /dev/nvidia-uvm" in flat
-    assert "remedy: gpudoctor fix --host ct200 --only lxc.cgroup_allow" in flat
+    assert f"remedy: gpudoctor fix --inventory {lab.inventory} --host ct200 --only lxc.cgroup_allow" in flat
 
 
 def test_every_layer_was_read_for_real_over_ssh(seed_lab):
