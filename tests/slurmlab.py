@@ -31,6 +31,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.procs import stop
+
 ADDR = "192.0.2.1"
 NODE = "gpu01"
 
@@ -104,13 +106,7 @@ class SlurmLab:
             p = self.procs.pop(name, None)
             if p is None:
                 continue
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(10)
+            stop(p, 10)
         self._kill_stragglers()
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
         left = self.leftovers()
