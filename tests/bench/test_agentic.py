@@ -51,12 +51,17 @@ def test_three_turns_at_concurrency_4_match_the_standins_truth(standin, tmp_path
         assert t["requests"] == 4
         assert t["prompt_tokens_mean"] == prompt and t["cached_tokens_mean"] == cached, (t, prompt, cached)
         truth = TTFT_MS * (prompt - cached) / prompt  # the stand-in's TTFT: its ttft x the uncached share
-        assert t["ttft_ms_p50"] == pytest.approx(truth, abs=6.0 + 2 * slack.p90_ms), (t, truth, slack)
+        # Four requests a turn on a loaded 2-core machine: the stand-in's own process waits for a core too.
+        assert t["ttft_ms_p50"] == pytest.approx(truth, abs=10.0 + 4 * slack.p90_ms), (t, truth, slack)
     assert m["by_turn"][2]["ttft_ms_p50"] < m["by_turn"][0]["ttft_ms_p50"] / 3
     assert m["cache_hit_rate"] == pytest.approx(sum(c for _, c in want) / sum(p for p, _ in want))
     served = [json.loads(x) for x in timing.read_text().splitlines()]
     got = sorted((x["prompt_tokens"], x["cached_tokens"]) for x in served if x["prompt_tokens"] >= want[0][0])  # not the warm-up
     assert got == sorted(want * 4)  # the server's own account of every turn of every session
+    for x in served:  # and its own clock: the first token went out after --ttft-ms x the uncached share
+        if x["prompt_tokens"] >= want[0][0]:
+            truth = TTFT_MS * (x["prompt_tokens"] - x["cached_tokens"]) / x["prompt_tokens"] / 1000
+            assert truth - 0.002 <= x["first_sent"] - x["received"] <= truth + 0.010 + 4 * slack.p90_ms / 1000, x
     assert r["cache"]["action"] == "flushed (POST /flush_cache)" and r["cache"]["before"]["cached_tokens"] > 0
     assert r["host_health"]["status"] == "unavailable"  # this machine has no NVML: said, with the reason
     assert "NVMLError_LibraryNotFound" in r["host_health"]["reason"] and r["suspect"] is None
