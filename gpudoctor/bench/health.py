@@ -10,16 +10,21 @@ The NVML source is injectable: `nvml` is any object with pynvml's functions (pyn
 fake built from an H200's `nvidia-smi -q -x`). A host without NVML (no driver, no library: pynvml raises
 NVMLError_LibraryNotFound) gets `status: unavailable` with that reason — never no section. The kernel log is read
 from where the level starts on (/dev/kmsg, or a file: `health.kernel_log`), so old Xids do not count again.
+
+On a remote target the same sampler runs *there* (RemoteSampler): this module's own source is started detached through
+Host.run (`python3 -c SOURCE ...`, stdlib only: nothing is installed on the target), samples until SIGTERM, and
+leaves its raw state as one JSON file that is read back through the Host seam and summarised here.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import statistics
+import sys
 import threading
 import time
-
-from gpudoctor import xid as xidlib
 
 # NVML's clocks event reasons (nvml.h nvmlClocksEventReason*; the same bits as the older ClocksThrottleReason*).
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
@@ -120,6 +125,7 @@ class Sampler:
         self.samples: dict[int, list[dict]] = {}
         self.bus: dict[int, str | None] = {}
         self.events: list[dict] = []
+        self.klines: list[list] = []  # [t, at, kernel log line] of NVRM Xid lines
         self.t0 = 0.0
         self.cpu_s = 0.0
         self._handles: dict[int, object] = {}
@@ -179,10 +185,8 @@ class Sampler:
         now = self.clock()
         t = round(now - self.t0, 3)
         for line in self.klog.lines():
-            x = xidlib.parse_line(line)
-            if x is not None:
-                self.events.append({"t": t, "at": now, "kind": "xid", "xid": x.code, "bus_id": x.pci,
-                                    "source": "kernel log", "text": x.text[:200]})
+            if "NVRM: Xid" in line:  # parsed by section(), where gpudoctor.xid is (not on a remote target)
+                self.klines.append([t, now, line[:400]])
         if self.reason is not None:
             return
         nv = self._nvml
@@ -261,9 +265,37 @@ class Sampler:
             _call(nv.nvmlShutdown)
         return self.section()
 
+    STATE = ("reason", "samples", "bus", "events", "klines", "t0", "cpu_s", "interval_s")
+
+    def state(self) -> dict:
+        """The raw state (what a remote sampler hands back): JSON-able."""
+        return {**{k: getattr(self, k) for k in self.STATE}, "klog_path": self.klog.path,
+                "klog_reason": self.klog.reason, "t_end": self.clock()}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "Sampler":
+        s = cls(None, interval_s=d.get("interval_s") or DEFAULT_INTERVAL_S, kernel_log=d.get("klog_path"))
+        for k in cls.STATE:
+            if k in d:
+                setattr(s, k, d[k])
+        s.samples = {int(i): v for i, v in (d.get("samples") or {}).items()}
+        s.bus = {int(i): v for i, v in (d.get("bus") or {}).items()}
+        s.klog.reason = d.get("klog_reason")
+        t_end = d.get("t_end", s.t0)
+        s.clock = lambda: t_end
+        return s
+
     def section(self) -> dict:
+        from gpudoctor import xid as xidlib
+
         dur = round(self.clock() - self.t0, 3)
-        events = sorted(self.events, key=lambda e: e["t"])
+        events = list(self.events)
+        for t, at, line in self.klines:
+            x = xidlib.parse_line(line)
+            if x is not None:
+                events.append({"t": t, "at": at, "kind": "xid", "xid": x.code, "bus_id": x.pci,
+                               "source": "kernel log", "text": x.text[:200]})
+        events.sort(key=lambda e: e["t"])
         if self.reason is not None:
             out = {"status": UNAVAILABLE, "reason": self.reason, "duration_s": dur, "events": events}
         else:
@@ -328,3 +360,101 @@ def process_tree(root: int) -> set[int]:
 def unavailable(reason: str) -> dict:
     """The section of a level nobody could sample (e.g. a remote target without a sampler there)."""
     return {"status": UNAVAILABLE, "reason": reason, "events": []}
+
+
+# ---- the sampler on a remote target ------------------------------------------------------------------------------
+# $1 output file, $2 python, then the sampler's argv. Starts it detached in its own session; prints its pid.
+_AGENT_START = r"""out=$1 py=$2
+shift 2
+case $out in "~/"*) out=$HOME/${out#"~/"} ;; esac
+mkdir -p "$(dirname "$out")" || exit 90
+rm -f "$out" "$out.ready"
+setsid nohup "$py" -c "$@" "$out" > "$out.log" 2>&1 < /dev/null &
+echo "pid=$!"
+echo "out=$out"
+"""
+# $1 pid, $2 output file: wait until it can take SIGTERM (a python start on a busy host takes a while), send it,
+# wait up to 10 s for the results, then make sure it is gone.
+_AGENT_STOP = r"""i=0
+while [ ! -e "$2.ready" ] && kill -0 "$1" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+kill -TERM "$1" 2>/dev/null
+i=0
+while [ ! -s "$2" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+rm -f "$2.ready"
+kill -KILL "$1" 2>/dev/null
+exit 0
+"""
+
+
+class RemoteSampler:
+    """The Sampler run on `host` (a Host: SSH through the probe agent's seam, or local) for one level."""
+
+    def __init__(self, host, run_dir: str, label: str, *, gpus: list[int] | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S, kernel_log: str | None = DEFAULT_KERNEL_LOG,
+                 server_pgid: int | None = None):
+        self.host, self.gpus, self.interval_s, self.kernel_log = host, gpus, interval_s, kernel_log
+        self.out = f"{run_dir.rstrip('/')}/{label}.health.json"
+        self.server_pgid = server_pgid
+        self.pid: int | None = None
+        self.error: str | None = None
+
+    def start(self) -> "RemoteSampler":
+        from pathlib import Path
+
+        src = Path(__file__).read_text(encoding="utf-8")
+        argv = ["sh", "-c", _AGENT_START, "gpudoctor-health", self.out, self.host.python[0], src,
+                json.dumps({"interval_s": self.interval_s, "kernel_log": self.kernel_log, "gpus": self.gpus,
+                            "server_pgid": self.server_pgid})]
+        try:
+            res = self.host.run(argv, timeout=30.0)
+        except Exception as exc:  # HostError: the level runs; its record says why nothing was sampled
+            self.error = f"the sampler did not start on {self.host.name}: {exc}"
+            return self
+        out = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        if res.ok and out.get("pid", "").strip().isdigit():
+            self.pid, self.out = int(out["pid"]), out.get("out", self.out).strip()
+        else:
+            self.error = f"the sampler did not start on {self.host.name}: {res.describe()}"
+        return self
+
+    def stop(self) -> dict:
+        if self.pid is None:
+            return unavailable(self.error or "the sampler did not start")
+        try:
+            self.host.run(["sh", "-c", _AGENT_STOP, "gpudoctor-health-stop", str(self.pid), self.out], timeout=30.0)
+            got = self.host.read_file(self.out, timeout=30.0, max_bytes=64 << 20)
+        except Exception as exc:
+            return unavailable(f"the sampler's results could not be read from {self.host.name}: {exc}")
+        if not got.ok:
+            return unavailable(f"the sampler left no results on {self.host.name} ({self.out}: {got.error})")
+        try:
+            d = json.loads(got.data)
+        except ValueError as exc:
+            return unavailable(f"the sampler's results on {self.host.name} are not JSON: {exc}")
+        out = Sampler.from_state(d).section()
+        if out["status"] == SAMPLED:
+            out["source"] = f"nvml on {self.host.name}"
+        out["host"] = self.host.name
+        return out
+
+
+def _agent(conf: dict, out: str) -> None:
+    """`python3 -c <this file> CONF OUT` on the target: sample until SIGTERM, then write the raw state to OUT."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    open(out + ".ready", "w").close()
+    pgid = conf.get("server_pgid")
+    s = Sampler(None, gpus=conf.get("gpus"), interval_s=conf.get("interval_s") or DEFAULT_INTERVAL_S,
+                kernel_log=conf.get("kernel_log"), server_pids=(lambda: process_tree(pgid)) if pgid else None).start()
+    stop.wait(24 * 3600)  # a level never lasts a day: an orphaned sampler ends by itself
+    s._stop.set()
+    if s._thread is not None:
+        s._thread.join(10)
+    s.klog.close()
+    with open(out + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(s.state(), fh)
+    os.replace(out + ".tmp", out)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3:
+    _agent(json.loads(sys.argv[1]), sys.argv[2])

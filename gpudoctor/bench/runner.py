@@ -175,16 +175,19 @@ class Runner:
         its GPUs sampled here (a local server: its session's processes are the server's)."""
         from gpudoctor.bench.watch import CellWatch
 
+        from gpudoctor.bench.health import RemoteSampler
+
         camp, h = self.camp, self.camp.health
-        why = None
-        if camp.is_remote:
-            why = (f"the servers run on {camp.target}: its GPUs are not sampled from here (run gpudoctor on "
-                   f"{camp.target} with target: local to sample them)")
+        remote = None
+        if camp.is_remote:  # the sampler runs on the target, next to the server, started through the Host seam
+            pgid = getattr(launcher, "pid", None)
+            remote = lambda: RemoteSampler(self.host, self.remote_dir, "health", gpus=h.gpus,  # noqa: E731
+                                           interval_s=h.interval_s, kernel_log=h.kernel_log, server_pgid=pgid)
         proc = getattr(launcher, "proc", None)
         pids = (lambda: process_tree(proc.pid)) if proc is not None else None
         return CellWatch(cache_policy=camp.cache, sample=h.sample, nvml=self.health_nvml, gpus=h.gpus,
                          interval_s=h.interval_s, kernel_log=h.kernel_log, server_pids=pids,
-                         thresholds=camp.suspect, unavailable=why)
+                         thresholds=camp.suspect, sampler=remote)
 
     def retract_suspect(self) -> int:
         """--rerun-suspect: take the suspect records out (to retracted.jsonl, with their reasons) so exactly their

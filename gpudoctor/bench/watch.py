@@ -25,13 +25,16 @@ class CellWatch:
     server_pids: object = None  # a callable giving the server's pids, or None (the processes there at the start)
     thresholds: dict = field(default_factory=lambda: dict(suspectlib.DEFAULTS))
     unavailable: str | None = None  # why this target cannot be sampled from here (then nothing is sampled)
+    sampler: object = None  # a callable giving a sampler to start (health.RemoteSampler on a remote target)
     _sampler: object = None
     _cache: dict | None = None
 
     async def before(self, base_url: str) -> None:
         self._cache = await cachelib.before_cell(base_url, self.cache_policy)
         self._sampler = None
-        if self.sample and self.unavailable is None:
+        if self.sample and self.unavailable is None and self.sampler is not None:
+            self._sampler = self.sampler().start()
+        elif self.sample and self.unavailable is None:
             self._sampler = healthlib.Sampler(self.nvml, gpus=self.gpus, interval_s=self.interval_s,
                                               kernel_log=self.kernel_log, server_pids=self.server_pids).start()
 

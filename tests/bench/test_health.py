@@ -168,3 +168,40 @@ def test_mean_ci():
     assert (m, n) == (pytest.approx(26.2), 3)
     assert h == pytest.approx(4.3027 * 0.2 / math.sqrt(3))
     assert mean_ci([1.0]) == (1.0, None, 1) and mean_ci([None]) == (None, None, 0)
+
+
+def test_remote_sampler_runs_on_the_target_through_the_host_seam(tmp_path):
+    """The sampler started detached through Host.run as `python3 -c <health.py>` (the same path as over SSH), its
+    kernel log read there, its raw state read back with Host.read_file and summarised here."""
+    from gpudoctor.target import local_host
+
+    klog = tmp_path / "kern.log"
+    klog.write_text("")
+    host = local_host()
+    rs = health.RemoteSampler(host, str(tmp_path / "run"), "lvl", interval_s=0.05, kernel_log=str(klog)).start()
+    assert rs.pid is not None, rs.error
+    try:
+        time.sleep(0.5)
+        with klog.open("a") as fh:
+            fh.write("NVRM: Xid (PCI:0000:00:06): 94, pid=9, name=python3, Contained ECC error.\n")
+        time.sleep(0.3)
+    finally:
+        out = rs.stop()
+    assert out["status"] == "unavailable" and "NVMLError_LibraryNotFound" in out["reason"]  # no driver here either
+    (e,) = out["events"]
+    assert e["xid"] == 94 and e["source"] == "kernel log" and out["host"] == host.name
+    assert suspect.judge(out)[0]["kind"] == "xid"
+    try:  # gone after stop (a zombie where init does not reap, as in many containers)
+        with open(f"/proc/{rs.pid}/stat") as fh:
+            assert fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        pass
+
+
+def test_remote_sampler_that_cannot_start_says_why(tmp_path):
+    from gpudoctor.target import local_host
+
+    host = local_host()
+    rs = health.RemoteSampler(host, "/proc/no-such-dir/x", "lvl").start()
+    out = rs.stop()
+    assert out["status"] == "unavailable" and "did not start" in out["reason"]
