@@ -119,3 +119,46 @@ def test_bad_suspect_key_is_file_line_exit_3(tmp_path):
     line = next(i for i, x in enumerate(path.read_text().splitlines(), 1) if "sm_clock_drop" in x)
     assert p.returncode == 3 and f"{path}:{line}" in p.stderr and "sm_clock_drop" in p.stderr, p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_foreign_process_on_the_gpu_marks_its_level_and_the_servers_own_does_not(tmp_path):
+    """In process, with the fake NVML of an H200: the server's own process on the GPU from the start (its pid from
+    server.pid: the session the campaign started it in), a foreign one only while the concurrency-2 level runs."""
+    from gpudoctor.bench.runner import run_campaign
+    from tests.bench.fakenvml import FakeNVML
+
+    (tmp_path / "model").mkdir()
+    path = tmp_path / "c.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        model: {tmp_path}/model
+        server:
+          command: [{sys.executable}, -m, gpudoctor.bench.standin, --decode-tok-s, "800"]
+          port: {free_port()}
+        gate: {{command: null}}
+        tp: [1]
+        concurrency: [1, 2, 4]
+        timeouts: {{ready_s: 90, stall_s: 15, stop_s: 5, gpu_release_s: 5}}
+        health: {{interval_s: 0.05, kernel_log: null}}
+        methods: {{baseline: {{}}}}
+        workloads: [{{name: w, max_tokens: [32], num_prompts: 4}}]
+        """))
+    nv, out = FakeNVML(), tmp_path / "run"
+    nv.busy()
+
+    def on_event(kind, **data):
+        if kind == "level_start" and data["spec"].concurrency == 1:
+            nv.add_process(json.loads((out / "server.pid").read_text())["pid"], 70000)
+        if kind == "level_start" and data["spec"].concurrency == 2:
+            nv.add_process(999_999, 512)
+        if kind == "level_done" and data["record"]["concurrency"] == 2:
+            nv.set(procs=nv.gpus[0].procs[:1])
+
+    counts = run_campaign(str(path), str(out), on_event=on_event, health_nvml=nv)
+    assert counts["ok"] == 3
+    recs = {r["concurrency"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert all(r["host_health"]["status"] == "sampled" and r["host_health"]["samples"] >= 2 for r in recs.values())
+    assert recs[1]["suspect"] is None and recs[4]["suspect"] is None
+    (why,) = recs[2]["suspect"]
+    assert why["kind"] == "foreign_process" and "pid 999999" in why["reason"] and "512" in why["reason"]
+    g = recs[2]["host_health"]["gpus"]["0"]
+    assert g["sm_mhz"]["median"] == 1980 and g["util_pct"]["max"] == 97 and g["bus_id"] == "00000000:00:06.0"
