@@ -80,6 +80,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                         "of the prompt, at most prompt - 1 tokens; prompt and output cached after each request); "
                         "TTFT = --ttft-ms x uncached share")
     p.add_argument("--prefix-cache-tokens", type=int, default=4_000_000, help="its capacity (LRU), tokens")
+    p.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", dest="cache_report",
+                   action="store_true", help="SGLang / vLLM: /v1 usage carries prompt_tokens_details.cached_tokens")
     p.add_argument("--xid-log", default=None, metavar="FILE",
                    help="stand-in only, 'the host changed': append an NVRM Xid kernel log line to FILE once "
                         "--xid-after-requests requests arrived (while --xid-if-exists exists, when given)")
@@ -586,6 +588,8 @@ class StandIn:
                     yield wire.sse(wire.openai_role_chunk(st, req, fl))
                 yield wire.sse(wire.openai_chunk(st, req, fl))
         for tail in wire.openai_tail(st, req, fl, self.spec):
+            if self.a.cache_report and isinstance(tail.get("usage"), dict):
+                tail["usage"]["prompt_tokens_details"] = {"cached_tokens": st.cached}
             yield wire.sse(tail)
         yield wire.DONE
 

@@ -81,6 +81,32 @@ def test_keep_policy_leaves_the_cache(standin, tmp_path):
     assert r["cache"]["action"] == "kept (policy keep)" and r["multi_turn"]["by_turn"][1]["cached_tokens_mean"] > 0
 
 
+def test_chat_sessions_read_cached_tokens_from_usage(standin, tmp_path):
+    s = standin("--prefix-cache", "--enable-cache-report", "--decode-tok-s", "4000")
+    out = tmp_path / "out"
+    p = run_cli("bench", "load", "--server-url", s.url, "--api", "chat", "--turns", "2", "--concurrency", "2",
+                "--max-tokens", "8", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    (r,) = records(out)
+    m = r["multi_turn"]
+    assert m["cached_tokens_source"] == "usage.prompt_tokens_details.cached_tokens"
+    first, second = m["by_turn"]
+    assert second["cached_tokens_mean"] > 0 and 0 < m["cache_hit_rate"] < 1
+    # the second turn re-sends the first's messages and answer: all of its first turn is cached
+    assert second["cached_tokens_mean"] >= first["prompt_tokens_mean"] - 4
+
+
+def test_a_server_that_does_not_say_is_unknown(standin, tmp_path):
+    s = standin("--prefix-cache", "--decode-tok-s", "4000")  # no --enable-cache-report: /v1 usage has no details
+    out = tmp_path / "out"
+    p = run_cli("bench", "load", "--server-url", s.url, "--api", "completions", "--turns", "2", "--concurrency", "1",
+                "--max-tokens", "8", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    (r,) = records(out)
+    assert r["multi_turn"]["cache_hit_rate"] == "unknown" and r["multi_turn"]["cached_tokens_source"] == "unknown"
+    assert r["multi_turn"]["by_turn"][1]["cached_tokens_mean"] == "unknown"
+
+
 def make_trace(path, n=200, gap_ms=20.0, block=64, groups=10):
     """n requests every gap_ms; request i shares two leading blocks with every request of its group (i % groups)
     and has a third of its own."""
