@@ -13,7 +13,7 @@ from where the level starts on (/dev/kmsg, or a file: `health.kernel_log`), so o
 
 On a remote target the same sampler runs *there* (RemoteSampler): this module's own source is started detached through
 Host.run (`python3 -c SOURCE ...`, stdlib only: nothing is installed on the target), samples until SIGTERM, and
-leaves its raw state as one JSON file that is read back through the Host seam and summarised here.
+leaves its `host_health` section as one JSON file, which is read back through Host.run (Xid lines parsed here).
 """
 
 from __future__ import annotations
@@ -265,37 +265,13 @@ class Sampler:
             _call(nv.nvmlShutdown)
         return self.section()
 
-    STATE = ("reason", "samples", "bus", "events", "klines", "t0", "cpu_s", "interval_s")
-
-    def state(self) -> dict:
-        """The raw state (what a remote sampler hands back): JSON-able."""
-        return {**{k: getattr(self, k) for k in self.STATE}, "klog_path": self.klog.path,
-                "klog_reason": self.klog.reason, "t_end": self.clock()}
-
-    @classmethod
-    def from_state(cls, d: dict) -> "Sampler":
-        s = cls(None, interval_s=d.get("interval_s") or DEFAULT_INTERVAL_S, kernel_log=d.get("klog_path"))
-        for k in cls.STATE:
-            if k in d:
-                setattr(s, k, d[k])
-        s.samples = {int(i): v for i, v in (d.get("samples") or {}).items()}
-        s.bus = {int(i): v for i, v in (d.get("bus") or {}).items()}
-        s.klog.reason = d.get("klog_reason")
-        t_end = d.get("t_end", s.t0)
-        s.clock = lambda: t_end
-        return s
-
     def section(self) -> dict:
-        from gpudoctor import xid as xidlib
-
         dur = round(self.clock() - self.t0, 3)
-        events = list(self.events)
-        for t, at, line in self.klines:
-            x = xidlib.parse_line(line)
-            if x is not None:
-                events.append({"t": t, "at": at, "kind": "xid", "xid": x.code, "bus_id": x.pci,
-                               "source": "kernel log", "text": x.text[:200]})
-        events.sort(key=lambda e: e["t"])
+        try:
+            events = xid_events(self.events, self.klines)
+            klines = None
+        except ImportError:  # the sampler on a remote target without gpudoctor: the client parses them
+            events, klines = sorted(self.events, key=lambda e: e["t"]), self.klines
         if self.reason is not None:
             out = {"status": UNAVAILABLE, "reason": self.reason, "duration_s": dur, "events": events}
         else:
@@ -305,7 +281,22 @@ class Sampler:
                    "events": events}
         out["kernel_log"] = self.klog.path if self.klog.reason is None else f"unavailable: {self.klog.reason}"
         out["sampler_cpu_s"] = round(self.cpu_s, 6)
+        if klines is not None:
+            out["klines"] = klines
         return out
+
+
+def xid_events(events: list[dict], klines: list[list]) -> list[dict]:
+    """`events` with the kernel log's NVRM Xid lines ([t, at, line]) added as xid events, in time order."""
+    from gpudoctor import xid as xidlib
+
+    out = list(events)
+    for t, at, line in klines:
+        x = xidlib.parse_line(line)
+        if x is not None:
+            out.append({"t": t, "at": at, "kind": "xid", "xid": x.code, "bus_id": x.pci, "source": "kernel log",
+                        "text": x.text[:200]})
+    return sorted(out, key=lambda e: e["t"])
 
 
 def summarize_gpu(samples: list[dict], bus_id: str | None) -> dict:
@@ -369,19 +360,27 @@ shift 2
 case $out in "~/"*) out=$HOME/${out#"~/"} ;; esac
 mkdir -p "$(dirname "$out")" || exit 90
 rm -f "$out" "$out.ready"
-setsid nohup "$py" -c "$@" "$out" > "$out.log" 2>&1 < /dev/null &
+setsid nohup "$py" -c "$@" "$out" > "$out.err" 2>&1 < /dev/null &
 echo "pid=$!"
 echo "out=$out"
 """
 # $1 pid, $2 output file: wait until it can take SIGTERM (a python start on a busy host takes a while), send it,
-# wait up to 10 s for the results, then make sure it is gone.
+# wait up to 10 s for the results, make sure it is gone, print them.
 _AGENT_STOP = r"""i=0
 while [ ! -e "$2.ready" ] && kill -0 "$1" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
 kill -TERM "$1" 2>/dev/null
 i=0
 while [ ! -s "$2" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
-rm -f "$2.ready"
 kill -KILL "$1" 2>/dev/null
+i=0
+while [ $i -lt 40 ]; do
+  { read -r s < "/proc/$1/stat"; } 2>/dev/null || break
+  s=${s##*") "}
+  case $s in Z*|X*) break ;; esac
+  sleep 0.05; i=$((i + 1))
+done
+rm -f "$2.ready"
+cat "$2"
 exit 0
 """
 
@@ -421,17 +420,16 @@ class RemoteSampler:
         if self.pid is None:
             return unavailable(self.error or "the sampler did not start")
         try:
-            self.host.run(["sh", "-c", _AGENT_STOP, "gpudoctor-health-stop", str(self.pid), self.out], timeout=30.0)
-            got = self.host.read_file(self.out, timeout=30.0, max_bytes=64 << 20)
+            res = self.host.run(["sh", "-c", _AGENT_STOP, "gpudoctor-health-stop", str(self.pid), self.out],
+                                timeout=60.0)
         except Exception as exc:
             return unavailable(f"the sampler's results could not be read from {self.host.name}: {exc}")
-        if not got.ok:
-            return unavailable(f"the sampler left no results on {self.host.name} ({self.out}: {got.error})")
         try:
-            d = json.loads(got.data)
-        except ValueError as exc:
-            return unavailable(f"the sampler's results on {self.host.name} are not JSON: {exc}")
-        out = Sampler.from_state(d).section()
+            out = json.loads(res.stdout)
+        except ValueError:
+            return unavailable(f"the sampler left no results on {self.host.name} ({self.out}; {res.describe()})")
+        if "klines" in out:
+            out["events"] = xid_events(out.get("events") or [], out.pop("klines"))
         if out["status"] == SAMPLED:
             out["source"] = f"nvml on {self.host.name}"
         out["host"] = self.host.name
@@ -452,7 +450,7 @@ def _agent(conf: dict, out: str) -> None:
         s._thread.join(10)
     s.klog.close()
     with open(out + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(s.state(), fh)
+        json.dump(s.section(), fh)
     os.replace(out + ".tmp", out)
 
 

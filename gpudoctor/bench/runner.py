@@ -181,7 +181,8 @@ class Runner:
         remote = None
         if camp.is_remote:  # the sampler runs on the target, next to the server, started through the Host seam
             pgid = getattr(launcher, "pid", None)
-            remote = lambda: RemoteSampler(self.host, self.remote_dir, "health", gpus=h.gpus,  # noqa: E731
+            remote = lambda: RemoteSampler(self.host, self.remote_dir, getattr(launcher, "label", "server"),  # noqa: E731
+                                           gpus=h.gpus,
                                            interval_s=h.interval_s, kernel_log=h.kernel_log, server_pgid=pgid)
         proc = getattr(launcher, "proc", None)
         pids = (lambda: process_tree(proc.pid)) if proc is not None else None
