@@ -135,11 +135,9 @@ class PrefixCache:
     def match(self, key) -> int:
         best = 0
         for k in self.entries:
-            if type(k) is not type(key):
-                continue
-            n = len(os.path.commonprefix([k, key]))
-            best = max(best, n if isinstance(key, tuple) else n // 4)
-        return best
+            if type(k) is type(key) and k[:1] == key[:1]:
+                best = max(best, _common(k, key))
+        return best if isinstance(key, tuple) else best // 4
 
     def insert(self, key, tokens: int) -> None:
         if key in self.entries:
@@ -152,6 +150,18 @@ class PrefixCache:
     def clear(self) -> None:
         self.entries.clear()
         self.tokens = 0
+
+
+def _common(a, b) -> int:
+    """Length of the common prefix of two strings or tuples (a binary search over slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _chat_key(messages) -> str | None:
