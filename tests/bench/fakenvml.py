@@ -186,3 +186,21 @@ class FakeNVML:
 
     def nvmlEventSetFree(self, evset):
         return None
+
+
+def nvml_here() -> bool:
+    """Whether this machine has a working NVML (a GPU host): then the "no NVML" expectations become "sampled"."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def assert_real_health(h: dict) -> None:
+    """A record's host_health as this machine must give it: sampled with a driver, else unavailable saying why."""
+    if nvml_here():
+        assert h["status"] == "sampled" and h["samples"] >= 1, h
+    else:
+        assert h["status"] == "unavailable" and h["reason"].startswith("NVML unavailable: NVMLError_"), h

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 from tests.bench.conftest import free_port, run_cli
+from tests.bench.fakenvml import assert_real_health
 
 PROMPTS = {"fib": "Write a Python function that returns the n-th Fibonacci number.",
            "qsort": "Implement quicksort in C and explain its worst case.",
@@ -67,7 +68,8 @@ def test_injected_host_change_makes_exactly_that_level_suspect_and_rerun_measure
     (why,) = sus[0]["suspect"]
     assert why["kind"] == "xid" and "Xid 79" in why["reason"] and why["t"] >= 0
     assert "SUSPECT: Xid 79" in p.stderr
-    assert all(r["host_health"]["status"] == "unavailable" for r in recs)  # no NVML here; the kernel log still read
+    for r in recs:  # no NVML here; the kernel log is read all the same
+        assert_real_health(r["host_health"])
     assert all(r["per_prompt"] and set(r["per_prompt"]) == set(PROMPTS) for r in recs)
     assert run_cli("bench", "report", str(out), "--no-plots").returncode == 0
     md = (out / "report.md").read_text()
