@@ -390,8 +390,9 @@ class RemoteSampler:
 
     def __init__(self, host, run_dir: str, label: str, *, gpus: list[int] | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, kernel_log: str | None = DEFAULT_KERNEL_LOG,
-                 server_pgid: int | None = None):
+                 server_pgid: int | None = None, max_s: float = 7200.0):
         self.host, self.gpus, self.interval_s, self.kernel_log = host, gpus, interval_s, kernel_log
+        self.max_s = max_s
         self.out = f"{run_dir.rstrip('/')}/{label}.health.json"
         self.server_pgid = server_pgid
         self.pid: int | None = None
@@ -403,7 +404,7 @@ class RemoteSampler:
         src = Path(__file__).read_text(encoding="utf-8")
         argv = ["sh", "-c", _AGENT_START, "gpudoctor-health", self.out, self.host.python[0], src,
                 json.dumps({"interval_s": self.interval_s, "kernel_log": self.kernel_log, "gpus": self.gpus,
-                            "server_pgid": self.server_pgid})]
+                            "server_pgid": self.server_pgid, "max_s": self.max_s})]
         try:
             res = self.host.run(argv, timeout=30.0)
         except Exception as exc:  # HostError: the level runs; its record says why nothing was sampled
@@ -444,7 +445,12 @@ def _agent(conf: dict, out: str) -> None:
     pgid = conf.get("server_pgid")
     s = Sampler(None, gpus=conf.get("gpus"), interval_s=conf.get("interval_s") or DEFAULT_INTERVAL_S,
                 kernel_log=conf.get("kernel_log"), server_pids=(lambda: process_tree(pgid)) if pgid else None).start()
-    stop.wait(24 * 3600)  # a level never lasts a day: an orphaned sampler ends by itself
+    # Orphaned (the campaign killed): it ends by itself once the server's session is gone (a resumed campaign reaps
+    # that server) or after max_s (the level's timeout), whichever comes first.
+    end = time.monotonic() + float(conf.get("max_s") or 7200)
+    while not stop.wait(1.0) and time.monotonic() < end:
+        if pgid and process_tree(pgid) == {pgid} and not os.path.exists(f"/proc/{pgid}"):
+            break
     s._stop.set()
     if s._thread is not None:
         s._thread.join(10)

@@ -183,7 +183,8 @@ class Runner:
             pgid = getattr(launcher, "pid", None)
             remote = lambda: RemoteSampler(self.host, self.remote_dir, getattr(launcher, "label", "server"),  # noqa: E731
                                            gpus=h.gpus,
-                                           interval_s=h.interval_s, kernel_log=h.kernel_log, server_pgid=pgid)
+                                           interval_s=h.interval_s, kernel_log=h.kernel_log, server_pgid=pgid,
+                                           max_s=camp.timeouts["level_s"] + 60)
         proc = getattr(launcher, "proc", None)
         pids = (lambda: process_tree(proc.pid)) if proc is not None else None
         return CellWatch(cache_policy=camp.cache, sample=h.sample, nvml=self.health_nvml, gpus=h.gpus,

@@ -206,3 +206,29 @@ def test_remote_sampler_that_cannot_start_says_why(tmp_path):
     rs = health.RemoteSampler(host, "/proc/no-such-dir/x", "lvl").start()
     out = rs.stop()
     assert out["status"] == "unavailable" and "did not start" in out["reason"]
+
+
+def test_an_orphaned_remote_sampler_ends_with_the_servers_session(tmp_path):
+    """The campaign was killed mid-level: the sampler on the target must not outlive the server it watches."""
+    import subprocess
+
+    from gpudoctor.target import local_host
+
+    server = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        rs = health.RemoteSampler(local_host(), str(tmp_path), "lvl", interval_s=0.1, kernel_log=None,
+                                  server_pgid=server.pid).start()
+        assert rs.pid is not None, rs.error
+        time.sleep(1.0)
+    finally:
+        server.kill()
+        server.wait()
+    out = tmp_path / "lvl.health.json"
+    end = time.monotonic() + 15
+    while not out.exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    assert out.exists()  # it noticed, wrote its section and ended
+    import json
+
+    assert json.loads(out.read_text())["status"] in ("sampled", "unavailable")
+    rs.stop()  # reaps the (exited) process; nothing left behind
