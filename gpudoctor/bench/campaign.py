@@ -22,7 +22,8 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory's host names
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "request_rates", "arrival", "max_error_rate", "slo",
-            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal"}
+            "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal",
+            "suspect", "health", "cache"}
 MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
@@ -46,6 +47,22 @@ class Workload:
     context_lengths: list[int | None]
     num_prompts: int | None
     trials: int
+    turns: int | None = None  # agentic multi-turn: turns per session (gpudoctor.bench.multiturn)
+    think_s: float = 0.0
+    conversations: str | None = None  # a JSONL of conversations; None: the built-in set
+    trace: str | None = None  # trace replay: a Mooncake-format JSONL (gpudoctor.bench.trace)
+    time_scale: float = 1.0
+    block_tokens: int = 512
+
+
+@dataclass
+class Health:
+    """`health:` — sampling the serving GPUs during each level (gpudoctor.bench.health)."""
+
+    sample: bool = True
+    interval_s: float = 0.5
+    gpus: list[int] | None = None
+    kernel_log: str | None = "/dev/kmsg"
 
 
 @dataclass(frozen=True)
@@ -176,6 +193,9 @@ class Campaign:
     max_error_rate: float = 0.0
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    suspect: dict = field(default_factory=dict)  # gpudoctor.bench.suspect thresholds (defaults filled in)
+    health: Health = field(default_factory=Health)
+    cache: str = "flush"  # before each level: flush the prefix cache, or keep it
     lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
 
     @property
@@ -368,6 +388,22 @@ def load(path: str) -> Campaign:
         v.fail(f"arrival must be poisson or constant, got {arrival!r}", "arrival")
     slo = v.mapping(d.get("slo") or {}, "slo", keys={"ttft_ms", "itl_ms"})
     heal = _heal(v, d["heal"]) if d.get("heal") not in (None, False) else None
+    from gpudoctor.bench import suspect as suspectlib
+
+    suspect = suspectlib.check(d.get("suspect"), v.fail)
+    hraw = v.mapping(d.get("health") or {}, "health", keys={"sample", "interval_s", "gpus", "kernel_log"})
+    if not isinstance(hraw.get("sample", True), bool):
+        v.fail("health.sample must be true or false", "health", "sample")
+    kl = hraw.get("kernel_log", "/dev/kmsg")
+    health = Health(sample=hraw.get("sample", True),
+                    interval_s=float(v.number(hraw.get("interval_s", 0.5), "health", "interval_s", lo=0.05, hi=0.5)),
+                    gpus=v.int_list(hraw["gpus"], "health", "gpus", lo=0) if "gpus" in hraw else None,
+                    kernel_log=None if kl in (None, False) else v.string(kl, "health", "kernel_log"))
+    if health.kernel_log and not Path(health.kernel_log).is_absolute():
+        health.kernel_log = str(base / health.kernel_log)
+    cache = d.get("cache", "flush")
+    if cache not in ("flush", "keep"):
+        v.fail(f"cache must be flush or keep, got {cache!r}", "cache")
     return Campaign(
         path=path, name=v.string(d.get("name", Path(path).stem), "name"), target=target,
         target_line=doc.line("target") if "target" in d else None, model=model,
@@ -387,6 +423,7 @@ def load(path: str) -> Campaign:
         arrival=arrival, max_error_rate=float(v.number(d.get("max_error_rate", 0.0), "max_error_rate", lo=0, hi=1)),
         slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
         slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
+        suspect=suspect, health=health, cache=cache,
         lines=doc.lines,
     )
 
@@ -484,7 +521,8 @@ def _workloads(v: _V, raw, base: Path, limit: int | None) -> list[Workload]:
     out, names = [], set()
     for i, w in enumerate(raw):
         where = ("workloads", i)
-        w = v.mapping(w, *where, keys={"name", "prompts", "max_tokens", "context_lengths", "num_prompts", "trials"})
+        w = v.mapping(w, *where, keys={"name", "prompts", "max_tokens", "context_lengths", "num_prompts", "trials",
+                                       "turns", "think_ms", "conversations", "trace", "time_scale", "block_tokens"})
         name = v.string(w.get("name"), *where, "name")
         if not NAME.match(name) or name in names:
             v.fail(f"workload name {name!r} must be unique and made of letters, digits, '.', '_' or '-'",
@@ -496,6 +534,11 @@ def _workloads(v: _V, raw, base: Path, limit: int | None) -> list[Workload]:
             if not p.is_file():
                 v.fail(f"prompt set {prompts!r} not found (looked for {p})", *where, "prompts")
             prompts = str(p)
+        extra = _agentic(v, w, where, base, name)
+        if "trace" in w:
+            out.append(Workload(name, prompts, [0], [None], None,
+                                int(v.number(w.get("trials", 1), *where, "trials", integer=True, lo=1)), **extra))
+            continue
         if "max_tokens" not in w:
             v.fail(f"workload {name!r} needs max_tokens", *where)
         ctx_raw = w.get("context_lengths", [None])
@@ -510,5 +553,55 @@ def _workloads(v: _V, raw, base: Path, limit: int | None) -> list[Workload]:
         n = w.get("num_prompts")
         out.append(Workload(name, prompts, v.int_list(w["max_tokens"], *where, "max_tokens"), ctx or [None],
                             None if n is None else int(v.number(n, *where, "num_prompts", integer=True, lo=1)),
-                            int(v.number(w.get("trials", 1), *where, "trials", integer=True, lo=1))))
+                            int(v.number(w.get("trials", 1), *where, "trials", integer=True, lo=1)), **extra))
     return out
+
+
+def _agentic(v: _V, w: dict, where: tuple, base: Path, name: str) -> dict:
+    """A workload's multi-turn (`turns`, `think_ms`, `conversations`) or trace (`trace`, `time_scale`,
+    `block_tokens`) keys, checked; the trace and conversations files are read here, so a bad line stops the
+    campaign before anything starts (FILE:LINE of that file)."""
+    out: dict = {}
+    if "turns" in w and "trace" in w:
+        v.fail(f"workload {name!r}: turns (multi-turn sessions) and trace (replay) do not mix", *where, "trace")
+    for k in ("think_ms", "conversations"):
+        if k in w and "turns" not in w:
+            v.fail(f"workload {name!r}: {k} needs turns", *where, k)
+    for k in ("time_scale", "block_tokens"):
+        if k in w and "trace" not in w:
+            v.fail(f"workload {name!r}: {k} needs trace", *where, k)
+    if "turns" in w:
+        if "context_lengths" in w:
+            v.fail(f"workload {name!r}: a multi-turn workload's context grows with its turns; no context_lengths",
+                   *where, "context_lengths")
+        out["turns"] = int(v.number(w["turns"], *where, "turns", integer=True, lo=1, hi=1000))
+        out["think_s"] = float(v.number(w.get("think_ms", 0), *where, "think_ms", lo=0, hi=3_600_000)) / 1000.0
+        if "conversations" in w:
+            path = _file(v, w["conversations"], base, where, "conversations")
+            from gpudoctor.bench.multiturn import load_conversations
+
+            load_conversations(path, out["turns"])
+            out["conversations"] = path
+    if "trace" in w:
+        if "max_tokens" in w or "context_lengths" in w:
+            v.fail(f"workload {name!r}: a trace gives each request's input and output length; no max_tokens or "
+                   "context_lengths", *where, "max_tokens" if "max_tokens" in w else "context_lengths")
+        path = _file(v, w["trace"], base, where, "trace")
+        from gpudoctor.bench.trace import load_trace
+
+        entries = load_trace(path)
+        if len(entries) < 2 or entries[-1].t_ms <= entries[0].t_ms:
+            v.fail(f"workload {name!r}: the trace needs at least two requests at different times", *where, "trace")
+        out["trace"] = path
+        out["time_scale"] = float(v.number(w.get("time_scale", 1.0), *where, "time_scale", lo=1e-4, hi=1e4))
+        out["block_tokens"] = int(v.number(w.get("block_tokens", 512), *where, "block_tokens", integer=True, lo=1,
+                                           hi=1 << 20))
+    return out
+
+
+def _file(v: _V, value, base: Path, where: tuple, key: str) -> str:
+    rel = v.string(value, *where, key)
+    p = Path(rel) if Path(rel).is_absolute() else base / rel
+    if not p.is_file():
+        v.fail(f"{key} file {rel!r} not found (looked for {p})", *where, key)
+    return str(p)

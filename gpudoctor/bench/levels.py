@@ -24,6 +24,7 @@ class Level:
     spec: LevelSpec
     prompts: list[Prompt] = field(default_factory=list)
     misfit: str | None = None
+    send: Callable | None = None  # a multi-turn or trace level's own send step (load.run_level's `send`)
 
     @property
     def key(self) -> tuple:
@@ -86,13 +87,19 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                      log_sync: Callable[[], None] | None = None, ready_timeout_s: float = 0.0,
                      record_skips: bool = True,
                      server_gone: Callable[[], str | None] | None = None,
-                     on_event: Callable[..., None] | None = None) -> list[dict]:
+                     on_event: Callable[..., None] | None = None, watch=None) -> list[dict]:
     """Run every level not yet in `store`, append its record, and return the records written now.
 
     `log_sync` brings a remote server's local log mirror up to date before it is read.
     Once the server is broken (crashed, or unhealthy after a failed level) the remaining levels are recorded as
     skipped with the reason, or, with record_skips=False, left unrecorded for a restarted server to run.
+    `watch` (gpudoctor.bench.watch.CellWatch; default: one with its defaults) records and flushes the prefix cache
+    before each level and samples the host's GPUs during it.
     """
+    if watch is None:
+        from gpudoctor.bench.watch import CellWatch
+
+        watch = CellWatch()
     emit = on_event or (lambda *a, **k: None)
     done = store.keys()
     todo = [lv for lv in levels if lv.key not in done]
@@ -149,9 +156,15 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                     put(rec)
                     broken = f"warm-up failed before {lv.spec.where}"
                     continue
-            rec = await run_level(session, base_url, lv.spec, lv.prompts, stall_s=stall_s,
-                                  level_timeout_s=level_timeout_s, log=log, server_gone=server_gone,
-                                  on_request=lambda r: emit("request", result=r))
+            await watch.before(base_url)
+            try:
+                rec = await run_level(session, base_url, lv.spec, lv.prompts, stall_s=stall_s,
+                                      level_timeout_s=level_timeout_s, log=log, server_gone=server_gone,
+                                      on_request=lambda r: emit("request", result=r), send=lv.send)
+            except BaseException:
+                watch.abort()
+                raise
+            rec = watch.after(rec)
         put(rec)
         if rec["status"] == CRASHED:
             broken = f"the server crashed during {lv.spec.where}"

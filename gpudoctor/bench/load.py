@@ -112,10 +112,12 @@ class Breaker:
 async def send_all(session, url: str, bodies: list[bytes], concurrency: int | None, stall_s: float,
                    on_request: Callable[[RequestResult], None] | None = None, *, api: str = NATIVE,
                    request_rate: float | None = None, arrival: str = POISSON, seed: int = 0,
-                   max_error_rate: float = 0.0) -> tuple[list[RequestResult], float, dict]:
+                   max_error_rate: float = 0.0,
+                   offsets: list[float] | None = None) -> tuple[list[RequestResult], float, dict]:
     """Send every body closed-loop (at most `concurrency` in flight) or open-loop (at `request_rate`, capped at
     `concurrency` when given); stop starting new ones once the breaker trips. Returns the results, the wall time
-    (first send to last completion) and how the level went ({"tripped", "late_s"}: send lateness, open loop)."""
+    (first send to last completion) and how the level went ({"tripped", "late_s"}: send lateness, open loop).
+    `offsets` (seconds from the start, one per body: a trace) replace the arrivals drawn from `request_rate`."""
     parser = NativeParser if api == NATIVE else OpenAIParser
     sem = asyncio.Semaphore(concurrency) if concurrency else None
     breaker = Breaker(max_error_rate, len(bodies))
@@ -141,7 +143,7 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int | No
     t0 = time.perf_counter()
     dog = asyncio.create_task(watchdog.run())
     try:
-        if request_rate is None:
+        if request_rate is None and offsets is None:
             await asyncio.gather(*(one(i) for i in range(len(bodies))))
         else:
             pacer = best_pacer()
@@ -149,7 +151,8 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int | No
             start = time.perf_counter() + 0.002
             t0 = start
             try:
-                for i, due in enumerate(arrival_offsets(len(bodies), request_rate, arrival, seed)):
+                dues = offsets if offsets is not None else arrival_offsets(len(bodies), request_rate, arrival, seed)
+                for i, due in enumerate(dues):
                     woke = await pacer.wait_until(start + due)
                     if breaker.tripped:
                         break
@@ -232,6 +235,20 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LevelSpec | Non
     return rec
 
 
+def per_prompt(prompts: list[Prompt], results: list[RequestResult]) -> dict | None:
+    """A workload that names its prompts (the seed's fib/qsort/arith/json/haiku): per name, the requests and their
+    mean single-request tok/s (output tokens / e2e) and TTFT; None when the prompts have no names or not every
+    request has a result to pair with its prompt."""
+    if not prompts or not all(p.name for p in prompts) or len(results) != len(prompts):
+        return None
+    out: dict = {}
+    for p, r in zip(prompts, results):
+        if r.ok and r.e2e_s:
+            out.setdefault(p.name, []).append((r.output_tokens / r.e2e_s, (r.ttft_s or 0) * 1000))
+    return {name: {"requests": len(xs), "tok_per_s": sum(x[0] for x in xs) / len(xs),
+                   "ttft_ms": sum(x[1] for x in xs) / len(xs)} for name, xs in out.items()} or None
+
+
 def _meets(r: RequestResult, spec: LevelSpec) -> bool:
     """TTFT and mean inter-token latency (TPOT) within the level's SLOs (SGLang's goodput definition, ms)."""
     if spec.slo_ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1000 > spec.slo_ttft_ms):
@@ -245,21 +262,33 @@ def _meets(r: RequestResult, spec: LevelSpec) -> bool:
 async def run_level(session, base_url: str, spec: LevelSpec, prompts: list[Prompt], *, stall_s: float = 120.0,
                     level_timeout_s: float | None = None, log: logscan.LogWatch | None = None,
                     server_gone: Callable[[], str | None] | None = None,
-                    on_request: Callable[[RequestResult], None] | None = None) -> dict:
-    """Run one level and return its record (ok only if no more requests failed than max_error_rate allows)."""
-    bodies = [request_body(p, spec.max_tokens, spec.api, spec.model) for p in prompts[: spec.num_prompts]]
+                    on_request: Callable[[RequestResult], None] | None = None, send=None) -> dict:
+    """Run one level and return its record (ok only if no more requests failed than max_error_rate allows).
+
+    `send` (an async callable of (session, base_url, stall_s, on_request)) replaces sending `prompts` as one batch:
+    a multi-turn or trace level (gpudoctor.bench.multiturn, .trace); its `how` gives the requests it planned
+    ("planned") and the record's own sections ("extra")."""
+    bodies = [] if send is not None else [request_body(p, spec.max_tokens, spec.api, spec.model)
+                                          for p in prompts[: spec.num_prompts]]
+    if send is None:
+        async def send(session, base_url, stall_s, on_request):
+            out = await send_all(session, base_url + PATHS[spec.api], bodies, spec.concurrency, stall_s, on_request,
+                                 api=spec.api, request_rate=spec.request_rate, arrival=spec.arrival, seed=spec.trial,
+                                 max_error_rate=spec.max_error_rate)
+            per = per_prompt(prompts[: spec.num_prompts], out[0])
+            if per:
+                out[2]["extra"] = {"per_prompt": per}
+            return out
     if log is not None:
         log.mark()
     timed_out = False
     how: dict = {"tripped": False, "late_s": []}
     try:
-        results, wall, how = await asyncio.wait_for(
-            send_all(session, base_url + PATHS[spec.api], bodies, spec.concurrency, stall_s, on_request,
-                     api=spec.api, request_rate=spec.request_rate, arrival=spec.arrival, seed=spec.trial,
-                     max_error_rate=spec.max_error_rate), level_timeout_s)
+        results, wall, how = await asyncio.wait_for(send(session, base_url, stall_s, on_request), level_timeout_s)
     except asyncio.TimeoutError:
         results, wall, timed_out = [], float(level_timeout_s or 0), True
-    rec = {**spec.head(), **summarize(results, wall, spec, how["late_s"])}
+    bodies = bodies or [b""] * how.get("planned", 0)
+    rec = {**spec.head(), **summarize(results, wall, spec, how["late_s"]), **how.get("extra", {})}
     failures = [r for r in results if not r.ok]
     within = len(failures) <= spec.max_error_rate * len(bodies) and not how["tripped"]
     if not timed_out and within and rec["completed"] + len(failures) == len(bodies) and rec["output_tokens"] > 0:

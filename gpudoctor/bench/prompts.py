@@ -32,6 +32,7 @@ class Prompt:
     tokens: int = 0
     upper_bound: int = 0
     exact: bool = False
+    name: str | None = None  # the prompt set's name for it ({"name": "fib", "prompt": ...}): per-prompt results
 
     def payload(self) -> dict:
         return {"input_ids": self.input_ids} if self.input_ids is not None else {"text": self.text}
@@ -48,8 +49,19 @@ def _filler(rng: random.Random, n_chars: int) -> str:
 
 def load_source(source: str, *, base_dir: str | None = None) -> list[str]:
     """Questions from `builtin` or a file: .jsonl ({"prompt"|"text": ...} per line) or .txt (one per line)."""
+    return _read_source(source, base_dir)[0]
+
+
+def load_names(source: str, *, base_dir: str | None = None) -> list[str] | None:
+    """The names a .jsonl prompt set gives its prompts ({"name": "fib", "prompt": ...}), in file order; None unless
+    every prompt has one (then results are reported per prompt as well)."""
+    names = _read_source(source, base_dir)[1]
+    return names if names and all(names) else None
+
+
+def _read_source(source: str, base_dir: str | None) -> tuple[list[str], list[str | None]]:
     if source in ("builtin", "", None):
-        return [f"Explain {t} to an infrastructure engineer, with examples and trade-offs." for t in _TOPICS]
+        return [f"Explain {t} to an infrastructure engineer, with examples and trade-offs." for t in _TOPICS], []
     path = Path(source)
     if base_dir and not path.is_absolute():
         path = Path(base_dir) / path
@@ -57,7 +69,7 @@ def load_source(source: str, *, base_dir: str | None = None) -> list[str]:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read prompt set: {exc.strerror}", path=str(path)) from exc
-    out = []
+    out, names = [], []
     for no, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
             continue
@@ -69,16 +81,31 @@ def load_source(source: str, *, base_dir: str | None = None) -> list[str]:
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 raise InputError('each line needs a "prompt" (or "text") string', path=str(path), line=no)
+            name = obj.get("name")
+            if name is not None and (not isinstance(name, str) or not name.strip()):
+                raise InputError('"name" must be a non-empty string', path=str(path), line=no)
             out.append(text)
+            names.append(name)
         else:
             out.append(line)
+            names.append(None)
     if not out:
         raise InputError("prompt set is empty", path=str(path))
+    return out, names
+
+
+def build(n: int, questions: list[str], counter: Counter, context_len: int | None, seed: int = 0,
+          names: list[str] | None = None) -> list[Prompt]:
+    """N unique prompts; with context_len each is stretched to that many tokens (exactly, when the counter is exact).
+    With `names` (load_names), prompt i is named after question i % len(questions)."""
+    out = _build(n, questions, counter, context_len, seed)
+    if names:
+        for i, p in enumerate(out):
+            p.name = names[i % len(names)]
     return out
 
 
-def build(n: int, questions: list[str], counter: Counter, context_len: int | None, seed: int = 0) -> list[Prompt]:
-    """N unique prompts; with context_len each is stretched to that many tokens (exactly, when the counter is exact)."""
+def _build(n: int, questions: list[str], counter: Counter, context_len: int | None, seed: int = 0) -> list[Prompt]:
     rng = random.Random(seed)
     prompts = []
     for i in range(n):

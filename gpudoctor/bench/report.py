@@ -13,6 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpudoctor.bench.results import FIELDS, OK, ResultStore
+from gpudoctor.bench.stats import fmt_ci
+from gpudoctor.bench.trust import render_trust
 from gpudoctor.errors import InputError
 
 Cell = tuple  # (method, tp, workload, load): load is the concurrency, or ("rate", requests/s) for an open-loop level
@@ -57,17 +59,24 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def aggregate(records: list[dict]) -> dict[Cell, dict]:
-    """Mean of the ok trials per (method, tp, workload, concurrency), and how many trials there were."""
+    """Mean of the ok trials per (method, tp, workload, concurrency), and how many trials there were. A suspect
+    record (the host changed during it: gpudoctor.bench.suspect) is never averaged in; `suspect` counts them. With
+    two or more ok trials, `ci` holds the 95 % confidence half-width of tok/s, TTFT and ITL (t distribution)."""
+    from gpudoctor.bench.stats import mean_ci
+
     groups: dict[Cell, list[dict]] = defaultdict(list)
     for r in records:
         groups[_cell(r)].append(r)
     out = {}
     for cell, rs in groups.items():
-        ok = [r for r in rs if r["status"] == OK]
+        ok = [r for r in rs if r["status"] == OK and not r.get("suspect")]
         out[cell] = {"trials": len(rs), "ok": len(ok),
+                     "suspect": sum(1 for r in rs if r["status"] == OK and r.get("suspect")),
                      **{k: _mean([r.get(k) for r in ok]) for k in ("output_tok_per_s", "accept_length", "ttft_ms_p50",
                                                               "itl_ms_p50", "e2e_ms_p50",
-                                                              "goodput_req_per_s")}}
+                                                              "goodput_req_per_s")},
+                     "ci": {k: mean_ci([r.get(k) for r in ok])[1] for k in ("output_tok_per_s", "ttft_ms_p50",
+                                                                            "itl_ms_p50")}}
     return out
 
 
@@ -122,7 +131,9 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
              + (f"Speedup is output tok/s relative to **{baseline}** at the same TP, workload and concurrency."
                 if baseline else "No baseline method: no speedup column."),
              "", "Throughput is all output tokens of a level divided by its wall time; accept length is "
-             "completion tokens / verify steps over the level's requests; trials are averaged (ok/total shown).", ""]
+             "completion tokens / verify steps over the level's requests; trials are averaged (ok/total shown), "
+             "with ± the 95 % confidence interval of the mean over the ok trials (t distribution) where there are "
+             "two or more; suspect levels (the host changed during them) are listed apart and never averaged.", ""]
     methods = sorted({c[0] for c in agg}, key=order.method)
     goodput = any(r.get("goodput_req_per_s") is not None for r in records)  # the campaign set SLOs
     for m in methods:
@@ -137,9 +148,12 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
                            key=lambda c: (order.workload(c[2]), _load_key(c[3])))
             for c in cells:
                 a = agg[c]
-                lines.append(f"| {c[2]} | {load_label(c[3])} | {_fmt(a['output_tok_per_s'])} | "
+                ci = a.get("ci") or {}
+                sus = f" ({a['suspect']} suspect)" if a.get("suspect") else ""
+                lines.append(f"| {c[2]} | {load_label(c[3])} | {fmt_ci(a['output_tok_per_s'], ci.get('output_tok_per_s'))} | "
                              f"{_fmt(speedup(agg, c, baseline), 2, '×')} | {_fmt(a['accept_length'], 2)} | "
-                             f"{_fmt(a['ttft_ms_p50'])} | {_fmt(a['itl_ms_p50'], 2)} | {a['ok']}/{a['trials']} |"
+                             f"{fmt_ci(a['ttft_ms_p50'], ci.get('ttft_ms_p50'))} | "
+                             f"{fmt_ci(a['itl_ms_p50'], ci.get('itl_ms_p50'), 2)} | {a['ok']}/{a['trials']}{sus} |"
                              + (f" {_fmt(a['goodput_req_per_s'], 2)} |" if goodput else ""))
             lines.append("")
     bad = [r for r in records if r["status"] != OK]
@@ -162,6 +176,7 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
                              f"{rs[0]['label']} / {rs[0]['workload']} / {load_label(_load(rs[0]))}): "
                              f"{rs[0].get('diagnosis') or ''}. Fix: {rs[0].get('fix') or '—'}")
             lines.append("")
+    lines += render_trust(records, order)
     lines += render_heals(records, heals or [])
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
@@ -177,8 +192,9 @@ def render_csv(records: list[dict], baseline: str | None) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for r in records:
-        sp = speedup(agg, _cell(r), baseline) if r["status"] == OK else None
+        sp = speedup(agg, _cell(r), baseline) if r["status"] == OK and not r.get("suspect") else None
         row = {**r, "speedup": sp, "error": " ".join(str(r.get("error") or "").split()) or None,
+               "suspect": "; ".join(x["reason"] for x in r["suspect"]) if r.get("suspect") else None,
                "heal": (r.get("heal") or {}).get("n") if isinstance(r.get("heal"), dict) else None}
         w.writerow(["" if row.get(c) is None else row.get(c) for c in cols])
     return buf.getvalue()

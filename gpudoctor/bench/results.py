@@ -13,7 +13,10 @@ from pathlib import Path
 
 from gpudoctor.atomic import append_jsonl_atomic
 
-SCHEMA = "gpudoctor.bench/1"
+SCHEMA = "gpudoctor.bench/2"
+# /2 added host_health, suspect and cache (every level), multi_turn, trace and per_prompt (their workloads);
+# /1 records (without them) still load and report.
+SCHEMAS = ("gpudoctor.bench/1", SCHEMA)
 OK, CRASHED, ERROR, SKIPPED = "ok", "crashed", "error", "skipped"
 STATUSES = (OK, CRASHED, ERROR, SKIPPED)
 METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_ms_p50", "accept_length",
@@ -21,7 +24,7 @@ METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_
            "connect_ms_p50", "headers_ms_p50", "achieved_req_per_s", "send_late_ms_p50", "send_late_ms_p99")
 FIELDS = ("label", "method", "tp", "workload", "context_len", "max_tokens", "concurrency", "request_rate", "arrival",
           "api", "trial", "status", "requests", "completed", "failed", "error_rate", *METRICS, "itl_source",
-          "transport_note", "error", "cause", "diagnosis", "fix", "heal", "log_excerpt")
+          "transport_note", "error", "cause", "diagnosis", "fix", "heal", "log_excerpt", "suspect")
 # Kept out of tables (long text); report.md lists them under the failed levels instead.
 DETAIL_FIELDS = ("diagnosis", "fix", "log_excerpt")
 
@@ -40,8 +43,8 @@ def check_record(rec, path: str, line: int) -> None:
 
     if not isinstance(rec, dict):
         bad(f"must be a JSON object, got {type(rec).__name__}")
-    if rec.get("schema", SCHEMA) != SCHEMA:
-        bad(f"has schema {brief(rec.get('schema'), 40)}, expected {SCHEMA!r}")
+    if rec.get("schema", SCHEMA) not in SCHEMAS:
+        bad(f"has schema {brief(rec.get('schema'), 40)}, expected one of {', '.join(SCHEMAS)}")
     for k in ("label", "workload"):
         if not isinstance(rec.get(k), str) or not rec[k]:
             bad(f"needs {k} (a non-empty string), got {brief(rec.get(k), 40)}")
@@ -68,6 +71,13 @@ def check_record(rec, path: str, line: int) -> None:
     for k in ("method", "error", "log_excerpt"):
         if rec.get(k) is not None and not isinstance(rec[k], str):
             bad(f"{k} must be a string or null, got {type(rec[k]).__name__}")
+    sus = rec.get("suspect")
+    if sus is not None and (not isinstance(sus, list) or not all(isinstance(x, dict) and isinstance(x.get("reason"), str)
+                                                                 for x in sus)):
+        bad("suspect must be null or a list of {reason, kind, t}")
+    for k in ("host_health", "cache", "multi_turn", "trace", "per_prompt"):
+        if rec.get(k) is not None and not isinstance(rec[k], dict):
+            bad(f"{k} must be an object or null, got {type(rec[k]).__name__}")
 
 
 def percentile(values: list[float], q: float) -> float | None:

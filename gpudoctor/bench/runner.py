@@ -27,9 +27,10 @@ from gpudoctor.bench.campaign import Campaign, Config
 from gpudoctor.bench.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.load import LevelSpec
 from gpudoctor.bench.marker import server_env
-from gpudoctor.bench.prompts import build, load_source, misfit
+from gpudoctor.bench.prompts import build, load_names, load_source, misfit
 from gpudoctor.bench.results import CRASHED, ERROR, OK, ResultStore, key
 from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan, reap_run_dir
+from gpudoctor.bench.health import process_tree
 from gpudoctor.bench.server import Launcher, LocalLauncher, port_in_use, reap_orphan, wait_gpu_release
 from gpudoctor.bench.tokens import Counter, load_counter
 from gpudoctor.errors import EXIT_FAIL, ConfigError, GpudoctorError, HostError, HostUnreachable, InputError
@@ -47,7 +48,11 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
     """Every level of one configuration, in run order, with its prompts (built once per shape)."""
     out = []
     for w in camp.workloads:
+        if w.turns or w.trace:
+            out += agentic_levels(camp, cfg, w, counter, cache)
+            continue
         questions = cache.setdefault(("q", w.prompts), load_source(w.prompts))
+        names = cache.setdefault(("names", w.prompts), load_names(w.prompts))
         set_name = w.name
         for max_tokens in w.max_tokens:
             for ctx in w.context_lengths:
@@ -64,8 +69,44 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
                         key = ("p", w.prompts, ctx, n, trial, text_only)
                         if key not in cache:
                             cache[key] = build(n, questions, Counter() if text_only else counter, ctx,
-                                               seed=1000 * trial + (c or int(rate * 1000)))
+                                               seed=1000 * trial + (c or int(rate * 1000)), names=names)
                         out.append(Level(spec, cache[key]))
+    return out
+
+
+def agentic_levels(camp: Campaign, cfg: Config, w, counter: Counter, cache: dict) -> list[Level]:
+    """A multi-turn workload's levels (per max_tokens, trial and concurrency: that many sessions at a time) or a
+    trace's (one per trial, open loop at the trace's own times x time_scale)."""
+    from gpudoctor.bench import multiturn, trace
+
+    common = dict(label=cfg.label, method=cfg.method.name, tp=cfg.tp, api=camp.api,
+                  max_error_rate=camp.max_error_rate, slo_ttft_ms=camp.slo_ttft_ms, slo_itl_ms=camp.slo_itl_ms)
+    out = []
+    if w.trace:
+        entries = cache.setdefault(("trace", w.trace), trace.load_trace(w.trace))
+        due = trace.offsets(entries, w.time_scale)
+        for t in range(w.trials):
+            spec = LevelSpec(workload=f"{w.name}:trace:x{w.time_scale:g}", concurrency=None,
+                             max_tokens=max(e.output_length for e in entries), num_prompts=len(entries),
+                             request_rate=round((len(entries) - 1) / due[-1], 6), arrival="trace", trial=t, **common)
+            key = ("tp", w.trace, w.block_tokens, t, camp.api == "chat")
+            if key not in cache:
+                cache[key] = trace.build_prompts(entries, Counter() if camp.api == "chat" else counter,
+                                                 w.block_tokens, seed=t)
+            prompts = cache[key]
+            out.append(Level(spec, prompts, send=trace.sender(spec, entries, prompts, w.time_scale, w.block_tokens)))
+        return out
+    convs = None
+    for max_tokens in w.max_tokens:
+        for t in range(w.trials):
+            for c in camp.concurrency:
+                n = w.num_prompts or c
+                if convs is None:
+                    convs = (multiturn.load_conversations(w.conversations, w.turns) if w.conversations
+                             else multiturn.builtin(max(n, 8), w.turns))
+                spec = LevelSpec(workload=f"{w.name}:turns{w.turns}:out{max_tokens}", concurrency=c,
+                                 max_tokens=max_tokens, num_prompts=n, trial=t, **common)
+                out.append(Level(spec, [], send=multiturn.sender(spec, convs, w.turns, w.think_s)))
     return out
 
 
@@ -114,7 +155,7 @@ class Runner:
     """
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
-                 inventory_path: str | None = None, heal_engine_factory=None):
+                 inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None):
         self.camp, self.host = camp, host
         self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
@@ -126,8 +167,40 @@ class Runner:
         self.cache: dict = {}
         self.healer = None  # gpudoctor.bench.heal.Healer when the campaign has `heal:`
         self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
+        self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
+    def cell_watch(self, launcher: Launcher):
+        """What runs around each level of this server (gpudoctor.bench.watch): its cache flushed per the campaign,
+        its GPUs sampled here (a local server: its session's processes are the server's)."""
+        from gpudoctor.bench.watch import CellWatch
+
+        from gpudoctor.bench.health import RemoteSampler
+
+        camp, h = self.camp, self.camp.health
+        remote = None
+        if camp.is_remote:  # the sampler runs on the target, next to the server, started through the Host seam
+            pgid = getattr(launcher, "pid", None)
+            remote = lambda: RemoteSampler(self.host, self.remote_dir, getattr(launcher, "label", "server"),  # noqa: E731
+                                           gpus=h.gpus,
+                                           interval_s=h.interval_s, kernel_log=h.kernel_log, server_pgid=pgid,
+                                           max_s=camp.timeouts["level_s"] + 60)
+        proc = getattr(launcher, "proc", None)
+        pids = (lambda: process_tree(proc.pid)) if proc is not None else None
+        return CellWatch(cache_policy=camp.cache, sample=h.sample, nvml=self.health_nvml, gpus=h.gpus,
+                         interval_s=h.interval_s, kernel_log=h.kernel_log, server_pids=pids,
+                         thresholds=camp.suspect, sampler=remote)
+
+    def retract_suspect(self) -> int:
+        """--rerun-suspect: take the suspect records out (to retracted.jsonl, with their reasons) so exactly their
+        levels run again; returns how many."""
+        recs = self.store.load()
+        bad = [r for r in recs if r.get("suspect")]
+        if bad:
+            self.store.retract([key(r) for r in bad], "suspect: " + "; ".join(
+                sorted({x["reason"].split(" at ")[0] for r in bad for x in r["suspect"]}))[:500])
+        return len(bad)
+
     def run(self, resume: bool) -> dict:
         if self.store.path.exists() and not resume:
             raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another --out",
@@ -392,7 +465,7 @@ class Runner:
             written = asyncio.run(run_levels(
                 camp.base_url, self.store, todo, stall_s=t["stall_s"], level_timeout_s=t["level_s"],
                 warmup=camp.warmup, log_path=log_path, log_sync=launcher.sync_log, server_gone=launcher.gone,
-                record_skips=record_skips, on_event=self.emit))
+                record_skips=record_skips, on_event=self.emit, watch=self.cell_watch(launcher)))
             crashed = next((r for r in written if r["status"] == CRASHED), None)
             if crashed is not None and (len(written) < len(todo) or self.healer is not None):
                 broken = f"the server crashed during workload {crashed['workload']} at concurrency " \
@@ -583,12 +656,15 @@ def open_campaign_target(camp: Campaign, inventory: str | None = None, host_key_
 
 def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | None = None,
                  inventory: str | None = None, on_event: Callable[..., None] | None = None,
-                 host_key_policy: str | None = None, heal_engine_factory=None) -> dict:
+                 host_key_policy: str | None = None, heal_engine_factory=None, rerun_suspect: bool = False,
+                 health_nvml=None) -> dict:
     """Load, validate and run a campaign file; returns counts of records by status.
 
     A remote `target:` is looked up in the inventory (`inventory`, else gpudoctor's default locations) and
     connected before anything else happens; `host` overrides where the servers run, `heal_engine_factory` the
     daemon engine the healer judges and heals with (gpudoctor.daemon.engine.Engine; default: the pipeline).
+    `rerun_suspect` (an earlier run's directory): its suspect records are retracted and only their levels run
+    again; `health_nvml` is the NVML-like module the host-health sampler reads (default: pynvml).
     """
     from gpudoctor.bench.campaign import check_gate_profile, check_paths, load
 
@@ -604,7 +680,19 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
             host = local_host()
     try:
         check_paths(camp, host)
-        return Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path,
-                      heal_engine_factory=heal_engine_factory).run(resume)
+        runner = Runner(camp, out_dir, host=host, on_event=on_event, inventory_path=inventory_path,
+                        heal_engine_factory=heal_engine_factory, health_nvml=health_nvml)
+        if rerun_suspect:
+            if not runner.store.path.exists():
+                raise InputError("--rerun-suspect needs the directory of an earlier run (no results.jsonl here)",
+                                 path=str(runner.dir))
+            n = runner.retract_suspect()
+            if on_event:
+                on_event("note", text=f"{n} suspect record(s) retracted to retracted.jsonl; their levels run again")
+            if not n:
+                recs = runner.store.load()
+                return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+            resume = True
+        return runner.run(resume)
     finally:
         host.close()

@@ -83,6 +83,19 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     p.add_argument("--timing-log", default=None, metavar="FILE",
                    help="stand-in only: append one JSON line per finished request (rid, received, first_sent, "
                         "finished, tokens; wall-clock seconds): the server-side truth for any client")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="stand-in only: a prefix cache with SGLang's cached_tokens semantics (the longest cached prefix "
+                        "of the prompt, at most prompt - 1 tokens; prompt and output cached after each request); "
+                        "TTFT = --ttft-ms x uncached share")
+    p.add_argument("--prefix-cache-tokens", type=int, default=4_000_000, help="its capacity (LRU), tokens")
+    p.add_argument("--enable-cache-report", "--enable-prompt-tokens-details", dest="cache_report",
+                   action="store_true", help="SGLang / vLLM: /v1 usage carries prompt_tokens_details.cached_tokens")
+    p.add_argument("--xid-log", default=None, metavar="FILE",
+                   help="stand-in only, 'the host changed': append an NVRM Xid kernel log line to FILE once "
+                        "--xid-after-requests requests arrived (while --xid-if-exists exists, when given)")
+    p.add_argument("--xid-after-requests", type=int, default=1)
+    p.add_argument("--xid-if-exists", default=None, metavar="PATH")
+    p.add_argument("--xid-code", type=int, default=79)
     p.add_argument("--model-path", default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -117,6 +130,63 @@ class Log:
         self.fh.flush()
 
 
+class PrefixCache:
+    """The prompts (text, or token-id tuples) whose prefixes are cached, LRU by tokens. A text prompt's tokens are
+    its 4-character chunks (gpudoctor.bench.tokens' estimate, which the stand-in counts prompts with), so a shared
+    prefix of c characters is c // 4 cached tokens."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.entries: dict = {}  # key -> tokens, oldest first
+        self.tokens = 0
+
+    def match(self, key) -> int:
+        best = 0
+        for k in self.entries:
+            if type(k) is type(key) and k[:1] == key[:1]:
+                best = max(best, _common(k, key))
+        return best if isinstance(key, tuple) else best // 4
+
+    def insert(self, key, tokens: int) -> None:
+        if key in self.entries:
+            self.tokens -= self.entries.pop(key)
+        self.entries[key] = tokens
+        self.tokens += tokens
+        while self.tokens > self.capacity and len(self.entries) > 1:
+            self.tokens -= self.entries.pop(next(iter(self.entries)))
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.tokens = 0
+
+
+def _common(a, b) -> int:
+    """Length of the common prefix of two strings or tuples (a binary search over slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _chat_key(messages) -> str | None:
+    """A chat prompt as the cache sees it: the messages in a template of the stand-in's own."""
+    if not isinstance(messages, list):
+        return None
+    return "".join(f"<|{m.get('role')}|>{m.get('content') or ''}" for m in messages if isinstance(m, dict))
+
+
+def _output_key(st: wire.ReqState):
+    """What the request's output adds to its cached sequence: the answer's text (chat: as the next assistant
+    message in the template), or its token ids."""
+    if isinstance(st.cache_key, tuple):
+        return tuple(st.output_ids())
+    return ("<|assistant|>" if st.cache_key.startswith("<|") else "") + st.text()
+
+
 class StandIn:
     """The server's state: readiness, the scheduler's queue, counters, fault injection."""
 
@@ -138,6 +208,8 @@ class StandIn:
         self.last_gen_throughput = 0.0
         self.last_output = time.time()  # the detokenizer's last_receive_tstamp
         self.timing = open(args.timing_log, "a", buffering=1) if args.timing_log else None
+        self.cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache else None
+        self.xid_done = False
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def trip(self) -> None:
@@ -216,8 +288,32 @@ class StandIn:
             return False
         return True
 
+    def lookup(self, st: wire.ReqState, prompt) -> None:
+        """--prefix-cache: how much of this prompt is cached (SGLang matches at most prompt - 1 tokens, so one is
+        always computed), and the TTFT that leaves: --ttft-ms x the uncached share."""
+        if self.cache is None or prompt is None:
+            return
+        key = tuple(prompt) if isinstance(prompt, list) else str(prompt)
+        st.cache_key = key
+        st.cached = min(self.cache.match(key), max(0, st.prompt_tokens - 1))
+        st.ttft_ms = self.a.ttft_ms * (st.prompt_tokens - st.cached) / max(1, st.prompt_tokens)
+
+    def maybe_xid(self) -> None:
+        """--xid-log: the host changes under the server (a kernel log line as the NVIDIA driver writes it)."""
+        a = self.a
+        if not a.xid_log or self.xid_done or self.n_requests < a.xid_after_requests:
+            return
+        if a.xid_if_exists is not None and not os.path.exists(a.xid_if_exists):
+            return
+        self.xid_done = True
+        with open(a.xid_log, "a", encoding="utf-8") as fh:
+            fh.write(f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:0000:00:06): {a.xid_code}, pid={os.getpid()}, "
+                     "name=python3, GPU has fallen off the bus.\n")
+        self.log(f"stand-in: wrote Xid {a.xid_code} to {a.xid_log}")
+
     def on_request(self) -> None:
         self.n_requests += 1
+        self.maybe_xid()
         if not self.fault_armed():
             return
         mode = self.a.fail_mode
@@ -263,7 +359,8 @@ class StandIn:
                 n = (math.floor(k * acc) - math.floor((k - 1) * acc)) if acc else 1
                 n = max(1, min(n, st.max_new - st.done))
                 first = n if first is None else first
-                due = t0 + a.ttft_ms / 1000.0 + ((st.done + n - first) / rate if rate > 0 else 0.0)
+                ttft = a.ttft_ms if st.ttft_ms is None else st.ttft_ms
+                due = t0 + ttft / 1000.0 + ((st.done + n - first) / rate if rate > 0 else 0.0)
                 delay = due - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -272,6 +369,11 @@ class StandIn:
                 if self.hung.is_set():
                     await asyncio.Event().wait()  # stop sending, keep the connection open
                 st.advance(n)
+                if self.cache is not None and st.cache_key is not None:
+                    if st.steps == 1:  # prefilled: the prompt is in the tree (cache_unfinished_req)
+                        self.cache.insert(st.cache_key, st.prompt_tokens)
+                    if st.finished is not None:  # cache_finished_req: prompt and output
+                        self.cache.insert(st.cache_key + _output_key(st), st.prompt_tokens + st.done)
                 self.last_output = time.time()
                 if st.finished is not None and self.timing is not None and st.rid != "HEALTH_CHECK":
                     asyncio.get_running_loop().call_soon(self._log_timing, st)
@@ -290,7 +392,8 @@ class StandIn:
     def _log_timing(self, st: wire.ReqState) -> None:
         """After the final chunk was handed to the socket (call_soon runs once the handler has written it)."""
         self.timing.write(wire.dumps({"rid": st.rid, "received": st.received, "first_sent": st.sent_first,
-                                      "finished": st.finished, "tokens": st.done}).decode() + "\n")
+                                      "finished": st.finished, "tokens": st.done, "prompt_tokens": st.prompt_tokens,
+                                      "cached_tokens": st.cached}).decode() + "\n")
 
     def check(self, prompt_tokens: int, max_new: int) -> str | None:
         """Why the tokenizer manager would refuse this request (a ValueError in SGLang), or None."""
@@ -365,6 +468,8 @@ class StandIn:
         a = self.a
         avg = self.accept_sum / self.accept_n if self.accept_n else None
         state = {"last_gen_throughput": self.last_gen_throughput}
+        if self.cache is not None:
+            state["standin_prefix_cache_tokens"] = self.cache.tokens
         if a.accept_length:
             state["avg_spec_accept_length"] = avg
         return self._json({
@@ -385,6 +490,8 @@ class StandIn:
         if self.running:
             return web.Response(status=400, text="Cache not flushed: requests are running.\n")
         self.accept_sum, self.accept_n = 0.0, 0
+        if self.cache is not None:
+            self.cache.clear()
         return web.Response(text="Cache flushed.\n")
 
     def _prompt_tokens(self, body: dict, key: str = "text") -> int:
@@ -407,6 +514,7 @@ class StandIn:
         prompt_tokens = self._prompt_tokens(body)
         error = self.check(prompt_tokens, max_new)
         st = self.new_state(request, prompt_tokens, max_new, body.get("rid"))
+        self.lookup(st, body.get("input_ids") if body.get("input_ids") is not None else body.get("text"))
         a = self.a
         opts = {"metrics": a.enable_metrics, "spec": self.spec, "incremental": a.incremental_streaming_output}
         if not body.get("stream"):
@@ -463,6 +571,7 @@ class StandIn:
         if not chat and not body.get("prompt"):
             return self._bad_request("Prompt cannot be empty")
         st = self.new_state(request, prompt_tokens, max_new, body.get("rid"))
+        self.lookup(st, _chat_key(body.get("messages")) if chat else body.get("prompt"))
         error = self.check(prompt_tokens, max_new)
         if error and not (self.failing and fl == "sglang"):
             self.log(f"Error in request: {error}", "ERROR", "serving_engine.py:1")
@@ -497,6 +606,8 @@ class StandIn:
                     yield wire.sse(wire.openai_role_chunk(st, req, fl))
                 yield wire.sse(wire.openai_chunk(st, req, fl))
         for tail in wire.openai_tail(st, req, fl, self.spec):
+            if self.a.cache_report and isinstance(tail.get("usage"), dict):
+                tail["usage"]["prompt_tokens_details"] = {"cached_tokens": st.cached}
             yield wire.sse(tail)
         yield wire.DONE
 

@@ -41,6 +41,9 @@ class ReqState:
     step_tokens: int = 0  # tokens of the latest step
     text_parts: list[str] = field(default_factory=list)
     correct_per_step: list[int] = field(default_factory=list)  # accepted drafts of each verify step
+    cached: int = 0  # prompt tokens found in the prefix cache (meta_info.cached_tokens)
+    ttft_ms: float | None = None  # this request's TTFT when the prefix cache shortened it
+    cache_key: object = None
 
     def advance(self, n: int) -> None:
         for i in range(self.done, self.done + n):
@@ -90,7 +93,7 @@ def native_chunk(st: ReqState, *, metrics: bool, spec: Spec | None, incremental:
             "prompt_tokens": st.prompt_tokens, "weight_version": "default", "num_retractions": 0}
     if metrics:
         meta.update(_scheduler_stats(st))
-    meta.update({"reasoning_tokens": 0, "completion_tokens": st.done, "cached_tokens": 0})
+    meta.update({"reasoning_tokens": 0, "completion_tokens": st.done, "cached_tokens": st.cached})
     if finished:
         meta["e2e_latency"] = st.finished - st.received
         if spec is not None:

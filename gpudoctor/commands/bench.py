@@ -95,6 +95,8 @@ def _level_line(r: dict) -> str:
         for extra in (r.get("error"), r.get("transport_note")):
             if extra:
                 line += f"\n   note: {extra}"
+        for s in r.get("suspect") or []:
+            line += f"\n   SUSPECT: {s['reason']}"
         return line
     return f"{head}: {r['status'].upper()} {r['error']}"
 
@@ -134,7 +136,8 @@ def bench():
               help="Goodput SLO: time to first token, ms.")
 @click.option("--slo-itl-ms", type=finite(0, lo_open=True), default=None,
               help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
-@click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
+@click.option("--max-tokens", type=click.IntRange(1), default=None,
+              help="New tokens per request (ignore_eos); required unless --trace.")
 @click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
               help="Requests per level [default: max(8, 4 x concurrency); open loop: max(16, 10 x rate)].")
 @click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
@@ -150,11 +153,33 @@ def bench():
               help="Seconds to wait for the server to generate before the first level (/health_generate; with "
                    "--api completions|chat a one-token completion).")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
+@click.option("--turns", type=click.IntRange(1, 1000), default=None,
+              help="Agentic multi-turn: sessions of this many turns, each re-sending the conversation with the "
+                   "server's answers; --concurrency counts concurrent sessions, --prompts sessions per level.")
+@click.option("--think-ms", type=finite(0, 3_600_000), default=0.0, show_default=True,
+              help="Multi-turn: think time between a session's turns.")
+@click.option("--conversations", default=None,
+              help="Multi-turn: a JSONL of conversations ({\"system\", \"turns\": [...]} or ShareGPT) [default: built-in].")
+@click.option("--trace", "trace_file", default=None,
+              help="Replay a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids) open "
+                   "loop; --max-tokens is then taken from the trace.")
+@click.option("--time-scale", type=finite(1e-4, 1e4), default=1.0, show_default=True,
+              help="Trace replay: multiply the trace's gaps (0.1: ten times faster).")
+@click.option("--block-tokens", type=click.IntRange(1), default=512, show_default=True,
+              help="Trace replay: prompt tokens per hash id (Mooncake: 512).")
+@click.option("--cache", "cache_policy", type=click.Choice(["flush", "keep"]), default="flush", show_default=True,
+              help="Before each level: record the prefix cache's state and flush it (SGLang /flush_cache, vLLM "
+                   "/reset_prefix_cache), or keep it.")
+@click.option("--health-interval", type=finite(0.05, 0.5), default=0.5, show_default=True,
+              help="Seconds between host-health samples of this host's GPUs (NVML) during each level.")
+@click.option("--kernel-log", default="/dev/kmsg", show_default=True,
+              help="Where Xid lines are read from during each level ('' for none).")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
          num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
-         ready_timeout, warmup, out_dir, json_out):
+         ready_timeout, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
+         health_interval, kernel_log, out_dir, json_out):
     """Drive a running server with streamed requests, one level per concurrency or request rate.
 
     \b
@@ -172,10 +197,16 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
 
     from gpudoctor.bench.levels import Level, run_levels, server_context_limit, workload_name
     from gpudoctor.bench.load import LevelSpec
-    from gpudoctor.bench.prompts import build, load_source, misfit
+    from gpudoctor.bench.prompts import build, load_names, load_source, misfit
     from gpudoctor.bench.results import ResultStore
     from gpudoctor.bench.tokens import Counter, load_counter
 
+    if max_tokens is None and not trace_file:
+        raise InputError("--max-tokens is required (unless --trace gives each request's output length)")
+    if turns and trace_file:
+        raise InputError("--turns and --trace do not mix: one workload per run")
+    if (turns or trace_file) and request_rate:
+        raise InputError(f"{'--turns' if turns else '--trace'} does not take --request-rate")
     rates = _float_list(request_rate, "--request-rate") if request_rate else [None]
     if request_rate is None:
         levels_c = _int_list(concurrency or "1,4,16", "--concurrency")
@@ -190,7 +221,7 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
     set_name = "builtin" if prompt_set == "builtin" else prompt_set.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     limit = context_limit or asyncio.run(server_context_limit(base))
     levels = []
-    for c in levels_c:
+    for c in (levels_c if not (turns or trace_file) else []):
         for rate in rates:
             n = num_prompts or (max(8, 4 * c) if rate is None else max(16, int(rate * 10)))
             spec = LevelSpec(label=label, workload=workload_name(set_name, context_len, max_tokens), concurrency=c,
@@ -199,18 +230,60 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
                              slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms)
             # Chat messages are text: token-id prompts only go to /generate and /v1/completions.
             prompts = build(n, questions, counter if api != "chat" else Counter(), context_len,
-                            seed=c if rate is None else int(rate * 1000))
+                            seed=c if rate is None else int(rate * 1000), names=load_names(prompt_set))
             levels.append(Level(spec, prompts, misfit(prompts, max_tokens, limit)))
+    if turns or trace_file:
+        levels = _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale,
+                                 block_tokens, max_tokens, num_prompts, counter, limit, max_error_rate,
+                                 slo_ttft_ms, slo_itl_ms)
+    from gpudoctor.bench.watch import CellWatch
+
+    watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; context limit: {limit or 'unknown'}")
         written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
-                                         log_path=server_log, on_event=display))
+                                         log_path=server_log, on_event=display, watch=watch))
     if json_out:
         for rec in written:
             click.echo(json.dumps(rec, sort_keys=True))
     bad = [r for r in written if r["status"] != "ok"]
     raise SystemExit(EXIT_FAIL if bad else EXIT_OK)
+
+
+def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
+                    max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms):
+    """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level."""
+    from gpudoctor.bench import multiturn, trace
+    from gpudoctor.bench.levels import Level
+    from gpudoctor.bench.load import LevelSpec
+    from gpudoctor.bench.prompts import misfit
+    from gpudoctor.bench.tokens import Counter
+
+    common = dict(label=label, api=api, max_error_rate=max_error_rate, slo_ttft_ms=slo_ttft_ms,
+                  slo_itl_ms=slo_itl_ms)
+    if trace_file:
+        entries = trace.load_trace(trace_file)
+        due = trace.offsets(entries, time_scale)
+        if due[-1] <= 0:
+            raise InputError("the trace needs at least two requests at different times", path=trace_file)
+        name = trace_file.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        spec = LevelSpec(workload=f"{name}:trace:x{time_scale:g}", concurrency=None,
+                         max_tokens=max(e.output_length for e in entries), num_prompts=len(entries),
+                         request_rate=round((len(entries) - 1) / due[-1], 6), arrival="trace", **common)
+        prompts = trace.build_prompts(entries, counter if api != "chat" else Counter(), block_tokens)
+        return [Level(spec, prompts, misfit(prompts, spec.max_tokens, limit),
+                      send=trace.sender(spec, entries, prompts, time_scale, block_tokens))]
+    out = []
+    for c in levels_c:
+        n = num_prompts or c
+        convs = (multiturn.load_conversations(conversations, turns) if conversations
+                 else multiturn.builtin(max(n, 8), turns))
+        spec = LevelSpec(workload=f"{'builtin' if not conversations else conversations.rsplit('/', 1)[-1].rsplit('.', 1)[0]}"
+                                  f":turns{turns}:out{max_tokens}", concurrency=c, max_tokens=max_tokens,
+                         num_prompts=n, **common)
+        out.append(Level(spec, [], send=multiturn.sender(spec, convs, turns, think_ms / 1000.0)))
+    return out
 
 
 @bench.command("run")
@@ -222,7 +295,10 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
                    "~/.config/gpudoctor/inventory.yaml).")
 @click.option("--accept-new-host-key", is_flag=True,
               help="Trust the target's SSH host key on first use (a changed key is always refused).")
-def run(campaign, out_dir, resume, inventory, accept_new_host_key):
+@click.option("--rerun-suspect", is_flag=True,
+              help="Measure again only the levels an earlier run into --out recorded as suspect (the host changed "
+                   "during them); their old records go to retracted.jsonl.")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -243,7 +319,8 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key):
     output_dir(out_dir, "--out")
     with Display() as display:
         counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
-                              host_key_policy="accept-new" if accept_new_host_key else None)
+                              host_key_policy="accept-new" if accept_new_host_key else None,
+                              rerun_suspect=rerun_suspect)
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)

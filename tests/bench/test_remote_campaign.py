@@ -72,6 +72,9 @@ def test_full_campaign_over_ssh_measures_the_known_truth(lab):
         assert r["output_tok_per_s"] == pytest.approx(expected_tok_s(4, r["concurrency"], 40, e2e / 1000),
                                                       rel=0.04 + slack.wall_ms / e2e), (r, slack)
         assert r["accept_length"] == (pytest.approx(4.0, abs=1e-9) if r["method"] == "eagle3" else None)
+        # its GPUs were sampled on ct200 (health.py started there through the Host seam); no driver in the lab
+        assert r["host_health"]["host"] == "ct200" and r["host_health"]["status"] == "unavailable", r["host_health"]
+        assert r["host_health"]["reason"].startswith("NVML unavailable: "), r["host_health"]
 
     # The gate ran here, aimed at ct200 through the same inventory, once per configuration, with the models that
     # configuration serves (the benchmark profile requires workload.model.*).

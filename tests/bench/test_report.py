@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from gpudoctor.bench.stats import mean_ci
+
 from tests.bench.campaigns import write
 from tests.bench.conftest import run_cli
 
@@ -68,8 +70,13 @@ def test_tables_match_results(run_dir):
         for workload, c, toks, sp, acc, ttft, itl, trials in rows:
             c = int(c)
             assert workload == "chat:short:out24" and trials == "2/2"
-            assert float(toks) == pytest.approx(mean_ok(recs, method, tp, c, "output_tok_per_s"), abs=0.051)
-            assert float(ttft) == pytest.approx(mean_ok(recs, method, tp, c, "ttft_ms_p50"), abs=0.051)
+            # two ok trials: mean ± the 95 % CI half-width (t with 1 degree of freedom)
+            for cell, field in ((toks, "output_tok_per_s"), (ttft, "ttft_ms_p50")):
+                mean, pm, half = cell.partition(" ± ")
+                vals = [r[field] for r in recs if r["method"] == method and r["tp"] == tp and r["concurrency"] == c
+                        and r["status"] == "ok"]
+                assert pm and float(half) == pytest.approx(mean_ci(vals)[1], abs=0.051)
+                assert float(mean) == pytest.approx(mean_ok(recs, method, tp, c, field), abs=0.051)
             if method == "ar":
                 assert sp == "—" and acc == "—"
             else:
