@@ -16,14 +16,15 @@ import pytest
 
 from gpudoctor.bench import standin_wire as wire
 from gpudoctor.bench.load import new_session
-from gpudoctor.bench.openai import OPENAI, SGLANG, VLLM, OpenAIParser, parser_for, request_body
-from gpudoctor.bench.prompts import Prompt, as_text, build, load_source
+from gpudoctor.bench.openai import OpenAIParser, request_body
+from gpudoctor.bench.prompts import build, load_source
 from gpudoctor.bench.stream import stream_request
 from gpudoctor.bench.tokens import load_counter
 from tests.bench.conftest import run_cli
 from tests.bench.test_stream import raw_server  # noqa: F401  (the fixture)
 
 pytest.importorskip("openai", reason="the strict flavour validates against the `openai` package (test extra)")
+OPENAI, SGLANG, VLLM = "openai", "sglang", "vllm"  # gpudoctor.bench.openai.SERVER_KINDS
 
 
 def records(out) -> list[dict]:
@@ -102,6 +103,7 @@ def test_server_kind_detected_from_what_sglang_and_vllm_answer(standin):
 
 
 def test_tokens_without_usage_come_from_the_tokenizer_and_say_so(tokenizer_dir):
+    from gpudoctor.bench.openai import parser_for
     from gpudoctor.bench.stream import RequestResult
 
     counter = load_counter(str(tokenizer_dir))
@@ -197,6 +199,8 @@ def test_model_cards_as_servers_answer(standin):
 
 # ---- 4. the prompt's wire form --------------------------------------------------------------------------------
 def test_tokenizer_dir_never_changes_a_string_endpoints_wire_form(standin, tmp_path, tokenizer_dir):
+    from gpudoctor.bench.prompts import as_text
+
     counter = load_counter(str(tokenizer_dir))
     p = build(2, load_source("builtin"), counter, 150)[0]
     assert p.input_ids is not None and p.tokens == 150
