@@ -11,8 +11,7 @@ from typing import Callable
 
 from gpudoctor.bench import logscan
 from gpudoctor.bench.load import LevelSpec, new_session, run_level
-from gpudoctor.bench.openai import (NATIVE, choose_model, detect_kind, model_cards, probe_completion, served_model,
-                                    tiny_completion)
+from gpudoctor.bench.openai import NATIVE, choose_model, detect_kind, model_cards, probe_completion, tiny_completion
 from gpudoctor.bench.prompts import Prompt, build, load_source
 from gpudoctor.bench.tokens import Counter
 from gpudoctor.bench.results import CRASHED, ERROR, OK, SKIPPED, ResultStore, key
