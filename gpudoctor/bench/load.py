@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpudoctor.bench import logscan
-from gpudoctor.bench.openai import NATIVE, PATHS, OpenAIParser, request_body as api_request_body
+from gpudoctor.bench.openai import NATIVE, PATHS, SGLANG, parser_for, request_body as api_request_body, takes_token_ids
 from gpudoctor.bench.pacing import POISSON, arrival_offsets, best_pacer
-from gpudoctor.bench.prompts import Prompt
+from gpudoctor.bench.prompts import Prompt, as_text
 from gpudoctor.bench.results import CRASHED, ERROR, OK, percentile
 from gpudoctor.bench.stream import (CONNECT, DISCONNECT, NativeParser, RequestResult, Watchdog, sent_trace,
                                     stream_request)
@@ -41,18 +41,21 @@ class LevelSpec:
     tp: int | None = None
     trial: int = 0
     api: str = NATIVE
-    model: str | None = None  # OpenAI APIs: the served model name (from /v1/models)
+    model: str | None = None  # OpenAI APIs: the served model name (--model, else from /v1/models)
+    server_kind: str | None = None  # OpenAI APIs: the dialect (openai.SERVER_KINDS); None: not known yet
     request_rate: float | None = None  # requests/s; None = closed loop at `concurrency`
     arrival: str = POISSON
     max_error_rate: float = 0.0
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
+    counter: object = None  # OpenAI APIs: a tokens.Counter for output without usage (exact ones only are used)
 
     def head(self) -> dict:
         return {"label": self.label, "method": self.method, "tp": self.tp, "workload": self.workload,
                 "context_len": self.context_len, "max_tokens": self.max_tokens, "concurrency": self.concurrency,
                 "request_rate": self.request_rate, "arrival": self.arrival if self.request_rate else None,
-                "api": self.api, "trial": self.trial, "requests": self.num_prompts}
+                "api": self.api, "trial": self.trial, "requests": self.num_prompts,
+                **({"server_kind": self.server_kind, "model": self.model} if self.api != NATIVE else {})}
 
     @property
     def where(self) -> str:
@@ -60,9 +63,11 @@ class LevelSpec:
         return f"workload {self.workload} at {load}"
 
 
-def request_body(prompt: Prompt, max_tokens: int, api: str = NATIVE, model: str | None = None) -> bytes:
-    """The streamed request: greedy, ignore_eos, exactly max_tokens new tokens (gpudoctor.bench.openai)."""
-    return api_request_body(prompt.payload(), max_tokens, api, model)
+def request_body(prompt: Prompt, max_tokens: int, api: str = NATIVE, model: str | None = None,
+                 kind: str | None = SGLANG) -> bytes:
+    """The streamed request: greedy, max_tokens new tokens (exactly, with ignore_eos, where the server takes it), in
+    the server's dialect (gpudoctor.bench.openai)."""
+    return api_request_body(prompt.payload(), max_tokens, api, model, kind)
 
 
 def new_session(concurrency: int | None):
@@ -112,13 +117,14 @@ class Breaker:
 async def send_all(session, url: str, bodies: list[bytes], concurrency: int | None, stall_s: float,
                    on_request: Callable[[RequestResult], None] | None = None, *, api: str = NATIVE,
                    request_rate: float | None = None, arrival: str = POISSON, seed: int = 0,
-                   max_error_rate: float = 0.0,
-                   offsets: list[float] | None = None) -> tuple[list[RequestResult], float, dict]:
+                   max_error_rate: float = 0.0, offsets: list[float] | None = None,
+                   counter=None) -> tuple[list[RequestResult], float, dict]:
     """Send every body closed-loop (at most `concurrency` in flight) or open-loop (at `request_rate`, capped at
     `concurrency` when given); stop starting new ones once the breaker trips. Returns the results, the wall time
     (first send to last completion) and how the level went ({"tripped", "late_s"}: send lateness, open loop).
-    `offsets` (seconds from the start, one per body: a trace) replace the arrivals drawn from `request_rate`."""
-    parser = NativeParser if api == NATIVE else OpenAIParser
+    `offsets` (seconds from the start, one per body: a trace) replace the arrivals drawn from `request_rate`;
+    `counter` counts an OpenAI stream's tokens where the server sends no usage."""
+    parser = NativeParser if api == NATIVE else parser_for(counter)
     sem = asyncio.Semaphore(concurrency) if concurrency else None
     breaker = Breaker(max_error_rate, len(bodies))
     results: list[RequestResult | None] = [None] * len(bodies)
@@ -221,6 +227,7 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LevelSpec | Non
         "connect_ms_p50": _ms([r.connect_s for r in good if r.connect_s is not None], 50),
         "headers_ms_p50": _ms([r.headers_s for r in good if r.headers_s is not None], 50),
         "itl_source": None if not good else ("usage" if all(r.usage_per_chunk for r in good) else "per-chunk"),
+        **output_length(good, spec),
         "transport_note": transport_note(good),
     }
     if late_s:
@@ -249,6 +256,27 @@ def per_prompt(prompts: list[Prompt], results: list[RequestResult]) -> dict | No
                    "ttft_ms": sum(x[1] for x in xs) / len(xs)} for name, xs in out.items()} or None
 
 
+def output_length(good: list[RequestResult], spec: LevelSpec | None) -> dict:
+    """Output length against its target (OpenAI APIs): where the counts came from, how many requests ended before
+    max_tokens (a server without ignore_eos stops at the model's end of text), a note saying so. Native: nothing."""
+    sources = sorted({r.tokens_source for r in good if r.tokens_source})
+    if not sources:
+        return {}
+    out: dict = {"output_tokens_source": sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources)}
+    if spec is None:
+        return out
+    target = spec.max_tokens * len(good)
+    short = [r for r in good if r.output_tokens < spec.max_tokens]
+    out.update({"output_tokens_target": target, "short_requests": len(short)})
+    if short:
+        why = sorted({str(r.finish_reason) for r in short})
+        out["length_note"] = (f"{len(short)} of {len(good)} requests ended before max_tokens {spec.max_tokens} "
+                              f"(finish_reason {', '.join(why)}; the server does not take ignore_eos): "
+                              f"{sum(r.output_tokens for r in good)} of {target} target tokens, counted from "
+                              f"{out['output_tokens_source']}")
+    return out
+
+
 def _meets(r: RequestResult, spec: LevelSpec) -> bool:
     """TTFT and mean inter-token latency (TPOT) within the level's SLOs (SGLang's goodput definition, ms)."""
     if spec.slo_ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1000 > spec.slo_ttft_ms):
@@ -268,13 +296,18 @@ async def run_level(session, base_url: str, spec: LevelSpec, prompts: list[Promp
     `send` (an async callable of (session, base_url, stall_s, on_request)) replaces sending `prompts` as one batch:
     a multi-turn or trace level (gpudoctor.bench.multiturn, .trace); its `how` gives the requests it planned
     ("planned") and the record's own sections ("extra")."""
-    bodies = [] if send is not None else [request_body(p, spec.max_tokens, spec.api, spec.model)
-                                          for p in prompts[: spec.num_prompts]]
+    kind = spec.server_kind or SGLANG
+    bodies: list = []
     if send is None:
+        sent = prompts[: spec.num_prompts]
+        if not takes_token_ids(kind, spec.api):  # a string endpoint: the prompt's wire form is text, always
+            sent = [as_text(p, spec.counter) for p in sent]
+        bodies = [request_body(p, spec.max_tokens, spec.api, spec.model, kind) for p in sent]
+
         async def send(session, base_url, stall_s, on_request):
             out = await send_all(session, base_url + PATHS[spec.api], bodies, spec.concurrency, stall_s, on_request,
                                  api=spec.api, request_rate=spec.request_rate, arrival=spec.arrival, seed=spec.trial,
-                                 max_error_rate=spec.max_error_rate)
+                                 max_error_rate=spec.max_error_rate, counter=spec.counter)
             per = per_prompt(prompts[: spec.num_prompts], out[0])
             if per:
                 out[2]["extra"] = {"per_prompt": per}

@@ -100,14 +100,17 @@ def turn_messages(system: str, done: list[tuple[str, str]], user: str) -> list[d
     return msgs + [{"role": "user", "content": user}]
 
 
-def turn_body(api: str, model: str | None, max_tokens: int, system: str, done, user: str) -> bytes:
-    from gpudoctor.bench.openai import request_body
+def turn_body(api: str, model: str | None, max_tokens: int, system: str, done, user: str,
+              kind: str | None = None) -> bytes:
+    """One turn's request in the server's dialect (`kind`, gpudoctor.bench.openai: SGLang's when unknown)."""
+    from gpudoctor.bench.openai import SGLANG, request_body
 
+    kind = kind or SGLANG
     if api == CHAT:
-        body = json.loads(request_body({"text": ""}, max_tokens, api, model))
+        body = json.loads(request_body({"text": ""}, max_tokens, api, model, kind))
         body["messages"] = turn_messages(system, done, user)
         return json.dumps(body, separators=(",", ":")).encode()
-    return request_body({"text": turn_text(system, done, user)}, max_tokens, api, model)
+    return request_body({"text": turn_text(system, done, user)}, max_tokens, api, model, kind)
 
 
 class _NativeAnswer(NativeParser):
@@ -198,7 +201,8 @@ def sender(spec, convs: list[Conversation], turns: int, think_s: float):
                         return
                     if k and think_s > 0:
                         await asyncio.sleep(think_s)
-                    body = turn_body(spec.api, spec.model, spec.max_tokens, conv.system, done, conv.turns[k])
+                    body = turn_body(spec.api, spec.model, spec.max_tokens, conv.system, done, conv.turns[k],
+                                     spec.server_kind)
                     r = await stream_request(session, url, body, stall_s, watchdog, parser)
                     got.append((s, k, r))
                     breaker.record(r.ok)

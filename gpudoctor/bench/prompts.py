@@ -1,8 +1,9 @@
 """Prompt sets: builtin synthetic prose or a file, stretched to a target context length, each prompt unique.
 
 Every prompt starts with its own number so SGLang's radix cache cannot turn a long-context level into a cache-hit
-benchmark. With an exact token counter the prompt is sent as `input_ids` of exactly the target length; otherwise as text
-sized by the estimate in gpudoctor.bench.tokens, and a prompt is only sent when its pessimistic count fits.
+benchmark. With an exact token counter the prompt is sent as `input_ids` of exactly the target length where the
+endpoint takes token ids, and as the decoded text (counted again, exactly) where it takes a string (as_text); otherwise
+as text sized by the estimate in gpudoctor.bench.tokens, and a prompt is only sent when its pessimistic count fits.
 """
 
 from __future__ import annotations
@@ -130,6 +131,18 @@ def _build(n: int, questions: list[str], counter: Counter, context_len: int | No
             text = head + "Notes: " + _filler(rng, max(0, body_chars)) + tail
             prompts.append(_make(text, counter))
     return prompts
+
+
+def as_text(prompt: Prompt, counter: Counter | None) -> Prompt:
+    """The prompt in the form a string endpoint takes (OpenAI's /v1/completions on a server not known to take token
+    ids): token-id prompts are decoded with the same tokenizer and counted again, exactly; text stays as it is."""
+    if prompt.input_ids is None or prompt.text is not None:
+        return prompt
+    if counter is None or not counter.exact:
+        raise ValueError("a token-id prompt needs its tokenizer to become text")
+    text = counter.decode(prompt.input_ids)
+    n = counter.count(text)
+    return Prompt(text=text, tokens=n, upper_bound=n, exact=True)
 
 
 def _make(text: str, counter: Counter) -> Prompt:

@@ -63,6 +63,7 @@ def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> li
                         spec = LevelSpec(label=cfg.label, method=cfg.method.name, tp=cfg.tp, trial=trial,
                                          workload=workload_name(set_name, ctx, max_tokens), concurrency=c,
                                          max_tokens=max_tokens, num_prompts=n, context_len=ctx, api=camp.api,
+                                         server_kind=camp.kind if camp.api != "native" else None,
                                          request_rate=rate, arrival=camp.arrival, max_error_rate=camp.max_error_rate,
                                          slo_ttft_ms=camp.slo_ttft_ms, slo_itl_ms=camp.slo_itl_ms)
                         text_only = camp.api == "chat"  # chat messages are text, never token ids

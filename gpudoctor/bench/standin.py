@@ -45,7 +45,15 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     if on_error is not None:
         p.error = on_error
     p.add_argument("model", nargs="?", default=None, help="vLLM flavor: `vllm serve MODEL`'s positional model")
-    p.add_argument("--flavor", choices=("sglang", "vllm"), default="sglang")
+    p.add_argument("--flavor", choices=("sglang", "vllm", "openai"), default="sglang",
+                   help="openai: a strict OpenAI-schema server as transformers serve 5.17 is (requests validated "
+                        "against the `openai` package's types, no [DONE], no per-chunk usage, unescaped error text, "
+                        "pinned to its model)")
+    p.add_argument("--hub-models", default="", help="openai flavor: the ids GET /v1/models lists (comma-separated; "
+                                                     "default none: a server pinned to a directory lists nothing)")
+    p.add_argument("--eos-after", type=int, default=0,
+                   help="openai flavor: the model emits its end of text after this many tokens (finish_reason stop; "
+                        "there is no ignore_eos); 0 = never")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=None, help="default 30000 (sglang), 8000 (vllm)")
     p.add_argument("--decode-tok-s", type=float, default=50.0, help="tokens/s per request after the first step; 0 = instant")
@@ -104,7 +112,7 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     args.model_path = args.model_path or args.model or "standin/model"
     args.served_model_name = args.served_model_name or args.model_path
     if args.port is None:
-        args.port = 8000 if args.flavor == "vllm" else 30000
+        args.port = 8000 if args.flavor in ("vllm", "openai") else 30000
     if args.health_timeout_s is None:
         args.health_timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", apispec.HEALTH_TIMEOUT_S))
     return args, extra
@@ -437,6 +445,8 @@ class StandIn:
 
         if not self.ready:
             return web.Response(status=503)
+        if self.flavor == "openai":
+            return web.json_response({"status": "ok"})
         if self.flavor == "vllm" or request.path == "/ready":
             return web.Response(status=200)
         if request.path == "/health" and os.environ.get(
@@ -541,6 +551,8 @@ class StandIn:
 
     # ---- OpenAI-compatible endpoints --------------------------------------------------------------------------------
     async def models(self, request):
+        if self.flavor == "openai":
+            return self._json(wire.strict_model_list([m for m in self.a.hub_models.split(",") if m]))
         return self._json(wire.model_list(self.a.served_model_name, self.a.context_length, self.flavor))
 
     async def completions(self, request):
@@ -554,6 +566,8 @@ class StandIn:
         return self._json(wire.openai_error(message, err_type, status, self.flavor), status=status)
 
     async def _openai(self, request, chat: bool):
+        if self.flavor == "openai":
+            return await self._strict(request, chat)
         try:
             body = await request.json()
         except ValueError:
@@ -610,6 +624,62 @@ class StandIn:
                 tail["usage"]["prompt_tokens_details"] = {"cached_tokens": st.cached}
             yield wire.sse(tail)
         yield wire.DONE
+
+    # ---- the strict OpenAI flavor (transformers serve 5.17) -----------------------------------------------------------
+    def _detail(self, status: int, detail: str):
+        self.log.raw(f'INFO:     127.0.0.1 - "POST /v1/... HTTP/1.1" {status}')
+        return self._json({"detail": detail}, status=status)
+
+    async def _strict(self, request, chat: bool):
+        """BaseHandler._validate_request, _resolve_model (pinned), CompletionHandler's string-only prompt, then a
+        stream without [DONE]: content chunks without usage, a final chunk with finish_reason and usage."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return self._detail(422, "JSON decode error")
+        if not isinstance(body, dict):
+            return self._detail(422, "Input should be a valid dictionary")
+        self.on_request()
+        if self.failing and self.a.fail_mode == "http500":
+            return self.http500()
+        unexpected = wire.strict_unexpected(body, chat)
+        if unexpected:
+            return self._detail(422, unexpected)
+        if not chat and not isinstance(body.get("prompt", ""), str):
+            return self._detail(400, "prompt must be a string.")
+        pinned = self.a.served_model_name
+        if body.get("model") is not None and body["model"] != pinned:
+            return self._detail(400, f"Server is pinned to '{pinned}'; requested '{body['model']}'.")
+        req = wire.OpenAIReq(chat=chat, model=pinned, include_usage=False, continuous=False, spec_details=False)
+        max_tokens = int(body.get("max_tokens") or 1024)  # max_completion_tokens is ignored (UNUSED fields)
+        eos = self.a.eos_after
+        produce = min(max_tokens, eos) if eos > 0 else max_tokens
+        prompt_tokens = self._prompt_tokens(body, "messages" if chat else "prompt")
+        st = self.new_state(request, prompt_tokens, produce, None)
+        finish = "length" if produce >= max_tokens else "stop"
+        if not body.get("stream"):
+            async for _ in self.steps(st):
+                pass
+            choice = {"index": 0, "finish_reason": finish}
+            choice.update({"message": {"role": "assistant", "content": st.text()}} if chat else {"text": st.text()})
+            return self._json({"id": st.rid, "choices": [choice], "created": req.created, "model": pinned,
+                               "object": "chat.completion" if chat else "text_completion",
+                               "usage": wire.strict_usage(prompt_tokens, st.done)})
+        resp = await self.open_stream(request)
+        if chat:
+            await resp.write(wire.sse(wire.strict_chunk(st, req, role=True)))
+        if self.failing and self.a.fail_mode == "error-chunk":
+            await resp.write(wire.strict_stream_error('stand-in fault: "error-chunk" (unescaped, as transformers '
+                                                      'serve writes it)'))
+            await resp.write_eof()
+            return resp
+        async for _ in self.steps(st):
+            if st.sent_first is None:
+                st.sent_first = time.time()
+            await resp.write(wire.sse(wire.strict_chunk(st, req, st.text(delta=True))))
+        await resp.write(wire.sse(wire.strict_chunk(st, req, "", finish, wire.strict_usage(prompt_tokens, st.done))))
+        await resp.write_eof()
+        return resp
 
     def _openai_full(self, st: wire.ReqState, req: wire.OpenAIReq) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": "length"}
@@ -689,7 +759,7 @@ def build_app(state: StandIn):
     r.add_get("/v1/models", state.models)
     r.add_post("/v1/completions", state.completions)
     r.add_post("/v1/chat/completions", state.chat)
-    if state.flavor == "vllm":
+    if state.flavor in ("vllm", "openai"):
         return app
     r.add_get("/health_generate", state.health)
     r.add_get("/ready", state.health)
@@ -708,6 +778,13 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
     from aiohttp import web
 
     state = StandIn(args, extra)
+    if args.flavor == "openai":
+        try:
+            wire.openai_schema_keys(False)
+        except ImportError:
+            state.log.raw("stand-in: --flavor openai validates requests against the `openai` package's types: "
+                          "pip install openai")
+            raise SystemExit(1)
     if args.flavor == "sglang":
         state.log(f"server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp_size}, "
                   f"host='{args.host}', port={args.port}, speculative_algorithm={args.speculative_algorithm!r}, "
@@ -740,7 +817,12 @@ async def serve(args: argparse.Namespace, extra: list[str]) -> None:
         state.log.raw(f"INFO:     Started server process [{os.getpid()}]")
     else:
         state.log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
-    await state.become_ready()
+    if args.flavor == "openai":
+        state.log.raw("INFO:     Application startup complete.")
+        await asyncio.sleep(args.startup_s)
+        state.ready = args.fail_mode != "never-ready"
+    else:
+        await state.become_ready()
     await asyncio.Event().wait()
 
 

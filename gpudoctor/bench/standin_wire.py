@@ -264,3 +264,74 @@ def model_list(model: str, context_len: int, flavor: str) -> dict:
                                "organization": "*", "group": None, "is_blocking": False}]
     return {"object": "list", "data": [card]}
 
+
+
+# ---- a strict OpenAI-schema server (flavor "openai": Hugging Face transformers serve 5.17 as it behaves) -------------
+# transformers/cli/serving/utils.py BaseHandler._validate_request: any key outside the params TypedDict's keys is
+# HTTP 422 "Unexpected fields in the request: {...}"; completion.py and chat_completion.py add these keys to OpenAI's.
+STRICT_EXTRA_KEYS = {False: ("generation_config", "seed", "stream"), True: ("generation_config", "seed",
+                                                                           "chat_template_kwargs")}
+
+
+def _typed_keys(td) -> set[str]:
+    keys = getattr(td, "__mutable_keys__", None)
+    return set(keys) if keys is not None else set(td.__required_keys__) | set(td.__optional_keys__)
+
+
+def openai_schema_keys(chat: bool) -> tuple[set[str], set[str]]:
+    """The request keys OpenAI's own types allow (the `openai` package's streaming create params, plus transformers
+    serve's additions) and the keys of stream_options (ChatCompletionStreamOptionsParam)."""
+    from openai.types.chat import ChatCompletionStreamOptionsParam
+    if chat:
+        from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
+    else:
+        from openai.types.completion_create_params import CompletionCreateParamsStreaming
+    return (_typed_keys(CompletionCreateParamsStreaming) | set(STRICT_EXTRA_KEYS[chat]),
+            _typed_keys(ChatCompletionStreamOptionsParam))
+
+
+def strict_unexpected(body: dict, chat: bool) -> str | None:
+    """The 422 detail for a request with fields outside OpenAI's schema (top level, or inside stream_options), None
+    when it has none. The set is written as Python writes it, as transformers serve does."""
+    allowed, stream_keys = openai_schema_keys(chat)
+    extra = set(body) - allowed
+    so = body.get("stream_options")
+    if isinstance(so, dict):
+        extra |= {f"stream_options.{k}" for k in set(so) - stream_keys}
+    return f"Unexpected fields in the request: {extra}" if extra else None
+
+
+def strict_chunk(st: ReqState, req: OpenAIReq, text: str | None = None, finish: str | None = None,
+                 usage_: dict | None = None, role: bool = False) -> dict:
+    """A chunk as transformers serve writes it (model_dump_json(exclude_none=True)): no finish_reason key until the
+    final chunk, which also carries the usage; chat's first chunk has only the role."""
+    if req.chat:
+        delta = {"role": "assistant"} if role else ({"content": text} if text else {})
+        choice: dict = {"delta": delta, "index": 0}
+    else:
+        choice = {"index": 0, "text": text or ""}
+    if finish:
+        choice["finish_reason"] = finish
+    out = {"id": st.rid, "choices": [choice], "created": req.created, "model": req.model,
+           "object": "chat.completion.chunk" if req.chat else "text_completion"}
+    if req.chat:
+        out["system_fingerprint"] = ""
+    if usage_:
+        out["usage"] = usage_
+    return out
+
+
+def strict_usage(prompt: int, completion: int) -> dict:
+    """CompletionUsage, exclude_none: only the three counts."""
+    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion}
+
+
+def strict_stream_error(message: str) -> bytes:
+    """The mid-stream error transformers serve writes: f'data: {{"error": "{msg}"}}', the text NOT escaped."""
+    return b'data: {"error": "' + message.encode() + b'"}\n\n'
+
+
+def strict_model_list(models: list[str]) -> dict:
+    """GET /v1/models: the hub cache's generative models (model_manager.get_gen_models), not the pinned one."""
+    return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": m.split("/")[0]
+                                        if "/" in m else ""} for m in models]}

@@ -35,7 +35,8 @@ CONNECT, DISCONNECT, STALL, HTTP, STREAM_ERROR, EMPTY, ABORT = (
 
 @dataclass
 class RequestResult:
-    """What one request did. `error` is None only for a complete, non-empty, [DONE]-terminated stream."""
+    """What one request did. `error` is None only for a complete, non-empty stream: [DONE]-terminated, or (OpenAI
+    servers that never send [DONE]) closed cleanly after a chunk with a finish_reason."""
 
     ok: bool = False
     error: str | None = None
@@ -56,6 +57,8 @@ class RequestResult:
     server_sent_wall: float | None = None  # the server's own stamp of its first write (SGLang: response_sent_to_client_ts)
     usage_per_chunk: bool = True  # OpenAI: token counts came from per-chunk usage (False: one token per chunk assumed)
     sent_perf: float | None = None  # time.perf_counter() when the request was on the wire
+    finish_reason: str | None = None  # OpenAI: the final chunk's ("length"; "stop": ended before max_tokens)
+    tokens_source: str | None = None  # OpenAI: where output_tokens came from: usage | tokenizer | estimate
 
 
 def _fail(r: RequestResult, kind: str, msg: str) -> RequestResult:
@@ -262,6 +265,10 @@ async def stream_request(session, url: str, body: bytes, stall_s: float, watchdo
             while True:
                 data = await readany()
                 if not data:
+                    if buf.strip():  # a last event without its blank line: the server closed right after it
+                        ev = buf.strip()
+                        if ev.startswith(_DATA):
+                            feed(ev, perf(), st)
                     break
                 now = perf()
                 if watchdog is not None:
@@ -299,8 +306,9 @@ async def stream_request(session, url: str, body: bytes, stall_s: float, watchdo
         return _fail(r, ABORT, aborted)
     if r.error is not None:
         return _fail(r, STREAM_ERROR, f"error in stream: {r.error}")
-    if not parser.done:
-        return _fail(r, DISCONNECT, f"stream ended without [DONE] after {parser.last_n} tokens")
+    if not (parser.done or getattr(parser, "ended", False)):
+        return _fail(r, DISCONNECT, f"stream ended without [DONE] after {parser.last_n} tokens (and without a "
+                                    f"final chunk with a finish_reason)")
     if r.output_tokens <= 0:
         return _fail(r, EMPTY, "stream finished with zero output tokens")
     r.ok = True

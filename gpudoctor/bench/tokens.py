@@ -39,6 +39,11 @@ class Counter:
             raise RuntimeError("no tokenizer loaded")
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def decode(self, ids: list[int]) -> str:
+        if self._tok is None:
+            raise RuntimeError("no tokenizer loaded")
+        return self._tok.decode(ids, skip_special_tokens=False)
+
     def count(self, text: str) -> int:
         return len(self.encode(text)) if self._tok is not None else approx_tokens(text)
 

@@ -137,17 +137,18 @@ def sender(spec, entries: list[Entry], prompts: list[Prompt], time_scale: float,
     """The level's send step for load.run_level: every request at its (scaled) time, open loop."""
     from gpudoctor.bench import cache as cachelib
     from gpudoctor.bench.load import request_body, send_all
-    from gpudoctor.bench.openai import PATHS
+    from gpudoctor.bench.openai import PATHS, SGLANG
     from gpudoctor.bench.pacing import rate_error
 
     due = offsets(entries, time_scale)
-    bodies = [request_body(p, e.output_length, spec.api, spec.model) for p, e in zip(prompts, entries)]
+    kind = spec.server_kind or SGLANG  # the server's dialect (gpudoctor.bench.openai)
+    bodies = [request_body(p, e.output_length, spec.api, spec.model, kind) for p, e in zip(prompts, entries)]
     shared = shared_tokens(entries, block_tokens)
 
     async def send(session, base_url, stall_s, on_request):
         results, wall, how = await send_all(session, base_url + PATHS[spec.api], bodies, spec.concurrency, stall_s,
                                             on_request, api=spec.api, max_error_rate=spec.max_error_rate,
-                                            offsets=due)
+                                            offsets=due, counter=spec.counter)
         sent = [r.sent_perf for r in results if r.sent_perf is not None]
         err = rate_error(due[: len(sent)], sorted(sent)) if len(sent) == len(results) else {"rate_error": None}
         cached = [cachelib.cached_tokens(r.meta) for r in results if r.ok]

@@ -90,9 +90,11 @@ def _level_line(r: dict) -> str:
     if r["status"] == "ok":
         acc = f" accept {r['accept_length']:.2f}" if r.get("accept_length") else ""
         good = f", goodput {r['goodput_req_per_s']:.2f} req/s" if r.get("goodput_req_per_s") is not None else ""
+        target = (f", {r['output_tokens']}/{r['output_tokens_target']} output tokens ({r['output_tokens_source']})"
+                  if r.get("output_tokens_target") else "")
         line = (f"{head}: ok {r['output_tok_per_s']:.1f} tok/s, TTFT p50 {r['ttft_ms_p50']:.1f} ms, "
-                f"ITL p50 {r['itl_ms_p50'] or 0:.2f} ms{acc}{good}")
-        for extra in (r.get("error"), r.get("transport_note")):
+                f"ITL p50 {r['itl_ms_p50'] or 0:.2f} ms{acc}{good}{target}")
+        for extra in (r.get("error"), r.get("length_note"), r.get("transport_note")):
             if extra:
                 line += f"\n   note: {extra}"
         for s in r.get("suspect") or []:
@@ -122,6 +124,12 @@ def bench():
 @click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
               help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
                    "(SGLang, vLLM, ...).")
+@click.option("--model", default=None,
+              help="OpenAI APIs: the model name requests carry [default: the one /v1/models lists; none when it "
+                   "lists none or several, so a pinned server uses its own].")
+@click.option("--server-kind", type=click.Choice(["sglang", "vllm", "openai"]), default=None,
+              help="OpenAI APIs: the dialect. sglang|vllm add ignore_eos, per-chunk usage and token-id prompts; "
+                   "openai sends OpenAI's request schema only [default: detected from the server's answers].")
 @click.option("--concurrency", "concurrency", default=None,
               help="Comma-separated closed-loop levels [default: 1,4,16; with --request-rate: a cap on requests in "
                    "flight, one value].")
@@ -144,7 +152,8 @@ def bench():
 @click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
 @click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
 @click.option("--context-limit", type=click.IntRange(1), default=None,
-              help="Server context length [default: from /server_info, else /v1/models].")
+              help="Server context length [default: from /server_info, else /v1/models, else the local model's "
+                   "config.json].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
 @click.option("--stall-timeout", type=seconds(0.1, 86400), default=120.0, show_default=True,
@@ -176,7 +185,7 @@ def bench():
               help="Where Xid lines are read from during each level ('' for none).")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
-def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
+def load(server_url, api, model, server_kind, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
          num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
          ready_timeout, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
          health_interval, kernel_log, out_dir, json_out):
@@ -188,14 +197,18 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
           --max-tokens 256 --context-len 3000 --label eagle3-tp4 --server-log sglang.log --out runs/a
       gpudoctor bench load --server-url http://127.0.0.1:8000 --api completions --request-rate 4,16,64 \\
           --max-tokens 256 --slo-ttft-ms 500 --slo-itl-ms 50 --max-error-rate 0.01 --out runs/vllm
-    Every request is greedy (temperature 0) with ignore_eos, so it produces exactly --max-tokens tokens; OpenAI
-    requests ask for per-chunk usage (stream_options.continuous_usage_stats), so speculative chunks count right.
-    Exit codes: 0 every level ok, 2 a level crashed, errored or was skipped, 3 bad input.
+    Every request is greedy (temperature 0). To SGLang and vLLM it has ignore_eos, so it produces exactly
+    --max-tokens tokens, and OpenAI requests ask for per-chunk usage (stream_options.continuous_usage_stats), so
+    speculative chunks count right. Any other OpenAI-compatible server (transformers serve, ...) gets OpenAI's
+    request schema only: a request may end early; the tokens it produced are counted (usage, else the tokenizer,
+    else one per chunk) and the record says how many ended short. Levels already recorded ok in --out are kept; a
+    level recorded as failed is measured again.
+    Exit codes: 0 every level ok, 2 a level crashed, errored or was skipped, or nothing was measured, 3 bad input.
     """
     import asyncio
     import json
 
-    from gpudoctor.bench.levels import Level, run_levels, server_context_limit, workload_name
+    from gpudoctor.bench.levels import Level, context_limit as find_context_limit, run_levels, workload_name
     from gpudoctor.bench.load import LevelSpec
     from gpudoctor.bench.prompts import build, load_names, load_source, misfit
     from gpudoctor.bench.results import ResultStore
@@ -219,13 +232,18 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
     questions = load_source(prompt_set)
     counter = load_counter(tokenizer_dir)
     set_name = "builtin" if prompt_set == "builtin" else prompt_set.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-    limit = context_limit or asyncio.run(server_context_limit(base))
+    if context_limit:
+        limit, limit_from = context_limit, "--context-limit"
+    else:
+        limit, limit_from = asyncio.run(find_context_limit(base, [model, tokenizer_dir]))
     levels = []
     for c in (levels_c if not (turns or trace_file) else []):
         for rate in rates:
             n = num_prompts or (max(8, 4 * c) if rate is None else max(16, int(rate * 10)))
             spec = LevelSpec(label=label, workload=workload_name(set_name, context_len, max_tokens), concurrency=c,
                              max_tokens=max_tokens, num_prompts=n, context_len=context_len, api=api,
+                             model=model if api != "native" else None, server_kind=server_kind,
+                             counter=counter if api != "native" and counter.exact else None,
                              request_rate=rate, arrival=arrival, max_error_rate=max_error_rate,
                              slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms)
             # Chat messages are text: token-id prompts only go to /generate and /v1/completions.
@@ -241,14 +259,19 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
     store = ResultStore(out_dir)
     with Display(json_out) as display:
-        display("note", text=f"token counts: {counter.source}; context limit: {limit or 'unknown'}")
+        display("note", text=f"token counts: {counter.source}; "
+                             + (f"context limit: {limit} (from {limit_from})" if limit else limit_from))
         written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
-                                         log_path=server_log, on_event=display, watch=watch))
+                                         log_path=server_log, on_event=display, watch=watch,
+                                         rerun_failed=True))
+        if not written:
+            display("note", text=f"nothing measured: all {len(levels)} levels are already recorded ok in "
+                                 f"{store.path}; a new --out measures them again")
     if json_out:
         for rec in written:
             click.echo(json.dumps(rec, sort_keys=True))
     bad = [r for r in written if r["status"] != "ok"]
-    raise SystemExit(EXIT_FAIL if bad else EXIT_OK)
+    raise SystemExit(EXIT_FAIL if bad or not written else EXIT_OK)
 
 
 def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,

@@ -54,8 +54,8 @@ class StandIn:
         self.proc = subprocess.Popen([sys.executable, "-m", "gpudoctor.bench.standin", "--port", str(self.port),
                                       "--log-file", str(self.log), *args], env=env())
         # /ready (SGLang) and vLLM's /health answer 200 at once when ready; /health_generate takes >= 1 s.
-        probe = "/health" if "vllm" in args else "/ready"
-        status = wait_http(self.url + probe, want=200 if ready else None)
+        probe = "/health" if "vllm" in args or "openai" in args else "/ready"
+        status = wait_http(self.url + probe, deadline=30.0, want=200 if ready else None)  # a loaded machine
         if ready and status != 200:
             self.stop()
             raise RuntimeError(f"stand-in did not become ready: {status}; log: {self.log.read_text()}")

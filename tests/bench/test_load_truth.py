@@ -78,6 +78,7 @@ def test_rerun_into_same_dir_adds_no_duplicates(standin, tmp_path):
             "--out", str(out)]
     assert run_cli(*args).returncode == 0
     first = (out / "results.jsonl").read_text()
-    assert run_cli(*args).returncode == 0
+    again = run_cli(*args)  # everything is recorded ok: nothing measured, and it says so (#25)
+    assert again.returncode == 2 and "nothing measured: all 2 levels are already recorded ok" in again.stderr
     assert (out / "results.jsonl").read_text() == first
     assert len(first.splitlines()) == 2

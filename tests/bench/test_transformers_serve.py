@@ -1,0 +1,60 @@
+"""`gpudoctor bench load` as shipped against a real third-party server: Hugging Face `transformers serve` 5.17 with
+continuous batching, a tiny random-weight Llama on CPU (tests/bench/transformers_lab.py). Both APIs, closed and open
+loop: every level ok, 0 failed requests, exact output-token counts (the model has no end-of-text token, so every
+request produces max_tokens tokens, and the server's usage says so) (#25)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bench.conftest import run_cli
+from tests.needs import unavailable
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tfserve(tmp_path_factory):
+    from tests.bench import transformers_lab as lab
+
+    venv, why = lab.ensure_venv()
+    if venv is None:
+        unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are skipped)")
+    work = tmp_path_factory.mktemp("tfserve")
+    model, hf_home = work / "tiny-llama", work / "hf"
+    lab.build_model(venv, model, hf_home)
+    server = lab.Server(venv, model, hf_home, work / "serve.log")
+    try:
+        why = server.wait_up()
+        if why:
+            pytest.fail(why, pytrace=False)
+        yield server
+    finally:
+        server.stop()
+
+
+def records(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.timeout(1500)  # the first test also builds the model and starts the server (torch imports)
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_every_level_ok_with_exact_output_tokens(tfserve, tmp_path, api):
+    out = tmp_path / "out"
+    common = ["bench", "load", "--server-url", tfserve.url, "--api", api, "--max-tokens", str(MAX_TOKENS),
+              "--out", str(out), "--ready-timeout", "300", "--stall-timeout", "120", "--warmup", "1",
+              "--tokenizer-dir", str(tfserve.model)]
+    p = run_cli(*common, "--concurrency", "1,4", "--prompts", "6", timeout=600)
+    assert p.returncode == 0, p.stderr + tfserve.tail()
+    p = run_cli(*common, "--request-rate", "3", "--prompts", "6", timeout=600)
+    assert p.returncode == 0, p.stderr + tfserve.tail()
+    recs = records(out)
+    assert [(r["concurrency"], r["request_rate"]) for r in recs] == [(1, None), (4, None), (None, 3.0)]
+    for r in recs:
+        assert r["status"] == "ok" and r["failed"] == 0 and r["completed"] == 6, r
+        assert r["output_tokens"] == 6 * MAX_TOKENS and r["output_tokens_source"] == "usage", r
+        assert r["short_requests"] == 0 and r["server_kind"] == "openai" and r["model"] is None
+        assert r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0 and r["prompt_tokens_mean"] > 0
+    assert "server dialect: openai" in p.stderr and "context limit: 4096" in p.stderr
