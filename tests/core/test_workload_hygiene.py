@@ -26,6 +26,8 @@ from gpudoctor.host.local import LocalHost
 from gpudoctor.remedies.bench_orphans import StopOrphanServers
 from gpudoctor.remedy import RemedyContext
 
+from tests import needs
+
 from .conftest import CAPTURES
 
 HOLD = r"""
@@ -63,6 +65,7 @@ def _free_port() -> int:
 def gpu_root(tmp_path):
     """A tree whose dev/nvidia0 is a real character node (1:3, /dev/null's numbers: it opens) — what a process
     holding the GPU has open."""
+    needs.root()  # mknod
     (tmp_path / "dev").mkdir()
     os.mknod(tmp_path / "dev" / "nvidia0", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     os.chmod(tmp_path / "dev" / "nvidia0", 0o666)
