@@ -136,14 +136,12 @@ def _facts(root, xml, port):
 
 
 def _stranger(spawn, gpu_root):
-    """The stranger runs as nobody when we are root (it opens the node, then drops to uid 65534), so its user
+    """The stranger runs as nobody (it opens the node, then drops to uid 65534; gpu_root needs root), so its user
     differs from ours."""
     import pwd
 
     node = str(gpu_root / "dev" / "nvidia0")
-    if os.geteuid() == 0:
-        return spawn([sys.executable, "-c", HOLD, node, "-", "65534"]), pwd.getpwuid(65534).pw_name
-    return spawn([sys.executable, "-c", HOLD, node]), pwd.getpwuid(os.geteuid()).pw_name
+    return spawn([sys.executable, "-c", HOLD, node, "-", "65534"]), pwd.getpwuid(65534).pw_name
 
 
 def test_a_strangers_20_gib_is_named_gated_and_never_touched(gpu_root, spawn):
