@@ -32,7 +32,7 @@ try:
     import gpudoctor  # noqa: F401
     import gpudoctor.checks  # noqa: F401
 except ImportError as e:
-    pytest.exit(f"gpudoctor is not installed ({e}): run python3 -m pip install '.[test]' first (README)", returncode=4)
+    pytest.exit(f"gpudoctor is not installed ({e}): run ./install.sh --extras test first (README line 2)", returncode=4)
 finally:
     sys.path[:] = _saved
 os.environ["PYTHONSAFEPATH"] = "1"

@@ -109,7 +109,7 @@ def skip_reason() -> str | None:
     from tests import needs
 
     if os.geteuid() != 0:
-        return "the LXC lab needs root (it starts real containers and cgroups)"
+        return needs.ROOT_LINE  # it starts real containers and cgroups
     for name in COMPONENTS:
         if needs.find(name) is None:
             return f"{name} is not installed{needs.MARK}: {needs.COMPONENTS[name][1]}"

@@ -71,6 +71,28 @@ def unavailable(line: str) -> None:
     pytest.skip(line)
 
 
+ROOT_LINE = (f"not running as root{MARK}: mknod, mount, chown, namespaces, cgroups and LXC need root "
+             "(the whole suite wants root: README)")
+
+
+def root() -> None:
+    """The test needs root (device nodes, mounts, chown, namespaces, cgroups, another uid): as an ordinary user it is
+    skipped with ROOT_LINE, which pytest's summary folds into one line for all of them; under CI=true a failure."""
+    if os.geteuid() != 0:
+        unavailable(ROOT_LINE)
+
+
+CGROUP_V1_DEVICES = "/sys/fs/cgroup/devices"
+
+
+def cgroup_v1_devices() -> str:
+    """The mounted cgroup v1 devices controller; on a pure cgroup2 host (stock Debian 12, Proxmox VE 8, Ubuntu 22.04
+    and later) the test is skipped with one line (a failure under CI=true, whose machines mount it)."""
+    if not os.path.isfile(os.path.join(CGROUP_V1_DEVICES, "devices.list")):
+        unavailable(f"no cgroup v1 devices controller at {CGROUP_V1_DEVICES}{MARK}: this is a pure cgroup2 host")
+    return CGROUP_V1_DEVICES
+
+
 def need(name: str) -> str:
     """The path of a required real component; skips (outside CI) or fails (CI=true) when it is missing."""
     path = find(name)

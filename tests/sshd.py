@@ -96,9 +96,11 @@ class SSHD:
         return out
 
     def cut_connections(self) -> int:
-        """Kill every open connection's sshd process (SIGKILL): the client sees the connection drop."""
+        """Kill every open connection's sshd processes (SIGKILL): the client sees the connection drop. Each
+        connection is a monitor (a child of the listener) and its unprivileged "user@notty" child, which holds the
+        socket too; when sshd runs as an ordinary user that child outlives its monitor, so both are killed."""
         pids = self.session_pids()
-        for pid in pids:
+        for pid in [*pids, *(c for p in pids for c in _sshd_children(p))]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -113,6 +115,21 @@ class SSHD:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+def _sshd_children(pid: int) -> list[int]:
+    """The children of `pid` that are sshd processes (not the commands of a session)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+            if comm == "sshd" and int(rest[1]) == pid:
+                out.append(int(d.name))
+    return out
 
 
 def sshd_config(*, listen: str, port: int | str, host_key: str, pid_file: str, authorized_keys: str,

@@ -30,7 +30,8 @@ import pytest
 import yaml
 
 import gpudoctor
-from tests.needs import missing, need
+from tests import needs
+from tests.needs import need
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -81,8 +82,7 @@ def ulimits() -> list[str]:
 
 @pytest.fixture
 def engine(tmp_path):
-    if os.geteuid() != 0:
-        missing("root", "root (podman makes device nodes and cgroups)")
+    needs.root()  # podman makes device nodes and cgroups
     found = {"podman": need("podman"), "runc": need("runc"), "unshare": need("unshare")}
     run = tempfile.mkdtemp(prefix="gd-pm-", dir="/tmp")  # podman wants a runroot of at most 50 characters
     yield {**found, "runroot": run}

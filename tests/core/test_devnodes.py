@@ -15,12 +15,15 @@ from gpudoctor.gather import gather
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.local import LocalHost
 
+from tests import needs
+
 from .conftest import capture
 
 SEED_DEVICES = capture("h200-healthy", "proc-devices.txt").replace("238 nvidia-uvm", "511 nvidia-uvm")
 
 
 def make_root(tmp_path, uvm_major=511, uvm_mode=0o666, tools_mode=0o666, proc_devices=SEED_DEVICES):
+    needs.root()  # mknod
     root = tmp_path / "root"
     (root / "dev").mkdir(parents=True)
     (root / "proc" / "driver" / "nvidia").mkdir(parents=True)
@@ -73,14 +76,11 @@ def test_regular_file_in_place_of_node(tmp_path):
     assert f.status.value == "fail" and "not a character device" in f.summary
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup/devices")
-
-
 def test_device_cgroup_denial_is_eperm_although_mode_0666(tmp_path):
     """The seed's signature for real: mode 0666, a device cgroup that does not allow major 511 → EPERM."""
-    assert CGROUP_V1.is_dir(), "this test needs the cgroup v1 devices controller (present on our CI machines)"
+    v1 = Path(needs.cgroup_v1_devices())
     root = make_root(tmp_path, uvm_major=511)
-    cg = CGROUP_V1 / f"gpudoctor-test-{uuid.uuid4().hex[:8]}"
+    cg = v1 / f"gpudoctor-test-{uuid.uuid4().hex[:8]}"
     cg.mkdir()
     try:
         (cg / "devices.deny").write_text("c 511:* rwm")

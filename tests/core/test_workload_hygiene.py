@@ -26,6 +26,8 @@ from gpudoctor.host.local import LocalHost
 from gpudoctor.remedies.bench_orphans import StopOrphanServers
 from gpudoctor.remedy import RemedyContext
 
+from tests import needs
+
 from .conftest import CAPTURES
 
 HOLD = r"""
@@ -63,6 +65,7 @@ def _free_port() -> int:
 def gpu_root(tmp_path):
     """A tree whose dev/nvidia0 is a real character node (1:3, /dev/null's numbers: it opens) — what a process
     holding the GPU has open."""
+    needs.root()  # mknod
     (tmp_path / "dev").mkdir()
     os.mknod(tmp_path / "dev" / "nvidia0", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     os.chmod(tmp_path / "dev" / "nvidia0", 0o666)
@@ -133,14 +136,12 @@ def _facts(root, xml, port):
 
 
 def _stranger(spawn, gpu_root):
-    """The stranger runs as nobody when we are root (it opens the node, then drops to uid 65534), so its user
+    """The stranger runs as nobody (it opens the node, then drops to uid 65534; gpu_root needs root), so its user
     differs from ours."""
     import pwd
 
     node = str(gpu_root / "dev" / "nvidia0")
-    if os.geteuid() == 0:
-        return spawn([sys.executable, "-c", HOLD, node, "-", "65534"]), pwd.getpwuid(65534).pw_name
-    return spawn([sys.executable, "-c", HOLD, node]), pwd.getpwuid(os.geteuid()).pw_name
+    return spawn([sys.executable, "-c", HOLD, node, "-", "65534"]), pwd.getpwuid(65534).pw_name
 
 
 def test_a_strangers_20_gib_is_named_gated_and_never_touched(gpu_root, spawn):

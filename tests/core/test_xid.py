@@ -127,8 +127,8 @@ def test_dmesg_format_is_parsed_and_windowed():
     assert [parse_line(r[1]).code for r in parse_dmesg(text, 5010.0, 60.0)] == [63]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="reading /dev/kmsg on this machine needs root (dmesg_restrict)")
 def test_the_real_kernel_log_of_this_machine_is_read():
+    needs.root()  # /dev/kmsg under dmesg_restrict
     kl = read_kernel_log(LocalHost(), None, 5.0)
     assert kl["source"] == "/dev/kmsg" and kl["scanned"] > 0 and kl["uptime"] > 0 and not kl["errors"]
     d = diagnose({"host": {}, "kernel_log": kl}, only_layers={"driver"})
@@ -144,8 +144,9 @@ class _OrdinaryUser(LocalHost):
 
 
 def test_an_unreadable_kernel_log_is_explained_never_ok():
-    if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
-        needs.unavailable("needs root, setpriv (util-linux) and /usr/bin/python3 to run the probe as an ordinary user")
+    needs.root()  # to become another user
+    if not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        needs.unavailable("needs setpriv (util-linux) and /usr/bin/python3 to run the probe as an ordinary user")
     if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
         pytest.skip("kernel.dmesg_restrict is 0 here: an ordinary user may read the kernel log")
     host = _OrdinaryUser(python=["/usr/bin/python3"])

@@ -135,7 +135,7 @@ def test_lxc_audit_and_fix_name_the_proxmox_host_and_vmid(seed_lab):
     assert r.returncode == 3 and "cannot be combined with it" in r.stderr
 
 
-def test_a_lab_cycle_leaves_nothing_behind_even_when_a_start_fails(tmp_path):
+def test_a_lab_cycle_leaves_nothing_behind_even_when_a_start_fails(lab_parts, tmp_path):
     """Acceptance 3: no container, cgroup, veth, route, mount, sshd or lock of a lab remains after it closes."""
     t0 = time.monotonic()
     with L.LxcLab(tmp_path / "ok") as lab:
@@ -170,7 +170,7 @@ time.sleep(600)
 """
 
 
-def test_a_lab_whose_test_session_was_killed_is_removed_at_the_next_start(tmp_path):
+def test_a_lab_whose_test_session_was_killed_is_removed_at_the_next_start(lab_parts, tmp_path):
     """SIGKILL the process that owns a running lab: the node, ct200 and its veth live on; remove_stale() (which
     every session fixture calls first) kills them through the lab's cgroup and removes cgroups, route, registry."""
     import os

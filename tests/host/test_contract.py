@@ -18,6 +18,7 @@ import pytest
 from gpudoctor.host.base import Host
 from gpudoctor.host.local import LocalHost
 from gpudoctor.host.replay import RecordingHost, ReplayHost
+from tests import needs
 from tests.procs import alive
 
 
@@ -175,6 +176,7 @@ def test_read_file_errors_are_errno_names(host, tmp_path):
 # --- stat ------------------------------------------------------------------------------------------
 
 def test_stat_char_device_dir_file_link_and_missing(host, tmp_path, unused_major):
+    needs.root()  # mknod
     node = tmp_path / "nvidia-uvm"
     os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 3))
     os.chmod(node, 0o666)
@@ -196,6 +198,7 @@ def test_stat_char_device_dir_file_link_and_missing(host, tmp_path, unused_major
 # --- try_open --------------------------------------------------------------------------------------
 
 def test_try_open_ok_enoent_enxio(host, tmp_path, unused_major):
+    needs.root()  # mknod
     stale = tmp_path / "stale"
     os.mknod(stale, 0o666 | stat.S_IFCHR, os.makedev(unused_major, 0))
     res = host.try_open_many(timeout=T, paths=["/dev/null", str(tmp_path / "nope"), str(stale)])
@@ -209,14 +212,15 @@ def test_try_open_read_only_opens_the_way_a_capability_consumer_does(host, tmp_p
     ro.write_text("x")
     os.chmod(ro, 0o444)
     assert host.try_open_many([str(ro)], T, access="r") == {str(ro): "OK"}
-    node = tmp_path / "cap"
-    os.mknod(node, 0o444 | stat.S_IFCHR, os.makedev(unused_major, 2))
-    assert host.try_open_many([str(node)], T, access="r") == {str(node): "ENXIO"}  # permitted; no driver here
     got = host.batch([("open", [str(ro)], "r"), ("open", [str(ro)])], timeout=T)
     assert got[0] == {str(ro): "OK"}
     assert got[1] == {str(ro): "OK" if os.geteuid() == 0 else "EACCES"}
     with pytest.raises(ValueError):
         host.try_open_many([str(ro)], T, access="w")
+    needs.root()  # mknod
+    node = tmp_path / "cap"
+    os.mknod(node, 0o444 | stat.S_IFCHR, os.makedev(unused_major, 2))
+    assert host.try_open_many([str(node)], T, access="r") == {str(node): "ENXIO"}  # permitted; no driver here
 
 
 # --- listdir / statvfs -----------------------------------------------------------------------------
@@ -239,6 +243,7 @@ def test_statvfs(host, tmp_path):
 # --- batch ------------------------------------------------------------------------------------------
 
 def test_batch_answers_each_operation_as_the_single_call_does(host, tmp_path, unused_major):
+    needs.root()  # mknod
     (tmp_path / "f").write_bytes(b"0123456789")
     (tmp_path / "g").write_bytes(b"0123456789")  # a snapshot keeps one read per path, whatever its cap
     (tmp_path / "d").mkdir()

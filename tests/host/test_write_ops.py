@@ -12,6 +12,7 @@ import pytest
 
 from gpudoctor.host.base import Host
 from gpudoctor.host.local import LocalHost
+from tests import needs
 
 
 @dataclass
@@ -83,6 +84,7 @@ def test_makedirs_and_errors_carry_errno(host):
 
 def test_readonly_filesystem_is_refused_with_erofs(host, tmp_path):
     """A real read-only bind mount: the write raises EROFS and statvfs says readonly."""
+    needs.root()  # mount
     import subprocess
 
     h, base = host
@@ -103,6 +105,7 @@ def test_readonly_filesystem_is_refused_with_erofs(host, tmp_path):
 
 
 def test_mknod_makes_a_char_node_with_exact_mode_and_refuses_an_existing_path(host, unused_major):
+    needs.root()  # mknod
     h, base = host
     old = os.umask(0o077)
     try:
@@ -121,6 +124,7 @@ def test_mknod_makes_a_char_node_with_exact_mode_and_refuses_an_existing_path(ho
 
 
 def test_mknod_over_ssh_maps_under_the_fake_root(ssh_fake_root, unused_major):
+    needs.root()  # mknod
     fake = ssh_fake_root
     fake.write("/dev/.keep", b"")
     fake.host.mknod("/dev/nvidia-uvm-tools", unused_major, 1, 0o600)
@@ -131,6 +135,7 @@ def test_mknod_over_ssh_maps_under_the_fake_root(ssh_fake_root, unused_major):
 
 
 def test_chmod_sets_the_mode_of_a_node_and_carries_errno(host, unused_major):
+    needs.root()  # mknod
     h, base = host
     h.mknod(base + "tools", unused_major, 1, 0o000)
     h.chmod(base + "tools", 0o666)

@@ -14,12 +14,15 @@ from gpudoctor.host.local import LocalHost
 from gpudoctor.host.replay import RecordingHost, ReplayHost
 from gpudoctor.proxmox import pct
 
+from tests import needs
+
 from .conftest import install
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 
 
 def mknods(root, uvm=511):
+    needs.root()  # mknod
     (root / "dev/nvidia-caps").mkdir(parents=True)
     for name, major, minor in (("nvidia0", 195, 0), ("nvidiactl", 195, 255), ("nvidia-uvm", uvm, 0),
                                ("nvidia-uvm-tools", uvm, 1)):

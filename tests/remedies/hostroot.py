@@ -86,6 +86,9 @@ class HostRoot:
         return self.path(p).read_text()
 
     def node(self, p: str, major: int, minor: int, mode: int = 0o666) -> Path:
+        from tests import needs
+
+        needs.root()  # mknod
         f = self.path(p)
         if f.exists() or f.is_symlink():
             f.unlink()
