@@ -8,16 +8,7 @@ import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
 from gpudoctor.inputs import finite, http_url, output_dir, seconds
-
-
-def _int_list(value: str, flag: str) -> list[int]:
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{flag} wants comma-separated integers, got {value!r}") from None
-    if not out or any(v <= 0 for v in out):
-        raise InputError(f"{flag} wants positive integers, got {value!r}")
-    return out
+from gpudoctor.options import Count, NumberList
 
 
 class Display:
@@ -70,16 +61,6 @@ class Display:
             self._line(f"   {data['text']}")
 
 
-def _float_list(value: str, flag: str) -> list[float]:
-    try:
-        out = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{flag} wants comma-separated numbers, got {value!r}") from None
-    if not out or any(not v > 0 for v in out):
-        raise InputError(f"{flag} wants positive numbers, got {value!r}")
-    return out
-
-
 def _level_line(r: dict) -> str:
     load = f"rate={r['request_rate']:g}/s" if r.get("request_rate") else f"c={r['concurrency']}"
     head = f"{r['label']} {r['workload']} {load}"
@@ -116,10 +97,10 @@ def bench():
 @click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
               help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
                    "(SGLang, vLLM, ...).")
-@click.option("--concurrency", "concurrency", default=None,
+@click.option("--concurrency", "concurrency", type=NumberList(int, 1, 65536), default=None,
               help="Comma-separated closed-loop levels [default: 1,4,16; with --request-rate: a cap on requests in "
                    "flight, one value].")
-@click.option("--request-rate", default=None,
+@click.option("--request-rate", type=NumberList(float, 0, 1e6, min_open=True), default=None,
               help="Comma-separated open-loop levels in requests/s (e.g. 2,8,32): requests start on schedule "
                    "whatever is in flight.")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson", show_default=True,
@@ -130,13 +111,13 @@ def bench():
               help="Goodput SLO: time to first token, ms.")
 @click.option("--slo-itl-ms", type=finite(0, lo_open=True), default=None,
               help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
-@click.option("--max-tokens", type=click.IntRange(1), required=True, help="New tokens per request (ignore_eos).")
-@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
+@click.option("--max-tokens", type=Count(1, 2**24), required=True, help="New tokens per request (ignore_eos).")
+@click.option("--prompts", "num_prompts", type=Count(1, 10**6), default=None,
               help="Requests per level [default: max(8, 4 x concurrency); open loop: max(16, 10 x rate)].")
-@click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
+@click.option("--context-len", type=Count(1, 2**24), default=None, help="Prompt length in tokens (long context).")
 @click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
 @click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
-@click.option("--context-limit", type=click.IntRange(1), default=None,
+@click.option("--context-limit", type=Count(1, 2**24), default=None,
               help="Server context length [default: from /server_info, else /v1/models].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
 @click.option("--server-log", default=None, help="The server's log file: failures quote its telling lines.")
@@ -145,7 +126,7 @@ def bench():
 @click.option("--ready-timeout", type=seconds(0.1, 86400), default=30.0, show_default=True,
               help="Seconds to wait for the server to generate before the first level (/health_generate; with "
                    "--api completions|chat a one-token completion).")
-@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
+@click.option("--warmup", type=Count(0, 10**4), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
@@ -172,11 +153,11 @@ def load(server_url, api, concurrency, request_rate, arrival, max_error_rate, sl
     from gpudoctor.bench.results import ResultStore
     from gpudoctor.bench.tokens import Counter, load_counter
 
-    rates = _float_list(request_rate, "--request-rate") if request_rate else [None]
+    rates = request_rate or [None]
     if request_rate is None:
-        levels_c = _int_list(concurrency or "1,4,16", "--concurrency")
+        levels_c = concurrency or [1, 4, 16]
     else:
-        levels_c = _int_list(concurrency, "--concurrency") if concurrency else [None]
+        levels_c = concurrency or [None]
         if len(levels_c) > 1:
             raise InputError("with --request-rate, --concurrency is one cap on requests in flight, not a list")
     base = http_url(server_url, "--server-url").rstrip("/")
