@@ -46,7 +46,7 @@ def close_all(wait: float = 1.0, settle: float | None = None) -> None:
     def one(host):
         if host._lock.acquire(timeout=wait):
             try:
-                host._drop_locked()
+                host._drop_locked(final=True)
             finally:
                 host._lock.release()
 
@@ -89,7 +89,8 @@ def settle_deferred(settle: float | None = None) -> None:
             host._settle(client, pending, reap)
         finally:
             try:
-                client.close()
+                if client is not None:
+                    client.close()
             except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
                 pass
 
@@ -170,6 +171,7 @@ class SSHHost(Host):
         self._pending: list = []  # channels whose process end was not seen yet, left open (sshd can still signal it)
         self._reap_needed = False  # a session closed before its end was seen: scan the target for the nonce
         self.reaped: list[int] = []  # processes the reaper killed (logged; the tests read it)
+        self.reap_connections = 0  # connections opened only to reap (the one the sessions ran on was gone)
         _OPEN[id(self)] = self
 
     # --- connection ---------------------------------------------------------------------------
@@ -320,7 +322,10 @@ class SSHHost(Host):
         with self._pending_lock:
             self._pending.append(chan)
 
-    def _drop_locked(self) -> None:
+    def _drop_locked(self, final: bool = False) -> None:
+        """Drop the connection. Its sessions not seen ending are settled (_settle) over it while it lives; over a dead
+        one (a dropped connection about to be rebuilt) they are reaped over the next connection when the host closes
+        (`final`), or over a fresh one then if none is left."""
         agent = self._agent
         if agent is not None:
             if not agent.close():
@@ -329,8 +334,19 @@ class SSHHost(Host):
         client, self._client = self._client, None
         with self._pending_lock:
             pending, self._pending = self._pending, []
-        reap, self._reap_needed = self._reap_needed, False
-        if client is not None and (pending or reap):
+        t = client.get_transport() if client is not None else None
+        if pending and not (t is not None and t.is_active()):
+            self._reap_needed = True  # the connection is gone: what it ran cannot be asked about over it
+            for c in pending:
+                c.close()
+            pending = []
+            if not final:
+                client.close()
+                return
+        reap = self._reap_needed and final
+        if reap:
+            self._reap_needed = False
+        if (client is not None or reap) and (pending or reap):
             with _DEFER_LOCK:
                 if _DEFER:
                     _UNSETTLED.append((self, client, pending, reap))
@@ -403,6 +419,8 @@ class SSHHost(Host):
         try:
             if transport is None:
                 client = self._connect()
+                self.connections_made -= 1  # not one that served an operation
+                self.reap_connections += 1
                 transport = client.get_transport()
             wait = max(30.0, self.connect_timeout * START_FACTOR * 2)  # a login shell on a loaded target
             chan = self._open_channel(transport, time.perf_counter() + wait)
@@ -444,7 +462,7 @@ class SSHHost(Host):
     def close(self) -> None:
         """Close the connection; a later operation reconnects."""
         with self._lock:
-            self._drop_locked()
+            self._drop_locked(final=True)
 
     @property
     def connected(self) -> bool:

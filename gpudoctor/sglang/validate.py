@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
 from gpudoctor.findings import Finding, Status, worst
-from gpudoctor.sglang import argparser, capacity, launch, ranges, rules
+from gpudoctor.sglang import argparser, capacity, conflicts, launch, ranges, rules
 from gpudoctor.sglang.modelcfg import ModelFacts, estimate_weights, facts_from_config, load_model
 
 
@@ -123,6 +123,10 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     findings += launch.tp_zero_findings(parsed)
     capacity.resolve_memory_defaults(parsed, model, opt, res)
     findings += launch.resolve_findings(parsed, model, opt, res, draft)
+    findings += conflicts.exclusive_findings(parsed)
+    gpu_sm = rules.GPUS[gpu].sm if gpu is not None else None
+    findings += conflicts.capability_findings(parsed, gpu_sm) + conflicts.nvfp4_backend_findings(parsed, gpu_sm)
+    findings += conflicts.model_path_findings(parsed)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)
