@@ -105,9 +105,9 @@ def _records(out: str) -> list[dict]:
     return doc["hosts"]
 
 
-@pytest.mark.parametrize("which,busy", [("slow_target", 0), ("overloaded_target", 0),
-                                         ("overloaded_target", BUSY_LOOPS)],
-                         ids=["slow_target", "overloaded_target", f"overloaded_target_{BUSY_LOOPS}_busy_loops"])
+# The overloaded target runs with busy loops only: the same assertions under more load (CI time: one run, not two).
+@pytest.mark.parametrize("which,busy", [("slow_target", 0), ("overloaded_target", BUSY_LOOPS)],
+                         ids=["slow_target", f"overloaded_target_{BUSY_LOOPS}_busy_loops"])
 def test_slow_rc_fleet_every_host_answers_no_storm_no_orphan(which, busy, request):
     """busy: that many busy loops spin beside the run (#28: a CI run at load average ~10 left agent login shells
     on the target; nothing checked that the PIDs the agents reported were gone)."""
