@@ -214,6 +214,12 @@ def resolve_memory_defaults(a: ParsedArgs, model: ModelFacts | None, opt: Option
         # handle_nvfp4_prefill_kv_dequant_dtype declares decode_attention_backend=trtllm_mha, and overrides.py:1183
         # (_page_size_constraints) then makes any page size outside 16/32/64/128 64 (#28)
         res.values["page_size"] = 64
+    backends = {backend, a.get("decode_attention_backend"), a.get("prefill_attention_backend")}
+    if ("fa4" in backends and gpu is not None and gpu.sm // 10 == 10 and not (model is not None and model.is_mla)
+            and (a.get("speculative_eagle_topk") or 0) <= 1):
+        # overrides.py:1274 _fa4_page_constraint: FA4 on SM100 (not MLA, EAGLE topk <= 1) pages at 128, whatever was
+        # given (#28)
+        res.values["page_size"] = 128
 
 
 def default_mem_fraction(a: ParsedArgs, gpu_mib: float, model: ModelFacts | None = None) -> float:

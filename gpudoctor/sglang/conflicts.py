@@ -188,12 +188,16 @@ def repo_id_problem(s: str) -> str | None:
     return None
 
 
-MODEL_PATHS = {"model_path": "model", "tokenizer_path": "tokenizer"}
+# The tokenizer is not read at resolve time (the differential: a missing --tokenizer-path passes resolution; it fails
+# at load): ranges.py's warning covers it.
+MODEL_PATHS = {"model_path": "model"}
 
 
 def model_path_findings(a: ParsedArgs) -> list[Finding]:
-    """A --model-path / --tokenizer-path that is not a local directory (or file: a GGUF) is taken for a Hugging Face
-    repo id; one that is not a well-formed repo id either is refused before any download is tried."""
+    """A --model-path that is not a local directory (or file: a GGUF) is taken for a Hugging Face repo id; one that is
+    not a well-formed repo id either is refused at resolve (model config), before any download is tried. An absent
+    path that is a well-formed repo id is not judged: with network it is downloaded (without, it fails: an
+    environment, not the arguments)."""
     from gpudoctor.inputs import brief
     from gpudoctor.sglang.rules import F
 

@@ -114,3 +114,11 @@ def test_fp4_kv_cache_page_size_on_blackwell(gpu, page, want):
     r = validate(["--model-path", "org/model", "--kv-cache-dtype", "nvfp4" if gpu != "h200" else "fp8_e4m3",
                   "--page-size", page], gpu=gpu)
     assert r.resolved["page_size"] == want
+
+
+@pytest.mark.parametrize("gpu,page,want", [("b200", "1", 128), ("b200", "16", 128), ("rtx_pro_6000", "1", 1),
+                                           ("h200", "1", 1)])
+def test_fa4_pages_at_128_on_sm100(gpu, page, want):
+    """overrides.py _fa4_page_constraint: FA4 on SM100, a non-MLA model, EAGLE topk <= 1 -> page size 128."""
+    r = validate(["--model-path", "org/model", "--attention-backend", "fa4", "--page-size", page], gpu=gpu)
+    assert r.resolved["page_size"] == want
