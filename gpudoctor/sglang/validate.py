@@ -102,6 +102,9 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
                         env=dict(os.environ if env is None else env), fork_algorithms=forks, gpus=gpus,
                         version=sglang_version, gpu=gpu)
     findings = rules.parse_findings(parsed, table) + ranges.range_findings(parsed)
+    # A config given for the model (--model-config, a campaign reading it on its target): the path is the server's,
+    # not this machine's; only without one is an absent non-repo-id path SGLang's refusal (conflicts.py, #28).
+    path_checked_here = model_config is None
     if model_config is None and auto_configs:
         mp = parsed.get("model_path")
         if mp and os.path.isfile(os.path.join(mp, "config.json")):
@@ -126,7 +129,8 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     findings += conflicts.exclusive_findings(parsed)
     gpu_sm = rules.GPUS[gpu].sm if gpu is not None else None
     findings += conflicts.capability_findings(parsed, gpu_sm) + conflicts.nvfp4_backend_findings(parsed, gpu_sm)
-    findings += conflicts.model_path_findings(parsed)
+    if path_checked_here:
+        findings += conflicts.model_path_findings(parsed)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)

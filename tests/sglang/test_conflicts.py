@@ -122,3 +122,13 @@ def test_fa4_pages_at_128_on_sm100(gpu, page, want):
     """overrides.py _fa4_page_constraint: FA4 on SM100, a non-MLA model, EAGLE topk <= 1 -> page size 128."""
     r = validate(["--model-path", "org/model", "--attention-backend", "fa4", "--page-size", page], gpu=gpu)
     assert r.resolved["page_size"] == want
+
+
+def test_a_path_of_another_machine_with_its_config_given_is_not_judged_here(tmp_path):
+    """A campaign validates with the config read on its target (and --model-config on the CLI): the path is the
+    server's, so its absence here says nothing."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768, "num_attention_heads": 6,
+           "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 2048, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+    r = validate(["--model-path", "/models/only-on-the-server"], cfg, gpu="h200")
+    assert "sglang.model.path_not_found" not in [f.id for f in r.findings]
