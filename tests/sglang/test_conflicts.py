@@ -132,3 +132,6 @@ def test_a_path_of_another_machine_with_its_config_given_is_not_judged_here(tmp_
            "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
     r = validate(["--model-path", "/models/only-on-the-server"], cfg, gpu="h200")
     assert "sglang.model.path_not_found" not in [f.id for f in r.findings]
+
+    r = validate(["--model-path", "/models/only-on-the-server"], gpu="h200", paths_here=False)
+    assert "sglang.model.path_not_found" not in [f.id for f in r.findings]
