@@ -1,3 +1,3 @@
-from gpudoctor.cli import main
+from gpudoctor.entry import main
 
 main()

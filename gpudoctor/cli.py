@@ -70,23 +70,18 @@ def cli(ctx, verbose):
     ctx.ensure_object(dict)
 
 
-_REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory"}
-
-
 def _is_live_check(args: list[str]) -> bool:
-    """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
-    return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in _REMOTE_OR_OFFLINE for a in args)
+    from gpudoctor.entry import is_live_check
+
+    return is_live_check(args)
 
 
 def _prestart_probes(args: list[str]) -> None:
-    """A live local check: start the slow probes (cuInit, nvidia-smi) before the rest of gpudoctor is imported."""
-    if not _is_live_check(args):
-        return
-    from gpudoctor.gather import cuda, driver
-    from gpudoctor.host.local import prestart
+    """A live local check: start the slow probes (cuInit, nvidia-smi) now, unless gpudoctor/entry.py already did
+    (the console script starts them before this module is imported)."""
+    from gpudoctor.entry import start_probes
 
-    prestart([sys.executable, *cuda.FAST, "-c", cuda.PROBE])
-    prestart(list(driver.NVIDIA_SMI))
+    start_probes(args)
 
 
 def main(argv=None) -> None:
@@ -207,7 +202,7 @@ def _close_connections() -> None:
     """An interrupted run closes its SSH connections itself: nothing it started stays on the targets."""
     ssh = sys.modules.get("gpudoctor.host.ssh")
     if ssh is not None:
-        ssh.close_all()
+        ssh.close_all(settle=20.0)
 
 
 # click >= 8.2 raises this for a bare group (click 8.1 printed the help itself, exit 0).

@@ -142,6 +142,19 @@ def check_fleet(inventory, names, parallel: int = 32, check_fn=None, *, host_tim
     parallel = max(1, int(parallel))
     if check_fn is None:
         check_fn = default_check_fn(inventory)
+    from gpudoctor.host import ssh
+
+    # After the run every SSH connection it opened is closed and settled, those of hosts abandoned at their deadline
+    # too, all in parallel at the end (a late login shell's end is awaited without holding a worker): nothing
+    # gpudoctor started stays on a target (host/ssh.py: each session seen ending, or reaped).
+    with ssh.deferred_settle():
+        try:
+            return _check_fleet(names, parallel, check_fn, host_timeout, on_done, clock)
+        finally:
+            ssh.close_all()
+
+
+def _check_fleet(names, parallel, check_fn, host_timeout, on_done, clock) -> FleetResult:
     t0 = time.monotonic()
     queue = deque(names)
     records: dict[str, HostRecord] = {}

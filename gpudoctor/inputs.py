@@ -242,25 +242,12 @@ def output_dir(path, what: str = "output directory", *, error=InputError) -> str
 
 # --- flags -------------------------------------------------------------------------------------------------------
 
-_FINITE_TYPE = None
-
-
 def finite(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
     """A click type for a number flag: finite (NaN and inf are refused, which click.FloatRange lets through) and in
-    range."""
-    global _FINITE_TYPE
-    import click
+    range (gpudoctor.options.Finite)."""
+    from gpudoctor.options import Finite
 
-    if _FINITE_TYPE is None:
-        class Finite(click.FloatRange):
-            def convert(self, value, param, ctx):
-                v = super().convert(value, param, ctx)
-                if not math.isfinite(v):
-                    self.fail(f"{value!r} is not a finite number", param, ctx)
-                return v
-
-        _FINITE_TYPE = Finite
-    return _FINITE_TYPE(min=lo, max=hi, min_open=lo_open, max_open=hi_open)
+    return Finite(min=lo, max=hi, min_open=lo_open, max_open=hi_open)
 
 
 def seconds(lo: float = 0.0, hi: float = 86400.0):

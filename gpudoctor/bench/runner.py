@@ -514,7 +514,8 @@ class Runner:
                 except HostError as exc:
                     raise CampaignStopped(f"lost {self.camp.target} reading {draft}: {exc.one_line()}") from None
         try:
-            out = validate(list(cfg.sglang_args), model_config, draft_config).to_json()
+            out = validate(list(cfg.sglang_args), model_config, draft_config,
+                           paths_here=not self.camp.is_remote).to_json()
         except GpudoctorError as exc:
             self.emit("note", text=f"sglang validate could not check {cfg.label}: {exc.one_line()}")
             return None

@@ -8,16 +8,7 @@ import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
 from gpudoctor.inputs import finite, http_url, output_dir, seconds
-
-
-def _int_list(value: str, flag: str) -> list[int]:
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{flag} wants comma-separated integers, got {value!r}") from None
-    if not out or any(v <= 0 for v in out):
-        raise InputError(f"{flag} wants positive integers, got {value!r}")
-    return out
+from gpudoctor.options import Count, NumberList
 
 
 class Display:
@@ -74,16 +65,6 @@ class Display:
             NOTES.append(f"inventory: {data['path']}")
 
 
-def _float_list(value: str, flag: str) -> list[float]:
-    try:
-        out = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{flag} wants comma-separated numbers, got {value!r}") from None
-    if not out or any(not v > 0 for v in out):
-        raise InputError(f"{flag} wants positive numbers, got {value!r}")
-    return out
-
-
 def _level_line(r: dict) -> str:
     load = f"rate={r['request_rate']:g}/s" if r.get("request_rate") else f"c={r['concurrency']}"
     head = f"{r['label']} {r['workload']} {load}"
@@ -130,10 +111,10 @@ def bench():
 @click.option("--server-kind", type=click.Choice(["sglang", "vllm", "openai"]), default=None,
               help="OpenAI APIs: the dialect. sglang|vllm add ignore_eos, per-chunk usage and token-id prompts; "
                    "openai sends OpenAI's request schema only [default: detected from the server's answers].")
-@click.option("--concurrency", "concurrency", default=None,
+@click.option("--concurrency", "concurrency", type=NumberList(int, 1, 65536), default=None,
               help="Comma-separated closed-loop levels [default: 1,4,16; with --request-rate: a cap on requests in "
                    "flight, one value].")
-@click.option("--request-rate", default=None,
+@click.option("--request-rate", type=NumberList(float, 0, 1e6, min_open=True), default=None,
               help="Comma-separated open-loop levels in requests/s (e.g. 2,8,32): requests start on schedule "
                    "whatever is in flight.")
 @click.option("--arrival", type=click.Choice(["poisson", "constant"]), default="poisson", show_default=True,
@@ -144,14 +125,14 @@ def bench():
               help="Goodput SLO: time to first token, ms.")
 @click.option("--slo-itl-ms", type=finite(0, lo_open=True), default=None,
               help="Goodput SLO: mean inter-token latency (TPOT) per request, ms.")
-@click.option("--max-tokens", type=click.IntRange(1), default=None,
+@click.option("--max-tokens", type=Count(1, 2**24), default=None,
               help="New tokens per request (ignore_eos); required unless --trace.")
-@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
+@click.option("--prompts", "num_prompts", type=Count(1, 10**6), default=None,
               help="Requests per level [default: max(8, 4 x concurrency); open loop: max(16, 10 x rate)].")
-@click.option("--context-len", type=click.IntRange(1), default=None, help="Prompt length in tokens (long context).")
+@click.option("--context-len", type=Count(1, 2**24), default=None, help="Prompt length in tokens (long context).")
 @click.option("--prompt-set", default="builtin", show_default=True, help="builtin, or a .jsonl/.txt file of prompts.")
 @click.option("--tokenizer-dir", default=None, help="Model dir with tokenizer.json for exact token counts.")
-@click.option("--context-limit", type=click.IntRange(1), default=None,
+@click.option("--context-limit", type=Count(1, 2**24), default=None,
               help="Server context length [default: from /server_info, else /v1/models, else the local model's "
                    "config.json].")
 @click.option("--label", default="load", show_default=True, help="Label of these records (e.g. eagle3-tp4).")
@@ -161,8 +142,8 @@ def bench():
 @click.option("--ready-timeout", type=seconds(0.1, 86400), default=30.0, show_default=True,
               help="Seconds to wait for the server to generate before the first level (/health_generate; with "
                    "--api completions|chat a one-token completion).")
-@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="Unrecorded warm-up requests.")
-@click.option("--turns", type=click.IntRange(1, 1000), default=None,
+@click.option("--warmup", type=Count(0, 10**4), default=2, show_default=True, help="Unrecorded warm-up requests.")
+@click.option("--turns", type=Count(1, 1000), default=None,
               help="Agentic multi-turn: sessions of this many turns, each re-sending the conversation with the "
                    "server's answers; --concurrency counts concurrent sessions, --prompts sessions per level.")
 @click.option("--think-ms", type=finite(0, 3_600_000), default=0.0, show_default=True,
@@ -174,7 +155,7 @@ def bench():
                    "loop; --max-tokens is then taken from the trace.")
 @click.option("--time-scale", type=finite(1e-4, 1e4), default=1.0, show_default=True,
               help="Trace replay: multiply the trace's gaps (0.1: ten times faster).")
-@click.option("--block-tokens", type=click.IntRange(1), default=512, show_default=True,
+@click.option("--block-tokens", type=Count(1, 2**20), default=512, show_default=True,
               help="Trace replay: prompt tokens per hash id (Mooncake: 512).")
 @click.option("--cache", "cache_policy", type=click.Choice(["flush", "keep"]), default="flush", show_default=True,
               help="Before each level: record the prefix cache's state and flush it (SGLang /flush_cache, vLLM "
@@ -220,11 +201,11 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
         raise InputError("--turns and --trace do not mix: one workload per run")
     if (turns or trace_file) and request_rate:
         raise InputError(f"{'--turns' if turns else '--trace'} does not take --request-rate")
-    rates = _float_list(request_rate, "--request-rate") if request_rate else [None]
+    rates = request_rate or [None]
     if request_rate is None:
-        levels_c = _int_list(concurrency or "1,4,16", "--concurrency")
+        levels_c = concurrency or [1, 4, 16]
     else:
-        levels_c = _int_list(concurrency, "--concurrency") if concurrency else [None]
+        levels_c = concurrency or [None]
         if len(levels_c) > 1:
             raise InputError("with --request-rate, --concurrency is one cap on requests in flight, not a list")
     base = http_url(server_url, "--server-url").rstrip("/")

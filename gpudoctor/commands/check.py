@@ -9,6 +9,7 @@ import click
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
 from gpudoctor.inputs import http_url, output_file, seconds
+from gpudoctor.options import Count
 
 
 def _console():
@@ -46,7 +47,7 @@ _common = [
     click.option("--host", "host_name", metavar="NAME", help="Inventory host to check over SSH (default: this machine)."),
     click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
                  help="Inventory file (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml)."),
-    click.option("--expect-gpus", type=click.IntRange(0), help="Number of GPUs this host must show."),
+    click.option("--expect-gpus", type=Count(0, 1024), help="Number of GPUs this host must show."),
     click.option("--model", "models", multiple=True, metavar="PATH", help="Model directory that must be complete (repeatable)."),
     click.option("--sglang-url", metavar="URL", help="Also probe a running SGLang server, e.g. http://127.0.0.1:30000."),
     click.option("--timeout", type=seconds(0.1, 600), default=10.0, show_default=True,
@@ -75,7 +76,7 @@ def common(f):
               help="With --deep: also measure a GPU another process holds (the figures then include its load).")
 @click.option("--all", "all_hosts", is_flag=True, help="Check every inventory host, concurrently (fleet mode).")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Check the inventory hosts of group G (repeatable).")
-@click.option("--parallel", type=click.IntRange(1, 1024), default=32, show_default=True,
+@click.option("--parallel", type=Count(1, 1024), default=32, show_default=True,
               help="Fleet mode: hosts checked at once.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also audit this systemd unit's DevicePolicy=/DeviceAllow= (repeatable), e.g. sglang.service.")

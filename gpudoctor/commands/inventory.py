@@ -9,6 +9,7 @@ import time
 import click
 
 from gpudoctor.errors import EXIT_OK, EXIT_UNKNOWN, GpudoctorError
+from gpudoctor.options import Count
 
 inventory_option = click.option(
     "--inventory", "inventory_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
@@ -76,7 +77,7 @@ def show(inventory_path, as_json):
 @inventory_option
 @click.option("--accept-new-host-key", is_flag=True,
               help="Trust and record unknown SSH host keys (never a changed one).")
-@click.option("--parallel", type=click.IntRange(1, 256), default=16, show_default=True,
+@click.option("--parallel", type=Count(1, 256), default=16, show_default=True,
               help="Hosts contacted at once.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per target.")
 def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):

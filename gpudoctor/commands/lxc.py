@@ -6,6 +6,7 @@ import click
 
 from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, run_fix
 from gpudoctor.errors import ConfigError, InputError
+from gpudoctor.options import Count
 
 AUDIT_EXIT_DOC = """\b
 Exit codes:
@@ -162,7 +163,7 @@ def host_options(f):
 
 
 @lxc.command("audit", epilog=AUDIT_EXIT_DOC)
-@click.argument("vmid", type=int, required=False)
+@click.argument("vmid", type=Count(100, 999999999), required=False)
 @click.option("--config", "config_path", metavar="PATH", help="The container config file (instead of VMID).")
 @click.option("--devices", "devices_path", metavar="FILE",
               help="The Proxmox node's /proc/devices (default: this machine's, on a node only).")
@@ -210,7 +211,7 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
 
 
 @lxc.command("fix", epilog=FIX_EXIT_DOC)
-@click.argument("vmid", type=int, required=False)
+@click.argument("vmid", type=Count(100, 999999999), required=False)
 @click.option("--config", "config_path", metavar="PATH", help="The container config file (instead of VMID).")
 @click.option("--devices", "devices_path", metavar="FILE",
               help="The Proxmox node's /proc/devices (default: this machine's, on a node only).")

@@ -10,6 +10,7 @@ import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
 from gpudoctor.model import human_bytes
+from gpudoctor.options import Count
 
 
 def _size(n) -> str:
@@ -58,7 +59,7 @@ def model():
               help="Also read every byte: HF blobs against their names (LFS sha256, git sha1), staged files against "
                    "the sha256 in the staging marker.")
 @click.option("--revision", default="main", show_default=True, help="HF cache: the ref (or commit) to verify.")
-@click.option("--jobs", type=click.IntRange(1, 256), default=4, show_default=True, help="Parallel hashes (--hash).")
+@click.option("--jobs", type=Count(1, 256), default=4, show_default=True, help="Parallel hashes (--hash).")
 def verify_cmd(path, as_json, do_hash, revision, jobs):
     """Tell a complete model from a skeleton, without reading tensor data.
 
@@ -152,7 +153,7 @@ def _render_verify(rep: dict) -> None:
               help="Download REPO (org/name) into the HF cache with huggingface_hub first (needs network).")
 @click.option("--to", "dst", metavar="DST", required=True, help="Target directory, normally under /dev/shm.")
 @click.option("--apply", "do_apply", is_flag=True, help="Copy (default: dry run, nothing changes).")
-@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="Parallel copy threads [min(8, cores)].")
+@click.option("--jobs", type=Count(1, 256), default=None, help="Parallel copy threads [min(8, cores)].")
 @click.option("--revision", default="main", show_default=True, help="HF cache: the ref (or commit) to stage.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Do not copy source files matching GLOB (relative name; repeatable), e.g. 'original/*'.")

@@ -7,6 +7,7 @@ import json
 import click
 
 from gpudoctor.errors import InputError
+from gpudoctor.options import Count, Finite
 
 
 @click.group("sglang")
@@ -14,32 +15,18 @@ def sglang():
     """SGLang helpers: validate launch arguments before a 10-minute model load; explain why a server failed."""
 
 
-def _num(name: str, raw: str | None, kind=int, minimum=0):
-    if raw is None:
-        return None
-    from gpudoctor.sglang.argparser import human_readable_int
-
-    try:
-        val = human_readable_int(raw) if kind is int else float(raw)
-    except ValueError:
-        val = None
-    if val is None or val < minimum:
-        raise InputError(f"{name} must be a number >= {minimum} (got {raw!r})")
-    return val
-
-
 @sglang.command("validate", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--model-config", "model_config", metavar="PATH",
               help="The model's config.json or model directory (default: --model-path when it is a local directory).")
 @click.option("--draft-config", "draft_config", metavar="PATH",
               help="The draft model's config.json or directory (default: a local --speculative-draft-model-path).")
-@click.option("--gpu-mem-gib", default="141", show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
+@click.option("--gpu-mem-gib", type=Finite(1, 65536), default=141.0, show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
 @click.option("--gpu", "gpu", default=None, metavar="NAME",
               help="The GPU model (h200, h100, b200, rtx_pro_6000, a100_80g, l40s): its nvidia-smi memory replaces "
                    "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows.")
-@click.option("--gpus", default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
-@click.option("--input-len", default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
-@click.option("--output-len", default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
+@click.option("--gpus", type=Count(1, 1 << 16), default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
+@click.option("--input-len", type=Count(0, human=True), default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
+@click.option("--output-len", type=Count(0, human=True), default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
 @click.option("--fork-algorithms", default="", metavar="A,B",
               help="Speculative algorithms your SGLang build adds (e.g. DDTREE on a fork).")
 @click.option("--sglang-version", default="0.5.23", show_default=True, help="Which SGLang's flags and rules to use.")
@@ -82,8 +69,7 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
         raise InputError("no SGLang arguments: put them after --, e.g. gpudoctor sglang validate -- --model-path M")
     result = validate(
         list(args), model_config, draft_config,
-        gpu_mem_gib=_num("--gpu-mem-gib", gpu_mem_gib, float, 1), gpus=_num("--gpus", gpus, int, 1),
-        input_len=_num("--input-len", input_len), output_len=_num("--output-len", output_len),
+        gpu_mem_gib=gpu_mem_gib, gpus=gpus, input_len=input_len, output_len=output_len,
         fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version,
         gpu=gpu)
     comparison = None

@@ -56,6 +56,13 @@ def kill_session(chan) -> None:
 
 
 START_FACTOR = 3  # the agent's start may take this many connect timeouts: a login shell and a python start
+EXIT_GRACE = 2.0  # after its stdin's EOF, the agent kills what it runs and exits within this (s), or is killed
+
+
+def ended(chan) -> bool:
+    """The session's process is known to have ended: sshd sent its exit status, or closed the channel itself (it does
+    once the process ended; paramiko drops an exit-signal). Only meaningful for a channel not closed on this side."""
+    return chan.exit_status != -1 or (chan.closed and chan.transport is not None and chan.transport.is_active())
 
 
 def source() -> str:
@@ -124,7 +131,8 @@ class Agent:
             return agent
         if not agent._gone:
             kill_session(chan)  # its login shell is still in ~/.bashrc: do not leave it running on the target
-            agent.close()
+            agent._closing = True  # the reader stops; the channel stays open until the host settles it (its end seen)
+            host._keep(chan)
             raise AgentTimeout(f"{host.name}: the probe agent did not start within {wait:g} s (the target's login "
                                f"shell is slow: ~/.bashrc, pyenv/conda init?)")
         if not agent._exited:
@@ -136,17 +144,32 @@ class Agent:
     def alive(self) -> bool:
         return not self._gone and not self._closing
 
-    def close(self) -> None:
-        """Close the channel (the agent sees EOF, kills what it runs and exits) and stop the reader thread."""
+    def close(self, grace: float = EXIT_GRACE) -> bool:
+        """End the agent: EOF on its stdin (it kills what it runs and exits), up to `grace` s for sshd to report its
+        end, then the channel is closed and True returned. Not seen ending: it is killed (an SSH signal) and its channel
+        left open for the host to settle (False)."""
         if not self._hello.is_set() and not self._gone:
             kill_session(self.chan)  # not started yet: its login shell is still running the target's rc files
         self._closing = True
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001 - closing a broken channel may fail; it is gone either way
-            pass
+        chan = self.chan
+        confirmed = ended(chan)
+        if not confirmed and not chan.closed and grace > 0:
+            try:
+                chan.shutdown_write()
+                chan.status_event.wait(grace)
+            except Exception:  # noqa: BLE001 - a broken channel: the host's settling decides
+                pass
+            confirmed = ended(chan)
+        if confirmed or chan.closed:
+            try:
+                chan.close()
+            except Exception:  # noqa: BLE001 - closing a broken channel may fail; it is gone either way
+                pass
+        else:
+            kill_session(chan)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(2.5)
+        return confirmed
 
     # --- requests -------------------------------------------------------------------------------
     def call(self, req: dict, timeout: float) -> dict | None:

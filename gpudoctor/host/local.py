@@ -13,31 +13,24 @@ from dataclasses import dataclass, field
 from gpudoctor.host.base import CommandResult, Host
 
 
-_PRESTARTED: dict = {}  # argv tuple -> (Popen, start time): probes started before the CLI finished loading
+from gpudoctor.entry import EARLY as _PRESTARTED  # argv tuple -> (Popen, start): probes started at CLI entry
 
 
 def prestart(argv: list[str]) -> None:
     """Start a probe now; the LocalHost.run() that asks for the same argv adopts it (its deadline counts from now).
 
-    The cuInit probe dominates a check's wall time, so the CLI starts it before importing the rest of gpudoctor.
-    A process nobody adopts is killed at exit.
+    The cuInit probe dominates a check's wall time, so the console script starts it before importing the rest of
+    gpudoctor (gpudoctor/entry.py). A process nobody adopts is killed at exit.
     """
-    import atexit
+    from gpudoctor.entry import spawn
 
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-    except OSError:
-        return
-    _PRESTARTED[tuple(argv)] = (proc, time.perf_counter())
-    if len(_PRESTARTED) == 1:
-        atexit.register(_reap_prestarted)
+    spawn(argv)
 
 
 def _reap_prestarted() -> None:
-    for proc, _ in _PRESTARTED.values():
-        LocalHost._kill(proc)
-    _PRESTARTED.clear()
+    from gpudoctor.entry import kill_unadopted
+
+    kill_unadopted()
 
 
 def with_deadline(fn, timeout: float, default):

@@ -12,11 +12,13 @@ command runs, a command's deadline passing is a result with timed_out=True and i
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import getpass
 import hashlib
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -36,15 +38,72 @@ AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its d
 _OPEN: "weakref.WeakValueDictionary[int, SSHHost]" = weakref.WeakValueDictionary()  # id -> host (not hashable)
 
 
-def close_all(wait: float = 1.0) -> None:
-    """Close every SSH connection of this process (an interrupted run): each agent sees EOF and kills what it runs;
-    a session still in the target's rc files is killed. Never blocks longer than `wait` per host."""
-    for host in list(_OPEN.values()):
+def close_all(wait: float = 1.0, settle: float | None = None) -> None:
+    """Close every SSH connection of this process (the end of a fleet run, an interrupted run): each agent sees EOF and
+    kills what it runs; a session still in the target's rc files is awaited or reaped (SSHHost._settle). Hosts are
+    closed in parallel; a host whose connection is busy longer than `wait` is skipped; `settle`: at most that many
+    seconds in all (None: each host's own settle time)."""
+    def one(host):
         if host._lock.acquire(timeout=wait):
             try:
-                host._drop_locked()
+                host._drop_locked(final=True)
             finally:
                 host._lock.release()
+
+    _parallel(one, list(_OPEN.values()), settle)
+    if not _DEFER:
+        settle_deferred(settle)
+
+
+_DEFER = 0  # inside deferred_settle(): a closing host leaves its unsettled sessions to the end of the block
+_DEFER_LOCK = threading.Lock()
+_UNSETTLED: list = []  # (host, client, kept channels, reap needed): settled by settle_deferred
+
+
+@contextlib.contextmanager
+def deferred_settle(settle: float | None = None):
+    """A fleet run: a host's close does not wait for its late sessions (a login shell still in slow rc files) to end —
+    that would hold its worker and the hosts queued behind it; they are settled together, in parallel, when the
+    block ends (and nothing gpudoctor started is left on any target then)."""
+    global _DEFER
+    with _DEFER_LOCK:
+        _DEFER += 1
+    try:
+        yield
+    finally:
+        with _DEFER_LOCK:
+            _DEFER -= 1
+            last = _DEFER == 0
+        if last:
+            settle_deferred(settle)
+
+
+def settle_deferred(settle: float | None = None) -> None:
+    """Settle every deferred connection (in parallel), then close it."""
+    with _DEFER_LOCK:
+        work, _UNSETTLED[:] = list(_UNSETTLED), []
+
+    def one(item):
+        host, client, pending, reap = item
+        try:
+            host._settle(client, pending, reap)
+        finally:
+            try:
+                if client is not None:
+                    client.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
+                pass
+
+    _parallel(one, work, settle)
+
+
+def _parallel(fn, items, limit: float | None) -> None:
+    threads = [threading.Thread(target=fn, args=(x,), name="gpudoctor-ssh-close", daemon=True) for x in items]
+    for t in threads:
+        t.start()
+    deadline = None if limit is None else time.monotonic() + limit
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 def fingerprint(key) -> str:
@@ -105,6 +164,14 @@ class SSHHost(Host):
         self._agent_late = None  # (transport, AgentTimeout): it started too slowly there; every op reports that
         self.agents_started = 0
         self.connections_made = 0
+        # Every session this host opens carries GPUDOCTOR_RUN=<nonce> (its command line, then the environment of all
+        # it starts): what the reaper finds and kills on the target when a session's end was not seen (#28).
+        self._nonce = secrets.token_hex(8)
+        self._pending_lock = threading.Lock()
+        self._pending: list = []  # channels whose process end was not seen yet, left open (sshd can still signal it)
+        self._reap_needed = False  # a session closed before its end was seen: scan the target for the nonce
+        self.reaped: list[int] = []  # processes the reaper killed (logged; the tests read it)
+        self.reap_connections = 0  # connections opened only to reap (the one the sessions ran on was gone)
         _OPEN[id(self)] = self
 
     # --- connection ---------------------------------------------------------------------------
@@ -250,16 +317,141 @@ class SSHHost(Host):
                 refused = exc
         raise HostUnreachable(f"{self.name}: connection to {where} refused") from refused
 
-    def _drop_locked(self) -> None:
+    def _keep(self, chan) -> None:
+        """A session whose end was not seen: kept open until the host settles it (host/agent.py, run)."""
+        with self._pending_lock:
+            self._pending.append(chan)
+
+    def _drop_locked(self, final: bool = False) -> None:
+        """Drop the connection. Its sessions not seen ending are settled (_settle) over it while it lives; over a dead
+        one (a dropped connection about to be rebuilt) they are reaped over the next connection when the host closes
+        (`final`), or over a fresh one then if none is left."""
         agent = self._agent
         if agent is not None:
-            agent.close()
+            if not agent.close():
+                self._keep(agent.chan)
+            self._agent = None
         client, self._client = self._client, None
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        t = client.get_transport() if client is not None else None
+        if pending and not (t is not None and t.is_active()):
+            self._reap_needed = True  # the connection is gone: what it ran cannot be asked about over it
+            for c in pending:
+                c.close()
+            pending = []
+            if not final:
+                client.close()
+                return
+        reap = self._reap_needed and final
+        if reap:
+            self._reap_needed = False
+        if (client is not None or reap) and (pending or reap):
+            with _DEFER_LOCK:
+                if _DEFER:
+                    _UNSETTLED.append((self, client, pending, reap))
+                    return
+            self._settle(client, pending, reap)
         if client is not None:
             try:
                 client.close()
             except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is gone either way
                 pass
+
+    SETTLE_S = 60.0  # how long (at least) a closing host waits for its kept sessions to end before reaping them
+
+    def _settle(self, client, pending: list, reap_needed: bool) -> None:
+        """Make sure nothing this host started on the target outlives it. Every kept session (an agent that started
+        late, one that did not exit at EOF) gets EOF on its stdin and an SSH kill signal (sshd refuses it for root
+        logins), and sshd's report of its end is awaited: a login shell still in slow rc files goes on to exec the
+        agent, which reads the EOF and exits. What is not seen ending within the settle time (max(SETTLE_S,
+        6 x connect_timeout)), and any session closed before its end was seen, is reaped over a fresh channel."""
+        from gpudoctor.host.agent import ended, kill_session
+
+        t = client.get_transport() if client is not None else None
+        live = t is not None and t.is_active()
+        open_ = [c for c in pending if not (live and ended(c))]
+        if live and open_:
+            for c in open_:
+                kill_session(c)
+                try:
+                    c.shutdown_write()
+                except Exception:  # noqa: BLE001 - a broken channel: the reaper decides
+                    pass
+            deadline = time.monotonic() + max(self.SETTLE_S, 6 * self.connect_timeout)
+            for c in open_:
+                while not ended(c) and t.is_active() and time.monotonic() < deadline:
+                    c.status_event.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            open_ = [c for c in open_ if not ended(c)]
+            _log(host=self.name).info("ssh.settled", kept=len(pending), not_ended=len(open_))
+        for c in pending:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - a broken channel: the reaper decides
+                pass
+        if open_ or reap_needed:
+            self._reap(t if live and t.is_active() else None)
+
+    REAP_TRIES = 40  # scans (50 ms apart) before the reaper gives up on a process that does not die
+
+    def reap_line(self) -> str:
+        """The shell line that kills, on the target, every process carrying this host's nonce in its command line (a
+        login shell still in its rc files, before it printed its PID) or its environment (what an exec'd command
+        started), process group and all, and scans again until none is left. Its own command line holds the pattern
+        as a bracket expression, so it never matches itself. Prints gpudoctor-reaped:SCANS:PIDS."""
+        n = self._nonce
+        pat = f"GPUDOCTOR_RUN={n[:-1]}[{n[-1]}]"
+        return ("i=0; all=; while [ $i -lt %d ]; do "
+                "l=$(grep -lsa -e '%s' /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null "
+                "| sed -n 's#^/proc/\\([0-9]*\\)/.*#\\1#p' | sort -u); "
+                "[ -z \"$l\" ] && break; for p in $l; do kill -s KILL -- \"-$p\" \"$p\" 2>/dev/null; done; "
+                "all=\"$all $l\"; i=$((i+1)); sleep 0.05; done; echo \"gpudoctor-reaped:$i:$all\""
+                % (self.REAP_TRIES, pat))
+
+    def _reap(self, transport) -> None:
+        """Run reap_line over a fresh channel (a new connection when this one is gone); log what it killed."""
+        import paramiko
+
+        from gpudoctor.host.agent import START_FACTOR, kill_session
+
+        log = _log(host=self.name)
+        client = None
+        try:
+            if transport is None:
+                client = self._connect()
+                self.connections_made -= 1  # not one that served an operation
+                self.reap_connections += 1
+                transport = client.get_transport()
+            wait = max(30.0, self.connect_timeout * START_FACTOR * 2)  # a login shell on a loaded target
+            chan = self._open_channel(transport, time.perf_counter() + wait)
+            if chan is None:
+                log.warning("ssh.reap.no_session")
+                return
+            try:
+                chan.settimeout(wait)
+                chan.exec_command(self.reap_line())
+                out, _err, finished = self._collect(chan, time.perf_counter() + wait)
+                if not finished:
+                    kill_session(chan)
+                    log.warning("ssh.reap.timeout", seconds=wait)
+                    return
+            finally:
+                chan.close()
+            m = re.search(rb"gpudoctor-reaped:(\d+):([\d\s]*)", bytes(out))
+            if not m:
+                log.warning("ssh.reap.no_answer")
+                return
+            pids = sorted({int(x) for x in m.group(2).split()})
+            self.reaped += pids
+            if int(m.group(1)) >= self.REAP_TRIES:
+                log.warning("ssh.reap.survivors", pids=pids[:20])
+            elif pids:
+                log.info("ssh.reap.killed", pids=pids[:20], count=len(pids))
+        except (HostError, paramiko.SSHException, EOFError, OSError) as exc:
+            log.warning("ssh.reap.failed", reason=_why(exc))
+        finally:
+            if client is not None:
+                client.close()
 
     def connect(self) -> None:
         """Connect now (host key checked, user authenticated) without running anything; HostKeyError or
@@ -270,7 +462,7 @@ class SSHHost(Host):
     def close(self) -> None:
         """Close the connection; a later operation reconnects."""
         with self._lock:
-            self._drop_locked()
+            self._drop_locked(final=True)
 
     @property
     def connected(self) -> bool:
@@ -289,7 +481,7 @@ class SSHHost(Host):
         argv = _checked(argv, env)
         if env:
             argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
-        parts = ['echo "gpudoctor-pid:$$" >&2']
+        parts = [f"GPUDOCTOR_RUN={self._nonce}; export GPUDOCTOR_RUN", 'echo "gpudoctor-pid:$$" >&2']
         if self.path_prepend:
             parts.append("PATH=" + quote_argv([":".join(self.path_prepend)]) + ':"$PATH"; export PATH')
         parts.append("exec " + quote_argv(argv) + ("" if stdin else " </dev/null"))
@@ -329,6 +521,11 @@ class SSHHost(Host):
                 out, err, finished = bytearray(), bytearray(), False
             finally:
                 if not chan.closed:
+                    if not chan.exit_status_ready():  # timed out: its end is not seen; the host reaps at close
+                        from gpudoctor.host.agent import kill_session
+
+                        kill_session(chan)
+                        self._reap_needed = True
                     chan.close()
             m = _PID_MARK.search(bytes(err))
             if m:
@@ -429,7 +626,8 @@ class SSHHost(Host):
             from gpudoctor.host.agent import Agent, AgentTimeout, AgentUnavailable
 
             if a is not None:
-                a.close()
+                if not a.close():
+                    self._keep(a.chan)
                 self._agent = None
             try:
                 a = Agent.start(self, transport)

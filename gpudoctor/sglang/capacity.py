@@ -207,10 +207,19 @@ def resolve_memory_defaults(a: ParsedArgs, model: ModelFacts | None, opt: Option
     res.values["attention_backend"] = backend
     res.values["page_size"] = effective_page_size(a, backend)[0]
     gpu = gpu_of(opt)
-    if (a.get("kv_cache_dtype") == "nvfp4" and gpu is not None and gpu.sm in (120, 121) and backend == "flashinfer"
-            and a.get("decode_attention_backend") is None and res.values["page_size"] not in (16, 32, 64, 128)):
-        # NVFP4 KV on SM120: flashinfer prefill with trtllm_mha decode, whose page constraint makes it 64
+    if (a.get("kv_cache_dtype") == "nvfp4" and gpu is not None and gpu.sm // 10 in (10, 12)
+            and a.get("decode_attention_backend") in (None, "trtllm_mha")
+            and res.values["page_size"] not in (16, 32, 64, 128)):
+        # NVFP4 KV on Blackwell (SM100 and SM120, whatever --attention-backend says): kv_cache_hook.py:85
+        # handle_nvfp4_prefill_kv_dequant_dtype declares decode_attention_backend=trtllm_mha, and overrides.py:1183
+        # (_page_size_constraints) then makes any page size outside 16/32/64/128 64 (#28)
         res.values["page_size"] = 64
+    backends = {backend, a.get("decode_attention_backend"), a.get("prefill_attention_backend")}
+    if ("fa4" in backends and gpu is not None and gpu.sm // 10 == 10 and not (model is not None and model.is_mla)
+            and (a.get("speculative_eagle_topk") or 0) <= 1):
+        # overrides.py:1274 _fa4_page_constraint: FA4 on SM100 (not MLA, EAGLE topk <= 1) pages at 128, whatever was
+        # given (#28)
+        res.values["page_size"] = 128
 
 
 def default_mem_fraction(a: ParsedArgs, gpu_mib: float, model: ModelFacts | None = None) -> float:

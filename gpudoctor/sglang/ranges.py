@@ -75,6 +75,10 @@ def range_findings(a: ParsedArgs) -> list[Finding]:
         if not isinstance(p, str) or not p:
             continue
         if p.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(p)):
+            from gpudoctor.sglang.conflicts import MODEL_PATHS, repo_id_problem
+
+            if dest in MODEL_PATHS and repo_id_problem(p):
+                continue  # not a repo id either: SGLang refuses it at resolve (conflicts.model_path_findings)
             flag = a.given.get(dest, "--" + dest.replace("_", "-"))
             # a warning: arguments are often validated on another machine than the server's
             out.append(F("sglang.args.path_missing", "warn", f"{flag} {brief(p, 80)}: the {what} path does not exist "

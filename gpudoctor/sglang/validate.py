@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
 from gpudoctor.findings import Finding, Status, worst
-from gpudoctor.sglang import argparser, capacity, launch, ranges, rules
+from gpudoctor.sglang import argparser, capacity, conflicts, launch, ranges, rules
 from gpudoctor.sglang.modelcfg import ModelFacts, estimate_weights, facts_from_config, load_model
 
 
@@ -74,13 +74,14 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
              gpu_mem_gib: float = 141.0, input_len: int | None = None, output_len: int | None = None,
              env: dict | None = None, fork_algorithms=(), extra_flags: list[dict] | None = None,
              gpus: int | None = None, sglang_version: str = "0.5.23", weights_bytes: int | None = None,
-             auto_configs: bool = True, gpu: str | None = None) -> ValidationResult:
+             auto_configs: bool = True, gpu: str | None = None, paths_here: bool = True) -> ValidationResult:
     """Check sglang.launch_server arguments the way SGLang would, plus what SGLang only finds after the load.
 
     model_config / draft_config: a parsed config.json dict, a path (file or model directory), or None. With
     auto_configs, a local --model-path / --speculative-draft-model-path directory is read when not given.
     gpu: a rules.GPUS key (h200, b200, rtx_pro_6000, ...): its nvidia-smi memory replaces gpu_mem_gib and its SM
     decides the KV cache dtypes and kernels SGLang allows.
+    paths_here: the paths in argv are this machine's (False: a remote server's, e.g. a campaign's target).
     Raises InputError for unreadable configs (CLI: one line, exit 3).
     """
     if gpu is not None:
@@ -102,6 +103,9 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
                         env=dict(os.environ if env is None else env), fork_algorithms=forks, gpus=gpus,
                         version=sglang_version, gpu=gpu)
     findings = rules.parse_findings(parsed, table) + ranges.range_findings(parsed)
+    # A config given for the model (--model-config, a campaign reading it on its target): the path is the server's,
+    # not this machine's; only without one is an absent non-repo-id path SGLang's refusal (conflicts.py, #28).
+    path_checked_here = model_config is None and paths_here
     if model_config is None and auto_configs:
         mp = parsed.get("model_path")
         if mp and os.path.isfile(os.path.join(mp, "config.json")):
@@ -123,6 +127,11 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     findings += launch.tp_zero_findings(parsed)
     capacity.resolve_memory_defaults(parsed, model, opt, res)
     findings += launch.resolve_findings(parsed, model, opt, res, draft)
+    findings += conflicts.exclusive_findings(parsed)
+    gpu_sm = rules.GPUS[gpu].sm if gpu is not None else None
+    findings += conflicts.capability_findings(parsed, gpu_sm) + conflicts.nvfp4_backend_findings(parsed, gpu_sm)
+    if path_checked_here:
+        findings += conflicts.model_path_findings(parsed)
     findings += rules.spec_findings(parsed, table, model, draft, opt, res)
     findings += capacity.parallel_findings(parsed, model, draft, opt)
     findings += capacity.context_findings(parsed, model, opt, res)

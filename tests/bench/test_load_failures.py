@@ -118,6 +118,6 @@ def test_prompt_over_context_is_skipped_not_sent(standin, tmp_path):
 def test_bad_flags_exit_3(tmp_path):
     p = run_cli("bench", "load", "--server-url", "http://127.0.0.1:9", "--concurrency", "1,x", "--max-tokens", "8",
                 "--out", str(tmp_path / "o"))
-    assert p.returncode == 3 and "--concurrency wants comma-separated integers" in p.stderr
+    assert p.returncode == 3 and "Invalid value for '--concurrency': '1,x': 'x' is not an integer" in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()

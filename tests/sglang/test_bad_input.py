@@ -40,8 +40,6 @@ BAD = {
     "local_model_path_broken": ({"m/config.json": "{\n\n  nope\n}"}, [], ["--model-path", "{d}/m"],
                                 "{d}/m/config.json:3: invalid JSON"),
     "no_args": ({}, [], [], "no SGLang arguments"),
-    "gpu_mem_not_a_number": ({}, ["--gpu-mem-gib", "lots"], ["--model-path", "x"], "--gpu-mem-gib must be a number"),
-    "input_len_negative": ({}, ["--input-len", "-5"], ["--model-path", "x"], "--input-len must be a number >= 0"),
     "unknown_sglang_version": ({}, ["--sglang-version", "0.4.0"], ["--model-path", "x"], "no flag table for SGLang 0.4.0"),
     "unknown_gpu": ({}, ["--gpu", "h300"], ["--model-path", "x"], "unknown --gpu 'h300' (known: a100_80g, b200, h100"),
     "quant_config_not_an_object_is_ignored_but_heads_bad": (
@@ -66,3 +64,17 @@ def test_bad_input_one_line_exit_3(name, tmp_path):
     assert "Traceback" not in cp.stderr and cp.stdout == ""
     assert lines[0].startswith("gpudoctor: ")
     assert sub(expect) in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("opts,expect", [
+    (["--gpu-mem-gib", "lots"], "Invalid value for '--gpu-mem-gib': 'lots' is not a valid"),
+    (["--gpu-mem-gib", "nan"], "Invalid value for '--gpu-mem-gib': 'nan' is not a finite number"),
+    (["--input-len=-5"], "Invalid value for '--input-len': -5 is not in the range 0<=x<=2147483647"),
+    (["--output-len", "3x"], "Invalid value for '--output-len': '3x' is not an integer (32768, 32k, 25.6k, 32Ki)"),
+])
+def test_bad_own_option_is_a_usage_error_naming_it(opts, expect):
+    cp = run(opts + ["--", "--model-path", "x"])
+    assert cp.returncode == 3 and cp.stdout == "", cp.stdout + cp.stderr
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in cp.stderr
+    assert lines[0].startswith("gpudoctor sglang validate: Error: ") and expect in lines[0], lines[0]
