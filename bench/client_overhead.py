@@ -6,7 +6,7 @@ The server is the SGLang 0.5.23 stand-in with real payload sizes (cumulative tex
   phase 2: instant first token, 20 tok/s decode, 8..40 tokens per request, at --concurrency: TTFT error = the
            client's TTFT minus the server's own (first chunk handed to the socket - request arrival, from the
            stand-in's --timing-log), medians over the run, for each client.
-Clients, interleaved round by round: gpudoctor (gpudoctor.bench.load.send_all), SGLang's bench_serving
+Clients, interleaved round by round: gpudoctor (gpudoctor.bench.client.load.send_all), SGLang's bench_serving
 (`python -m sglang.benchmark.serving --backend sglang`, sglang 0.5.23), and a minimal aiohttp loop (phase 1 only).
 
 bench_serving runs from a throwaway venv this script makes (--system-site-packages): `pip install --no-deps
@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # gpudoctor itself: the installed package, else this checkout
 
-from gpudoctor.bench.load import new_session, send_all  # noqa: E402
+from gpudoctor.bench.client.load import new_session, send_all  # noqa: E402
 
 SGLANG = "sglang==0.5.23"
 BENCH_DEPS = ["msgspec", "transformers", "safetensors", "pyzmq", "pybase64", "aiohttp", "numpy", "tqdm", "requests",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What sampling the host's GPUs costs the client: the host-health sampler (gpudoctor.bench.health.Sampler) run for
+"""What sampling the host's GPUs costs the client: the host-health sampler (gpudoctor.bench.cell.health.Sampler) run for
 --seconds at --hz, its thread's CPU time as a share of one core. Target: < 1 % of a core at 2 Hz.
 
 With a driver (an H200 host) it reads the real NVML (pynvml); without one (this CI machine: NVMLError_LibraryNotFound)
@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--hz", type=float, default=2.0)
     ap.add_argument("--gpus", type=int, default=8, help="fake NVML only: how many copies of the captured H200")
     a = ap.parse_args()
-    from gpudoctor.bench.health import Sampler
+    from gpudoctor.bench.cell.health import Sampler
 
     nvml, source = None, "pynvml (the real driver)"
     try:

@@ -5,10 +5,10 @@ Part 1, the pacers alone (constant arrivals, no I/O), medians of --rounds:
   per-gap asyncio.sleep   sleep(1/rate) after each send: the common way (bench_serving's request-rate loop works
                           like this); every wake-up is late by the selector's millisecond rounding, and it adds up
   absolute asyncio.sleep  sleep until each absolute deadline: no drift, but each send still late by up to ~1 ms
-  sleep+spin              gpudoctor.bench.pacing.SpinPacer: sleep to 1.5 ms before, then yield until due
-  timerfd                 gpudoctor.bench.pacing.TimerfdPacer (gpudoctor's default on Linux)
+  sleep+spin              gpudoctor.bench.client.pacing.SpinPacer: sleep to 1.5 ms before, then yield until due
+  timerfd                 gpudoctor.bench.client.pacing.TimerfdPacer (gpudoctor's default on Linux)
   rate error = achieved rate / intended rate - 1 over the same sends; lateness = actual - scheduled send time.
-Part 2, the load generator itself (gpudoctor.bench.load.send_all, timerfd pacer) against the instant SGLang
+Part 2, the load generator itself (gpudoctor.bench.client.load.send_all, timerfd pacer) against the instant SGLang
 stand-in, Poisson arrivals, 4-token requests: the achieved rate from the times requests reached the wire, and how
 late the pacer released them, while the same event loop is streaming the responses.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))
 
-from gpudoctor.bench.load import new_session, send_all  # noqa: E402
-from gpudoctor.bench.pacing import (CONSTANT, POISSON, SleepPacer, SpinPacer, TimerfdPacer,  # noqa: E402
+from gpudoctor.bench.client.load import new_session, send_all  # noqa: E402
+from gpudoctor.bench.client.pacing import (CONSTANT, POISSON, SleepPacer, SpinPacer, TimerfdPacer,  # noqa: E402
                                     arrival_offsets, rate_error)
 
 

@@ -1,15 +1,15 @@
 """Deep tier (--deep): every GPU measured against its physical limit, and a named cause for every shortfall.
 
 fabric.deep.figure: one finding per GPU and figure (H2D/D2H pinned, remote-node and pageable copies, device copy,
-bf16 GEMM, P2P) as a ratio to its limit (gpudoctor/deep_limits.py), ok at or above its floor. A figure below its floor
+bf16 GEMM, P2P) as a ratio to its limit (gpudoctor/catalog/deep_limits.py), ok at or above its floor. A figure below its floor
 is a symptom: the cause checks below name why, from what was sampled while it ran, and the diagnosis makes that the
 root cause. A shortfall no cause explains says "below floor, cause unknown" with its numbers.
 """
 
 from gpudoctor.checkreg import check
-from gpudoctor.deep_limits import HOST_LINK, SLOWING, figure_line, figures, fmt_link, link_gbs, sample_words
+from gpudoctor.catalog.deep_limits import HOST_LINK, SLOWING, figure_line, figures, fmt_link, link_gbs, sample_words
 from gpudoctor.findings import Finding, Status
-from gpudoctor.xid import norm_pci
+from gpudoctor.catalog.xid import norm_pci
 
 
 def _policy(facts):
@@ -68,7 +68,7 @@ def analyse(facts) -> list[dict]:
     results = {r["index"]: r.get("result") or {} for r in recs}
 
     def peer_link(i):
-        from gpudoctor.deep_limits import max_link
+        from gpudoctor.catalog.deep_limits import max_link
 
         r = next((x for x in recs if x["index"] == i), None)
         return max_link(results.get(i) or {}, _driver_gpu(facts, r and r.get("bus_id"))) if r else None

@@ -5,11 +5,11 @@ dead node (cuInit 999 for nvidia-uvm); inside such a container that entry is the
 Pure checks over facts["cdi"] (gather/cdi.py) and the live /proc/devices (facts["host"]).
 """
 
-from gpudoctor import cdi
+from gpudoctor.boundary import cdi
 from gpudoctor.checkreg import check
 from gpudoctor.checks.devices import _ESSENTIAL
 from gpudoctor.findings import Finding, Status
-from gpudoctor.platform import detect
+from gpudoctor.boundary.platform import detect
 
 REMEDY = "cdi.spec"
 

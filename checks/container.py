@@ -11,7 +11,7 @@ facts["platform"].
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
 from gpudoctor.gather.cgroup import evidence as cgroup_evidence
-from gpudoctor.platform import daemon_reload_fixes, detect, fix_text
+from gpudoctor.boundary.platform import daemon_reload_fixes, detect, fix_text
 
 _FRONT = ("nvidia", "nvidiactl", "nvidia-frontend")
 

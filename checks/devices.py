@@ -4,7 +4,7 @@ import re
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
-from gpudoctor.platform import fix_text
+from gpudoctor.boundary.platform import fix_text
 
 # open() errno → which layer refused (FIELD_NOTES).
 ERRNO_MEANING = {

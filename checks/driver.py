@@ -202,7 +202,7 @@ def pcie_width(facts):
 
 
 def _gpus_by_pci(facts) -> dict:
-    from gpudoctor.xid import norm_pci
+    from gpudoctor.catalog.xid import norm_pci
 
     return {norm_pci(g.get("bus_id")): {"index": i, "recovery_action": g.get("recovery_action")}
             for i, g in enumerate(_gpus(facts) or []) if g.get("bus_id")}
@@ -217,7 +217,7 @@ def xid(facts):
     is said so, never ok: denied (EPERM, dmesg_restrict), a /dev/kmsg that is not the kernel's device (an empty file
     from a sandbox) or 0 records read where the boot must have logged.
     Policy: `checks: driver.xid: {window: SECONDS}` looks at the last SECONDS only."""
-    from gpudoctor.xid import findings_from_lines, XidLine
+    from gpudoctor.catalog.xid import findings_from_lines, XidLine
 
     k = facts.get("kernel_log")
     if not k:
@@ -256,7 +256,7 @@ def xid(facts):
 def recovery_action(facts):
     """The driver's own verdict after an uncorrectable error (what Xid 154 announces): None, or GPU Reset Required,
     Node Reboot Required, Drain P2P, Drain and Reset. Drivers that do not report it say nothing here."""
-    from gpudoctor.xid import nvml_action
+    from gpudoctor.catalog.xid import nvml_action
 
     out = []
     for i, g in enumerate(_gpus(facts) or []):

@@ -2,7 +2,7 @@
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
-from gpudoctor.platform import LABELS, detect, fix_text
+from gpudoctor.boundary.platform import LABELS, detect, fix_text
 
 
 @check("host.driver.loaded", summary="The nvidia kernel module is loaded and /proc/driver/nvidia/version exists.")

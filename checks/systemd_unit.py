@@ -3,7 +3,7 @@ majors. The unit the probe runs in (a gate in ExecStartPre= runs in the server's
 `check --unit`. A node the policy leaves out opens with EPERM inside the unit whatever its mode.
 """
 
-from gpudoctor import systemd_devices as SD
+from gpudoctor.boundary import systemd_devices as SD
 from gpudoctor.checkreg import check
 from gpudoctor.checks.devices import expected_numbers
 from gpudoctor.findings import Finding, Status

@@ -234,7 +234,7 @@ def _run(argv) -> None:
         msg = " ".join(exc.format_message().split())
         args = list(sys.argv[1:] if argv is None else argv)
         if args[:1] == ["gate"] and "--npd" in args:  # node-problem-detector's contract: one line on stdout, 0/1/2
-            from gpudoctor.npd import error_verdict
+            from gpudoctor.integrations.npd import error_verdict
 
             code, line = error_verdict(f"{cmd}: {msg}")
             click.echo(line)

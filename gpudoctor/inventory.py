@@ -237,8 +237,8 @@ def is_example(path: Path) -> bool:
     """The file says `example: true` at its top level: a sample (like the checkout's inventory.yaml), which the
     search passes over, so that running gpudoctor inside a checkout never picks up its placeholder hosts, profiles
     and policy silently."""
-    from gpudoctor.inputs import read_text
-    from gpudoctor.yamlload import MAX_BYTES
+    from gpudoctor.files.inputs import read_text
+    from gpudoctor.files.yamlload import MAX_BYTES
 
     try:
         text = read_text(path, what="inventory", max_bytes=MAX_BYTES, error=InventoryError)
@@ -254,8 +254,8 @@ def source_line(inv: Inventory) -> str:
 
 def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
     """Read and validate an inventory file; every problem is an InventoryError naming file and line."""
-    from gpudoctor.inputs import read_text
-    from gpudoctor.yamlload import MAX_BYTES
+    from gpudoctor.files.inputs import read_text
+    from gpudoctor.files.yamlload import MAX_BYTES
 
     p = find_inventory(path)
     text = read_text(p, what="inventory", max_bytes=MAX_BYTES, error=InventoryError)
@@ -264,7 +264,7 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
 
 def parse_inventory(text: str, path: str = "inventory.yaml", base_dir: str = ".") -> Inventory:
     """Validate inventory text (path is used in messages; relative file paths resolve against base_dir)."""
-    from gpudoctor.yamlload import compose
+    from gpudoctor.files.yamlload import compose
 
     return _Loader(path, base_dir).inventory(compose(text, path, error=InventoryError))
 
@@ -287,7 +287,7 @@ class _Loader:
         return InventoryError(message, path=self.path, line=node.start_mark.line + 1 if node is not None else None)
 
     def value(self, node):
-        from gpudoctor.yamlload import scalar
+        from gpudoctor.files.yamlload import scalar
 
         if not isinstance(node, self.yaml.ScalarNode):
             return _MISSING
@@ -299,7 +299,7 @@ class _Loader:
         if isinstance(node, self.yaml.SequenceNode):
             return "a list"
         v = self.value(node)
-        from gpudoctor.inputs import brief
+        from gpudoctor.files.inputs import brief
 
         return "empty (null)" if v is None else f"{type(v).__name__} {brief(v)}"
 

@@ -47,7 +47,7 @@ def refuse_live_flags(host_name, models, sglang_url) -> None:
 
 def load(path: str) -> dict:
     """Read and validate a snapshot file (or a bare facts document); bad input is one line naming the file and the
-    entry that is wrong. Read through gpudoctor.inputs (a regular file, at most MAX_BYTES, UTF-8, no NaN, bounded
+    entry that is wrong. Read through gpudoctor.files.inputs (a regular file, at most MAX_BYTES, UTF-8, no NaN, bounded
     nesting), then checked against the schema: a snapshot gpudoctor cannot judge is refused before any diagnosis."""
     return load_document(path)
 
@@ -55,7 +55,7 @@ def load(path: str) -> dict:
 def validate(doc, path: str, *, require=_CORE) -> None:
     """Refuse (InputError) a document that is not a snapshot gpudoctor can judge: the wrong schema, fields of the
     wrong type, a transcript whose entries are not what a recording host writes, or nothing to judge at all."""
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
 
     def bad(msg: str):
         raise InputError(msg, path=path)
@@ -87,7 +87,7 @@ def validate_facts(facts, path: str, what: str = "the facts", require=_CORE) -> 
     """A facts document (gather's output) that can be judged: the `require`d subsystems (at least one known
     subsystem when none is required), each a mapping, and meta (required with the core subsystems)."""
     from gpudoctor.gather import SUBSYSTEMS
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
 
     def bad(msg: str):
         raise InputError(msg, path=path)
@@ -121,7 +121,7 @@ def load_document(path: str, *, require=_CORE) -> dict:
     validated, so anything that cannot be judged is refused here (InputError, exit 3). `require`: the subsystems a
     facts-only document must have (fix plans from a part, e.g. boundary facts)."""
     from gpudoctor.gather import FACTS_SCHEMA
-    from gpudoctor.inputs import read_json
+    from gpudoctor.files.inputs import read_json
 
     doc = read_json(path, what="snapshot file", max_bytes=MAX_BYTES)
     if isinstance(doc, dict) and doc.get("schema") == FACTS_SCHEMA:
@@ -159,7 +159,7 @@ def _validate_transcript(transcript: dict, name: str, bad) -> None:
     import base64
     import binascii
 
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
 
     for key, value in transcript.items():
         try:

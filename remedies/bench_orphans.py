@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from gpudoctor.bench.marker import ENV_OWNER
+from gpudoctor.bench.server.marker import ENV_OWNER
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding, Status
 from gpudoctor.remedy import Change, Remedy, RemedyContext

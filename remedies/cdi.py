@@ -4,7 +4,7 @@ Where the toolkit's generator is on PATH and the spec is its own (kind nvidia.co
 writes to stdout: nothing is written while planning) and diffs it against the file; otherwise plan edits exactly the
 stale `major:`/`minor:` scalars of the entries the audit named and nothing else. Either way the new text must parse
 as CDI and pass the same audit before it is proposed, and again (as the edit's validator) before it is renamed into
-place through gpudoctor.edit (conflict check, dated backup outside the spec directory, temp file, read back, atomic
+place through gpudoctor.files.edit (conflict check, dated backup outside the spec directory, temp file, read back, atomic
 rename). Verify re-reads the spec and /proc/devices and re-runs boundary.cdi.device_nodes; rollback restores the
 original bytes. Containers already made from the old spec keep their dead node: recreate them (the change says so).
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 
-from gpudoctor import cdi
-from gpudoctor.edit import EditPlan, apply_edit, plan_edit, unified_diff
+from gpudoctor.boundary import cdi
+from gpudoctor.files.edit import EditPlan, apply_edit, plan_edit, unified_diff
 from gpudoctor.findings import Finding, Status
-from gpudoctor.platform import detect
+from gpudoctor.boundary.platform import detect
 from gpudoctor.remedy import Change, Remedy, RemedyContext
 
 from .common import run_check, target_name, verdict

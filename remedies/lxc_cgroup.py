@@ -2,7 +2,7 @@
 and remove keyless rule lines (a hand fix that lost its key), leaving every other byte as it was.
 
 Plan refuses — rather than guesses — when the config is locked, its filesystem is read-only, a needed driver is not
-in the host's /proc/devices, or an explicit deny rule would still win. Apply goes through gpudoctor.edit (backup
+in the host's /proc/devices, or an explicit deny rule would still win. Apply goes through gpudoctor.files.edit (backup
 outside /etc/pve, temp file beside the target, validate, one rename). Verify re-reads the file and re-audits it.
 Reboot (only with --reboot) restarts the container when it runs and no GPU compute process is inside it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 
-from gpudoctor.edit import EditPlan, apply_edit
+from gpudoctor.files.edit import EditPlan, apply_edit
 from gpudoctor.findings import Finding, Status
 from gpudoctor.proxmox import pct
 from gpudoctor.proxmox.audit import (AuditInput, restart_cmd, check_cgroup_allow, check_misplaced, decide, input_from_facts, live_rules,

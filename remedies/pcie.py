@@ -5,7 +5,7 @@ No NVIDIA document recommends an MRRS value, so this acts only when the policy n
 differs, apply writes ONLY DevCtl bits 14:12 (`setpci -s BDF CAP_EXP+08.w=V:7000`), after reading and recording the
 register and after a `setpci -D -v` dry run that must select the device and show the expected result. MaxReadReq is
 volatile (a reboot or a GPU reset restores the firmware value), so a systemd oneshot unit written through
-gpudoctor.edit re-applies it at boot. Dry run (`gpudoctor fix` without --apply) never runs setpci at all.
+gpudoctor.files.edit re-applies it at boot. Dry run (`gpudoctor fix` without --apply) never runs setpci at all.
 
 Refuses inside a container (config space is the host's), without setpci or systemd, and for a policy value that is
 not a MaxReadReq size. Verify re-reads the config space and re-runs the check; rollback writes back the recorded bits
@@ -18,7 +18,7 @@ import base64
 import os
 import re
 
-from gpudoctor.edit import EditPlan, apply_edit
+from gpudoctor.files.edit import EditPlan, apply_edit
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding, Status
 from gpudoctor.gather.tools import PCIE_UNIT, PCIE_UNIT_FILE

@@ -1,7 +1,7 @@
 """Remedy fabric.numa.balancing: automatic NUMA balancing off, now and after reboots.
 
 Now: `sysctl -w kernel.numa_balancing=0`. Kept: /etc/sysctl.d/90-gpudoctor-numa.conf, written through
-gpudoctor.edit (dated backup, temp file + rename). It refuses inside a container (the setting is host-global and
+gpudoctor.files.edit (dated backup, temp file + rename). It refuses inside a container (the setting is host-global and
 /proc/sys is read-only there) and when another sysctl file read after ours would turn it back on at boot — that file
 is the user's to change. Verify re-reads /proc/sys/kernel/numa_balancing and the file and re-runs the check; rollback
 restores the old runtime value and the old file (or removes the one it created).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import os
 
-from gpudoctor.edit import EditPlan, apply_edit
+from gpudoctor.files.edit import EditPlan, apply_edit
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding, Status
 from gpudoctor.gather.tools import SYSCTL_CONF, SYSCTL_NUMA_FILE

@@ -2,7 +2,7 @@
 
 Plan writes nothing: it names each missing /proc/devices group (`DeviceAllow=char-nvidia-uvm rw`: by name, so a
 driver reload that moves the major is still allowed at the next start) in /etc/systemd/system/UNIT.d/
-50-gpudoctor-devices.conf, with its diff. Apply goes through gpudoctor.edit, whose validator runs
+50-gpudoctor-devices.conf, with its diff. Apply goes through gpudoctor.files.edit, whose validator runs
 `systemd-analyze verify` on the target over a copy of the unit with the new drop-in beside it (SYSTEMD_UNIT_PATH) and
 refuses any complaint that names the drop-in; then `systemctl daemon-reload`. Verify asks `systemctl show` again and
 re-runs boundary.systemd.device_allow; a running unit applies the new rules at its next start (--reboot restarts
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-from gpudoctor import systemd_devices as SD
-from gpudoctor.edit import apply_edit, plan_edit, unified_diff
+from gpudoctor.boundary import systemd_devices as SD
+from gpudoctor.files.edit import apply_edit, plan_edit, unified_diff
 from gpudoctor.findings import Finding, Status
 from gpudoctor.remedy import Change, RebootOutcome, Remedy, RemedyContext
 

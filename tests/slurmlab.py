@@ -211,7 +211,7 @@ class SlurmLab:
         return self.scontrol("show", "node", self.node)
 
     def state(self) -> str:
-        from gpudoctor.slurm import parse_show_node
+        from gpudoctor.integrations.slurm import parse_show_node
 
         return parse_show_node(self.show()).state or ""
 
@@ -221,7 +221,7 @@ class SlurmLab:
         while time.monotonic() < end:
             res = self.run(["scontrol", "show", "node", self.node])
             if res.returncode == 0:
-                from gpudoctor.slurm import parse_show_node
+                from gpudoctor.integrations.slurm import parse_show_node
 
                 state = parse_show_node(res.stdout).state or ""
                 if pred(state):

@@ -7,7 +7,7 @@ import sys
 import click
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
-from gpudoctor.inputs import finite, http_url, output_dir, seconds
+from gpudoctor.files.inputs import finite, http_url, output_dir, seconds
 from gpudoctor.options import Count, NumberList
 
 
@@ -189,11 +189,11 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     import asyncio
     import json
 
-    from gpudoctor.bench.levels import Level, context_limit as find_context_limit, run_levels, workload_name
-    from gpudoctor.bench.load import LevelSpec
-    from gpudoctor.bench.prompts import build, load_names, load_source, misfit
-    from gpudoctor.bench.results import ResultStore
-    from gpudoctor.bench.tokens import Counter, load_counter
+    from gpudoctor.bench.client.levels import Level, context_limit as find_context_limit, run_levels, workload_name
+    from gpudoctor.bench.client.load import LevelSpec
+    from gpudoctor.bench.client.prompts import build, load_names, load_source, misfit
+    from gpudoctor.bench.records.results import ResultStore
+    from gpudoctor.bench.client.tokens import Counter, load_counter
 
     if max_tokens is None and not trace_file:
         raise InputError("--max-tokens is required (unless --trace gives each request's output length)")
@@ -235,7 +235,7 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
         levels = _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale,
                                  block_tokens, max_tokens, num_prompts, counter, limit, max_error_rate,
                                  slo_ttft_ms, slo_itl_ms)
-    from gpudoctor.bench.watch import CellWatch
+    from gpudoctor.bench.cell.watch import CellWatch
 
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
     store = ResultStore(out_dir)
@@ -258,11 +258,11 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
 def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
                     max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms):
     """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level."""
-    from gpudoctor.bench import multiturn, trace
-    from gpudoctor.bench.levels import Level
-    from gpudoctor.bench.load import LevelSpec
-    from gpudoctor.bench.prompts import misfit
-    from gpudoctor.bench.tokens import Counter
+    from gpudoctor.bench.client import multiturn, trace
+    from gpudoctor.bench.client.levels import Level
+    from gpudoctor.bench.client.load import LevelSpec
+    from gpudoctor.bench.client.prompts import misfit
+    from gpudoctor.bench.client.tokens import Counter
 
     common = dict(label=label, api=api, max_error_rate=max_error_rate, slo_ttft_ms=slo_ttft_ms,
                   slo_itl_ms=slo_itl_ms)
@@ -317,7 +317,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     2 the campaign stopped on an infrastructure failure (gate, port, GPU memory, the target lost),
     3 bad campaign file, inventory or flags, or an unknown SSH host key.
     """
-    from gpudoctor.bench.runner import run_campaign
+    from gpudoctor.bench.campaign.runner import run_campaign
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
@@ -345,7 +345,7 @@ def report(out_dir, baseline, no_plots):
     matplotlib (the `plots` extra); without it report.md and results.csv are written and one line says how to add it.
     Exit codes: 0 written, 3 no results in OUT_DIR.
     """
-    from gpudoctor.bench.report import write_report
+    from gpudoctor.bench.records.report import write_report
 
     written = write_report(out_dir, baseline=baseline, plots=not no_plots)
     click.echo(written["report"])
@@ -370,7 +370,7 @@ def standin(args):
     any other flag is accepted and shown in /server_info, so it can stand in for `python3 -m sglang.launch_server`
     in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
     """
-    from gpudoctor.bench.standin import main
+    from gpudoctor.bench.standin.server import main
 
     def bad(message: str):
         raise InputError(f"bench standin: {message}")

@@ -8,7 +8,7 @@ import click
 
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
-from gpudoctor.inputs import http_url, output_file, seconds
+from gpudoctor.files.inputs import http_url, output_file, seconds
 from gpudoctor.options import Count
 
 
@@ -125,7 +125,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     if prom_path:
         import time
 
-        from gpudoctor.promfile import write_prom
+        from gpudoctor.integrations.promfile import write_prom
 
         total = (facts.get("meta") or {}).get("timings", {}).get("total")
         write_prom(prom_path, [{"host": d.host, "status": d.verdict.value, "findings": d.findings,
@@ -184,7 +184,7 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
     result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout),
                          host_timeout=host_timeout)
     if prom_path:
-        from gpudoctor.promfile import write_prom
+        from gpudoctor.integrations.promfile import write_prom
 
         write_prom(prom_path, result.prom_records())
     if as_json:
@@ -236,7 +236,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     import json
 
     from gpudoctor import snapshot as snap
-    from gpudoctor.atomic import atomic_write
+    from gpudoctor.files.atomic import atomic_write
 
     output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,

@@ -8,7 +8,7 @@ import sys
 import click
 
 from gpudoctor.errors import InputError
-from gpudoctor.inputs import seconds
+from gpudoctor.files.inputs import seconds
 
 FIX_EXIT_DOC = """\b
 Exit codes:

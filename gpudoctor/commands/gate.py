@@ -49,7 +49,7 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     result = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep)
     action = None
     if slurm:
-        from gpudoctor import slurm as slurm_mode
+        from gpudoctor.integrations import slurm as slurm_mode
         from gpudoctor.target import local_host
 
         action = slurm_mode.apply(result, local_host(), node=node)
@@ -80,8 +80,7 @@ def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, pr
 
 def _gate_npd(*args) -> int:
     """NPD's contract: exactly one line on stdout and exit 0/1/2, whatever happens."""
-    from gpudoctor import npd
-
+    from gpudoctor.integrations import npd
     try:
         code, line = npd.verdict(_evaluate(*args, quiet=True))
     except GpudoctorError as exc:

@@ -136,7 +136,7 @@ def explain_cmd(log, engine, as_json):
     Exit codes: 0 nothing in the log looks like a failure, 1 a failure no known pattern
     explains (its lines are shown), 2 a known failure named, 3 the log cannot be read.
     """
-    from gpudoctor.bench import logscan
+    from gpudoctor.bench.server import logscan
     from gpudoctor.errors import _printable
 
     text = logscan.read_log(log)

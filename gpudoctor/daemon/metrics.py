@@ -7,7 +7,7 @@ import threading
 
 from gpudoctor import __version__
 from gpudoctor.errors import ConfigError
-from gpudoctor.promfile import _finding_rows, status_value
+from gpudoctor.integrations.promfile import _finding_rows, status_value
 
 BREAKER_VALUE = {"closed": 0, "open": 1, "half_open": 2}
 

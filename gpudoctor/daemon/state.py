@@ -1,6 +1,6 @@
 """The daemon's state file: budgets, breakers and last verdicts that must survive a restart.
 
-Small JSON, rewritten atomically (gpudoctor.atomic) after every cycle and before every remedy, so a crash or a
+Small JSON, rewritten atomically (gpudoctor.files.atomic) after every cycle and before every remedy, so a crash or a
 reboot in the middle of healing never forgets an attempt. An unreadable file is moved aside, never trusted.
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.atomic import atomic_write
+from gpudoctor.files.atomic import atomic_write
 from gpudoctor.daemon.budget import Breaker, RemedyLedger
 from gpudoctor.log import get_logger
 

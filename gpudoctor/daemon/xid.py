@@ -1,5 +1,5 @@
 """Watch NVML for XID errors in a thread and turn the critical ones into "driver.xid" findings (the catalog and the
-findings are gpudoctor/xid.py's, shared with `check`'s kernel-log reader).
+findings are gpudoctor/catalog/xid.py's, shared with `check`'s kernel-log reader).
 
 pynvml is imported lazily inside the thread; no driver, no library or no event support ends the watcher with a
 reason (the check pipeline already reports a missing driver), never an exception in the daemon.
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from gpudoctor.findings import Finding
-from gpudoctor.xid import critical, findings_from_events
+from gpudoctor.catalog.xid import critical, findings_from_events
 from gpudoctor.log import get_logger
 
 @dataclass

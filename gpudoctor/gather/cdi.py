@@ -11,7 +11,7 @@ facts["cdi"] = {
 
 from __future__ import annotations
 
-from gpudoctor import cdi
+from gpudoctor.boundary import cdi
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 

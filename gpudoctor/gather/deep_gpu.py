@@ -16,7 +16,7 @@ import math
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
-from gpudoctor.xid import norm_pci
+from gpudoctor.catalog.xid import norm_pci
 
 QUERY_GPUS = ["nvidia-smi", "--query-gpu=index,pci.bus_id,name", "--format=csv,noheader,nounits"]
 QUERY_APPS = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",

@@ -27,7 +27,7 @@ from gpudoctor.gather.context import GatherContext
 from gpudoctor.gather.fabric import FAST
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
-from gpudoctor.xid import parse_line
+from gpudoctor.catalog.xid import parse_line
 
 MAX_RECORDS = 200_000
 MAX_XIDS = 500

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
-from gpudoctor.platform import own_cgroup, unit_of
+from gpudoctor.boundary.platform import own_cgroup, unit_of
 
 SERVICEACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -104,7 +104,7 @@ _WHICH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; command -v systemd-analy
 def show_unit(host: Host, unit: str, timeout: float) -> dict:
     """One unit's device boundary as systemd sees it now (after the last daemon-reload), with the text of its unit
     file and of gpudoctor's drop-in (what a remedy verifies and diffs against)."""
-    from gpudoctor.systemd_devices import dropin_path
+    from gpudoctor.boundary.systemd_devices import dropin_path
 
     res = host.run(["systemctl", "show", unit, "--property=" + ",".join(SHOW_PROPERTIES)], timeout=timeout)
     if not res.ok:

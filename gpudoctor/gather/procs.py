@@ -22,7 +22,7 @@ import json
 import re
 from urllib.parse import urlparse
 
-from gpudoctor.bench.marker import PREFIX
+from gpudoctor.bench.server.marker import PREFIX
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.gather.fabric import FAST
 from gpudoctor.host import Host

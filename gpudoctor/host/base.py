@@ -202,7 +202,7 @@ class Host:
     def _answer(self, op: tuple, timeout: float):
         return decode(op, self._call(self._request(op, timeout), timeout), self._path)
 
-    # --- writes: used only by remedies, through gpudoctor.edit ------------------------------
+    # --- writes: used only by remedies, through gpudoctor.files.edit ------------------------------
     # Contract: success returns None; a refused operation raises OSError(errno, strerror, path)
     # (EROFS, EACCES, EEXIST, ENOENT...); a transport failure raises HostUnreachable; a deadline
     # that passes raises CommandTimeout.
@@ -213,7 +213,7 @@ class Host:
         """Write `data` to `path` (create; truncate unless `exclusive`, which fails with EEXIST), then fsync.
 
         `mode`/`owner` are set only when the created file differs from them (pmxcfs refuses needless chmod).
-        This is a plain write, not atomic: gpudoctor.edit writes a temp file with it and then calls rename().
+        This is a plain write, not atomic: gpudoctor.files.edit writes a temp file with it and then calls rename().
         """
         self._write({"op": "write", "path": self._path(path), "data": base64.b64encode(bytes(data)).decode(),
                      "mode": mode, "owner": list(owner) if owner is not None else None, "exclusive": exclusive},

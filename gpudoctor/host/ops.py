@@ -154,7 +154,7 @@ def op_batch(req):
     return {"r": [r if r is not None else {"timeout": 1} for r in results]}
 
 
-# --- writes (remedies only, through gpudoctor.edit) ---------------------------------------------------
+# --- writes (remedies only, through gpudoctor.files.edit) ---------------------------------------------------
 
 def _done(fn):
     try:

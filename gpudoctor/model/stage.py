@@ -430,7 +430,7 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
     when the plan refuses or the copy fails verification, LockHeld when another stage writes DST."""
     import fcntl
 
-    from gpudoctor.atomic import atomic_write
+    from gpudoctor.files.atomic import atomic_write
     from gpudoctor.log import get_logger
 
     log = get_logger("gpudoctor.model.stage", dst=plan.dst)
@@ -560,7 +560,7 @@ def _write_record(plan: StagePlan, state: str, log, marker: dict | None = None) 
                                                                      for f in plan.files]}
     if marker:
         rec["staged_at"] = marker["staged_at"]
-    from gpudoctor.atomic import atomic_write
+    from gpudoctor.files.atomic import atomic_write
 
     for d in probe.state_dirs():
         path = os.path.join(d, probe.STATE_SUBDIR, probe.record_key(plan.dst) + ".json")

@@ -198,7 +198,7 @@ def model_path_findings(a: ParsedArgs) -> list[Finding]:
     not a well-formed repo id either is refused at resolve (model config), before any download is tried. An absent
     path that is a well-formed repo id is not judged: with network it is downloaded (without, it fails: an
     environment, not the arguments)."""
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
     from gpudoctor.sglang.rules import F
 
     out: list[Finding] = []

@@ -22,7 +22,7 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "bfloat16": 2, "float16": 2
 
 def read_json(path: str) -> dict:
     """Parse a JSON object file; a bad file is an InputError naming the file and line."""
-    from gpudoctor.inputs import json_depth_exceeds, read_text
+    from gpudoctor.files.inputs import json_depth_exceeds, read_text
 
     text = read_text(path, what="model config", max_bytes=16 << 20)  # a regular file (never a FIFO), UTF-8
     if json_depth_exceeds(text, 64) is not None:
@@ -37,7 +37,7 @@ def read_json(path: str) -> dict:
 
 
 def _int_field(cfg: dict, key: str, path: str | None, text_key: str = "", lo: int = 0) -> int | None:
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
 
     v = cfg.get(key)
     if v is None:

@@ -50,7 +50,7 @@ def _bad(value, lo, hi, lo_open) -> bool:
 
 def range_findings(a: ParsedArgs) -> list[Finding]:
     """A fail per out-of-range number or missing local path given on the command line."""
-    from gpudoctor.inputs import brief
+    from gpudoctor.files.inputs import brief
     from gpudoctor.sglang.rules import F
 
     out: list[Finding] = []

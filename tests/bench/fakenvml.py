@@ -1,6 +1,6 @@
 """A fake of pynvml for a host without a GPU, built from a real H200's `nvidia-smi -q -x` (tests/fixtures/nvml/).
 
-It answers the pynvml calls gpudoctor.bench.health makes with what NVML returned on that card (nvidia-smi -q -x is
+It answers the pynvml calls gpudoctor.bench.cell.health makes with what NVML returned on that card (nvidia-smi -q -x is
 NVML's own view: clocks in MHz, power in W where NVML says mW, memory in MiB where NVML says bytes, the clock event
 reasons as NVML's bit mask, N/A as NVMLError_NotSupported), and lets a test change the host mid-level: clocks, reasons,
 a process on the GPU, ECC errors, an Xid event. The errors are pynvml's own classes (pynvml is installed; only the
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pynvml
 
-from gpudoctor.bench.health import REASONS
+from gpudoctor.bench.cell.health import REASONS
 
 CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "h200-nvidia-smi-qx.xml"
 _BIT = {name: bit for bit, name in REASONS.items()}

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gpudoctor.bench.standin_wire import WORDS
+from gpudoctor.bench.standin.wire import WORDS
 from tests.bench.conftest import run_cli
 from tests.bench.fakenvml import assert_real_health
 from tests.bench.timing import Slack

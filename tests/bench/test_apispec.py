@@ -1,4 +1,4 @@
-"""The stand-in against SGLang 0.5.23's wire format (gpudoctor/bench/apispec.py, cited to SGLang's source), and the
+"""The stand-in against SGLang 0.5.23's wire format (gpudoctor/bench/client/apispec.py, cited to SGLang's source), and the
 client against what that format does: abort chunks, cumulative output_ids, timing fields only with --enable-metrics,
 /v1/models, slow health checks, the 5 s keep-alive, and transport timings recorded apart from server time."""
 
@@ -13,10 +13,10 @@ import urllib.request
 
 import pytest
 
-from gpudoctor.bench import apispec
-from gpudoctor.bench.load import new_session, send_all
-from gpudoctor.bench.openai import PATHS, OpenAIParser, request_body
-from gpudoctor.bench.stream import stream_request
+from gpudoctor.bench.client import apispec
+from gpudoctor.bench.client.load import new_session, send_all
+from gpudoctor.bench.client.openai import PATHS, OpenAIParser, request_body
+from gpudoctor.bench.client.stream import stream_request
 
 ORDER = [name for name, _, _ in apispec.META_FIELDS]
 WHEN = {name: when for name, when, _ in apispec.META_FIELDS}
@@ -233,7 +233,7 @@ def test_connect_headers_and_first_token_are_recorded_apart(standin):
     # SGLang's native stream sends its headers at once and the first chunk after TTFT; its OpenAI routes compute the
     # first chunk before HTTP 200 (serving_completions.py kick-starts the generator), so headers come with it.
     s = standin("--decode-tok-s", "500", "--ttft-ms", "60")
-    from gpudoctor.bench.stream import NativeParser
+    from gpudoctor.bench.client.stream import NativeParser
 
     r = one(s.url, "native", request_body({"text": "a"}, 4, "native", None), NativeParser)
     assert r.ok and r.connect_s is not None and r.reused is False

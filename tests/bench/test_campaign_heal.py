@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.runner import CampaignStopped, run_campaign
+from gpudoctor.bench.campaign.runner import CampaignStopped, run_campaign
 from gpudoctor.daemon.engine import Action, Outcome
 from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import HostUnreachable
@@ -102,7 +102,7 @@ def test_a_broken_target_mid_campaign_is_healed_and_the_campaign_completes_with_
     (heal,) = [json.loads(x) for x in (out / "heals.jsonl").read_text().splitlines()]
     assert heal["healthy"] and heal["broken"] and heal["root_cause"].startswith("cuda.init: cuInit → 999")
     assert [k[:4] for k in heal["retracted"]] == [["eagle-tp1", "chat:short:out24", 2, 0]]
-    from gpudoctor.bench.report import write_report
+    from gpudoctor.bench.records.report import write_report
 
     write_report(str(out), plots=False)
     md = (out / "report.md").read_text()

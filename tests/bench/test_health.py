@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gpudoctor.bench import health, suspect
-from gpudoctor.bench.stats import mean_ci, t975
+from gpudoctor.bench.cell import health, suspect
+from gpudoctor.bench.records.stats import mean_ci, t975
 from tests.bench.fakenvml import FakeNVML, assert_real_health
 
 

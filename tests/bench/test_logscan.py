@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench import logscan
+from gpudoctor.bench.server import logscan
 from tests.bench.campaigns import write
 from tests.bench.conftest import run_cli
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpudoctor.bench.campaign import load
-from gpudoctor.bench.pacing import arrival_offsets
+from gpudoctor.bench.campaign.file import load
+from gpudoctor.bench.client.pacing import arrival_offsets
 from gpudoctor.errors import ConfigError
 from tests.bench.campaigns import write
 from tests.bench.conftest import run_cli

@@ -14,17 +14,17 @@ import time
 
 import pytest
 
-from gpudoctor.bench import standin_wire as wire
-from gpudoctor.bench.load import new_session
-from gpudoctor.bench.openai import OpenAIParser, request_body
-from gpudoctor.bench.prompts import build, load_source
-from gpudoctor.bench.stream import stream_request
-from gpudoctor.bench.tokens import load_counter
+from gpudoctor.bench.standin import wire
+from gpudoctor.bench.client.load import new_session
+from gpudoctor.bench.client.openai import OpenAIParser, request_body
+from gpudoctor.bench.client.prompts import build, load_source
+from gpudoctor.bench.client.stream import stream_request
+from gpudoctor.bench.client.tokens import load_counter
 from tests.bench.conftest import run_cli
 from tests.bench.test_stream import raw_server  # noqa: F401  (the fixture)
 
 pytest.importorskip("openai", reason="the strict flavour validates against the `openai` package (test extra)")
-OPENAI, SGLANG, VLLM = "openai", "sglang", "vllm"  # gpudoctor.bench.openai.SERVER_KINDS
+OPENAI, SGLANG, VLLM = "openai", "sglang", "vllm"  # gpudoctor.bench.client.openai.SERVER_KINDS
 
 
 def records(out) -> list[dict]:
@@ -95,7 +95,7 @@ def test_short_answers_are_recorded_as_such_not_as_errors(standin, tmp_path):
 
 
 def test_server_kind_detected_from_what_sglang_and_vllm_answer(standin):
-    from gpudoctor.bench.openai import detect_kind
+    from gpudoctor.bench.client.openai import detect_kind
 
     assert asyncio.run(detect_kind(standin("--decode-tok-s", "500").url))[0] == SGLANG
     assert asyncio.run(detect_kind(standin("--flavor", "vllm", "m", "--decode-tok-s", "500").url))[0] == VLLM
@@ -103,8 +103,8 @@ def test_server_kind_detected_from_what_sglang_and_vllm_answer(standin):
 
 
 def test_tokens_without_usage_come_from_the_tokenizer_and_say_so(tokenizer_dir):
-    from gpudoctor.bench.openai import parser_for
-    from gpudoctor.bench.stream import RequestResult
+    from gpudoctor.bench.client.openai import parser_for
+    from gpudoctor.bench.client.stream import RequestResult
 
     counter = load_counter(str(tokenizer_dir))
     events = [{"choices": [{"index": 0, "text": "the cache"}]}, {"choices": [{"index": 0, "text": " model layers"}]},
@@ -186,8 +186,8 @@ def test_readiness_stops_at_a_permanent_4xx_with_the_servers_words(standin, tmp_
 
 
 def test_model_cards_as_servers_answer(standin):
-    from gpudoctor.bench.levels import server_context_limit
-    from gpudoctor.bench.openai import model_cards
+    from gpudoctor.bench.client.levels import server_context_limit
+    from gpudoctor.bench.client.openai import model_cards
 
     v = standin("--flavor", "vllm", "served", "--max-model-len", "8192", "--decode-tok-s", "500")
     cards, why = asyncio.run(model_cards(v.url))
@@ -199,7 +199,7 @@ def test_model_cards_as_servers_answer(standin):
 
 # ---- 4. the prompt's wire form --------------------------------------------------------------------------------
 def test_tokenizer_dir_never_changes_a_string_endpoints_wire_form(standin, tmp_path, tokenizer_dir):
-    from gpudoctor.bench.prompts import as_text
+    from gpudoctor.bench.client.prompts import as_text
 
     counter = load_counter(str(tokenizer_dir))
     p = build(2, load_source("builtin"), counter, 150)[0]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpudoctor.bench import prompts as P
-from gpudoctor.bench.tokens import Counter, load_counter
+from gpudoctor.bench.client import prompts as P
+from gpudoctor.bench.client.tokens import Counter, load_counter
 from tests.bench.conftest import run_cli
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench import remote
-from gpudoctor.bench.remote import HostLauncher, reap_remote_orphan
+from gpudoctor.bench.server import remote
+from gpudoctor.bench.server.remote import HostLauncher, reap_remote_orphan
 
 
 def live_group(pgid: int) -> list[int]:
@@ -167,7 +167,7 @@ def test_a_command_that_is_not_there_is_an_oserror(launch, tmp_path):
 
 def test_run_dir_scan_finds_a_server_that_was_never_recorded_here(launch, ssh_host, tmp_path):
     # gpudoctor killed between the remote start and writing server.pid: only the target knows the server.
-    from gpudoctor.bench.remote import reap_run_dir
+    from gpudoctor.bench.server.remote import reap_run_dir
 
     lau = launch()
     pid = lau.start(["sleep", "300"], {})

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpudoctor.bench.stats import mean_ci
+from gpudoctor.bench.records.stats import mean_ci
 
 from tests.bench.campaigns import write
 from tests.bench.conftest import run_cli

@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from gpudoctor.bench import report
-from gpudoctor.bench.results import ResultStore
+from gpudoctor.bench.records import report
+from gpudoctor.bench.records.results import ResultStore
 from tests.bench.conftest import REPO, env
 
 

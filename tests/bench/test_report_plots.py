@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from gpudoctor.bench.results import ResultStore
+from gpudoctor.bench.records.results import ResultStore
 from tests.bench.test_report_layout import META, RECORDS
 from tests.console import console_script
 

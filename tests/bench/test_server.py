@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpudoctor.bench.server import gpu_busy, wait_gpu_release
+from gpudoctor.bench.server.launch import gpu_busy, wait_gpu_release
 from gpudoctor.host.local import LocalHost
 from tests.bench.campaigns import write
 from tests.bench.conftest import run_cli

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.load import new_session
-from gpudoctor.bench.results import percentile
-from gpudoctor.bench.stream import stream_generate
+from gpudoctor.bench.client.load import new_session
+from gpudoctor.bench.records.results import percentile
+from gpudoctor.bench.client.stream import stream_generate
 from tests.bench.conftest import free_port
 
 
@@ -75,8 +75,8 @@ def test_percentile_matches_linear_interpolation():
 def test_openai_parser_without_per_chunk_usage_counts_chunks_and_says_so():
     # A server that ignores continuous_usage_stats: one token per content chunk is all a client can assume; the
     # final usage chunk still gives the true total, and the result says the ITLs are per chunk.
-    from gpudoctor.bench.openai import OpenAIParser
-    from gpudoctor.bench.stream import RequestResult
+    from gpudoctor.bench.client.openai import OpenAIParser
+    from gpudoctor.bench.client.stream import RequestResult
 
     r = RequestResult()
     p = OpenAIParser(r)
@@ -94,8 +94,8 @@ def test_openai_parser_without_per_chunk_usage_counts_chunks_and_says_so():
 
 
 def test_openai_parser_reads_abort_and_error_chunks():
-    from gpudoctor.bench.openai import OpenAIParser
-    from gpudoctor.bench.stream import RequestResult
+    from gpudoctor.bench.client.openai import OpenAIParser
+    from gpudoctor.bench.client.stream import RequestResult
 
     r = RequestResult()
     p = OpenAIParser(r)

@@ -3,7 +3,7 @@ deviceNodes entry against the live /proc/devices and the node on disk, name the 
 cuInit fails, and fix it — `nvidia-ctk cdi generate` when present, else the exact edit — with a diff; a second plan
 after apply is empty.
 
-Real: the spec files, the nodes (mknod), the edit (gpudoctor.edit on a LocalHost root), the audit. Stand-ins: the
+Real: the spec files, the nodes (mknod), the edit (gpudoctor.files.edit on a LocalHost root), the audit. Stand-ins: the
 H200's /proc/devices (nvidia-uvm at 238) on the host root; `nvidia-ctk` (tests/boundary/standins/nvidia-ctk) prints a
 spec file instead of probing a driver.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor import cdi, snapshot
+from gpudoctor.boundary import cdi
 
+from gpudoctor import snapshot
 from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status

@@ -13,7 +13,7 @@ from gpudoctor import snapshot
 from gpudoctor.target import snapshot_facts
 from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status
-from gpudoctor.platform import driver_of, own_cgroup, unit_of
+from gpudoctor.boundary.platform import driver_of, own_cgroup, unit_of
 
 SNAP = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 

@@ -1,7 +1,7 @@
 """#14 acceptance 3: a systemd unit whose DeviceAllow= misses the live uvm major is named, and fixed by a drop-in
 that the real systemd-analyze verifies before it is written.
 
-Real: systemd-analyze (verify of the unit and the new drop-in), the files on a LocalHost root, gpudoctor.edit.
+Real: systemd-analyze (verify of the unit and the new drop-in), the files on a LocalHost root, gpudoctor.files.edit.
 Stand-in: systemctl (tests/boundary/standins/systemctl) — no systemd runs as PID 1 here — which prints, in systemd
 252's `systemctl show` format (tests/fixtures/systemd/sglang-show.txt is that format), the properties of the unit files
 under the test root as of the last daemon-reload.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor import systemd_devices as SD
+from gpudoctor.boundary import systemd_devices as SD
 from gpudoctor.diagnose import diagnose
 from gpudoctor.findings import Status
 from gpudoctor.gather import gather

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpudoctor import snapshot
-from gpudoctor.deep_limits import link_gbs, sku_for, table, table_problems
+from gpudoctor.catalog.deep_limits import link_gbs, sku_for, table, table_problems
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.deep_child import PROGRAM
 from gpudoctor.gather.deep_gpu import child_args, parse_child, settings

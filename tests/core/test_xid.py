@@ -14,7 +14,7 @@ from gpudoctor.checkreg import all_checks
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.kernel_log import parse_dmesg, read_kernel_log
 from gpudoctor.host.local import LocalHost
-from gpudoctor.xid import catalog, grade, parse_line
+from gpudoctor.catalog.xid import catalog, grade, parse_line
 from tests import needs
 
 CORPUS = Path(__file__).parents[1] / "fixtures" / "kernel_log" / "xid-corpus.txt"

@@ -1,7 +1,7 @@
 """On the LXC lab (tests/lxclab.py): cut the SSH connection to the Proxmox node at many points of `gpudoctor lxc fix --host ct200 --apply` (a real
 node sshd behind a loopback proxy that cuts after N bytes; tests/sshd.py CutProxy). After every cut the config is the
 original or the fully fixed file, never anything else; a fixed file always has its backup; the next run finishes
-the job; a run after that changes nothing. The edit is gpudoctor.edit over the SSH Host: backup, temp file beside
+the job; a run after that changes nothing. The edit is gpudoctor.files.edit over the SSH Host: backup, temp file beside
 the config, read back, validate, rename."""
 
 from __future__ import annotations

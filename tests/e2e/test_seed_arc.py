@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import gpudoctor
-from gpudoctor.bench.runner import CampaignStopped, run_campaign
+from gpudoctor.bench.campaign.runner import CampaignStopped, run_campaign
 from tests.lxclab import MOVED_UVM_MAJOR, UVM_MAJOR, fixed
 from tests.model.modelfiles import write_model
 
@@ -188,7 +188,7 @@ def test_a_reboot_with_the_uvm_major_moved_heals_and_the_campaign_completes(arc_
             update.notes
     # healing in order: the allow line with the restart first, then the model the restart wiped
     assert [a["remedy"] for a in heal["actions"]] == ["lxc.cgroup_allow", "model.stage"], heal["actions"]
-    from gpudoctor.bench.report import write_report
+    from gpudoctor.bench.records.report import write_report
 
     write_report(str(out), plots=False)
     md = (out / "report.md").read_text()

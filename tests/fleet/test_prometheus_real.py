@@ -89,7 +89,7 @@ def _textfile(tmp: Path, *args) -> Path:
 def _fleet_text() -> str:
     from gpudoctor.errors import HostUnreachable
     from gpudoctor.fleet import check_fleet
-    from gpudoctor.promfile import render
+    from gpudoctor.integrations.promfile import render
 
     def check(name):
         if name == "ct9":

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpudoctor.errors import HostUnreachable
 from gpudoctor.fleet import check_fleet
-from gpudoctor.promfile import render, write_prom
+from gpudoctor.integrations.promfile import render, write_prom
 
 from fleet_helpers import replay_check
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from gate_harness import SNAPS
 
-from gpudoctor.slurm import make_reason, parse_show_node
+from gpudoctor.integrations.slurm import make_reason, parse_show_node
 
 pytestmark = pytest.mark.usefixtures("node")
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 from gate_harness import SNAPS, run_gate
 
-from gpudoctor.slurm import make_reason, parse_show_node
+from gpudoctor.integrations.slurm import make_reason, parse_show_node
 
 BAD = str(SNAPS / "h200-uvm-blocked.json")
 GOOD = str(SNAPS / "h200-healthy.json")
@@ -118,7 +118,7 @@ def test_npd_ok_problem_unknown_each_exactly_one_line_within_80_bytes(tmp_path):
 
 
 def test_npd_line_is_cut_by_gpudoctor_on_a_character_not_by_npd_in_a_sentence():
-    from gpudoctor.npd import fit
+    from gpudoctor.integrations.npd import fit
 
     long = "cuInit → 999 CUDA_ERROR_UNKNOWN: " + "ä" * 100
     line = fit(long, " (+2 more)")

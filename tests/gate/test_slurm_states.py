@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.slurm import NodeInfo, decide, make_reason, parse_reservations, parse_show_node
+from gpudoctor.integrations.slurm import NodeInfo, decide, make_reason, parse_reservations, parse_show_node
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 NEW = "cuInit → 999"
@@ -94,4 +94,4 @@ def test_only_slurm_py_runs_scontrol():
     literal = re.compile(r"""["']scontrol\b|state=(resume|drain|down|undrain)""", re.I)
     users = sorted(str(p.relative_to(root)) for d in ("gpudoctor", "checks", "remedies")
                    for p in (root / d).rglob("*.py") if literal.search(p.read_text()))
-    assert users == ["gpudoctor/slurm.py"]
+    assert users == ["gpudoctor/integrations/slurm.py"]

@@ -333,7 +333,7 @@ def test_fake_root_maps_file_operations_and_path(ssh_fake_root):
 def test_write_then_rename_cut_at_any_byte_leaves_old_or_new(sshd, tmp_path, cut_proxy, how):
     """The safe-edit pattern (write a temp name, rename over the target) with the connection cut after N bytes,
     N swept over the whole exchange: the target is always the old or the new file, never a mix, and a retry on
-    a fresh connection finishes the job. "python" is gpudoctor.edit's call (mode + exclusive: python program
+    a fresh connection finishes the job. "python" is gpudoctor.files.edit's call (mode + exclusive: python program
     fed on stdin), "sftp" the plain write."""
     old, new = b"arch: amd64\n" * 50, b"arch: amd64\nlxc.cgroup2.devices.allow: c 511:* rwm\n" * 40
     kw = {"mode": 0o640, "exclusive": True} if how == "python" else {}
@@ -346,7 +346,7 @@ def test_write_then_rename_cut_at_any_byte_leaves_old_or_new(sshd, tmp_path, cut
             deadline = time.monotonic() + 10
             while True:
                 if os.path.exists(tmp):
-                    host.unlink(tmp)  # a stale temp of a cut run, as gpudoctor.edit removes it
+                    host.unlink(tmp)  # a stale temp of a cut run, as gpudoctor.files.edit removes it
                 try:
                     host.write_file(tmp, new, **kw)
                     break

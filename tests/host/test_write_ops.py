@@ -1,4 +1,4 @@
-"""Contract of the Host write operations used by gpudoctor.edit: in-process (LocalHost) and the portable
+"""Contract of the Host write operations used by gpudoctor.files.edit: in-process (LocalHost) and the portable
 defaults that run small python programs through `run` (what a remote backend without SFTP gets)."""
 
 from __future__ import annotations

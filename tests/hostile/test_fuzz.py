@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudoctor.bench import campaign
-from gpudoctor.bench.results import check_record
+from gpudoctor.bench.campaign import file as campaign
+from gpudoctor.bench.records.results import check_record
 from gpudoctor.errors import ConfigError, InputError, InventoryError
-from gpudoctor.inputs import brief, parse_json
+from gpudoctor.files.inputs import brief, parse_json
 from gpudoctor.inventory import parse_inventory
 from gpudoctor.snapshot import validate, validate_facts
 from gpudoctor.term import printable
-from gpudoctor.yamlload import load
+from gpudoctor.files.yamlload import load
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

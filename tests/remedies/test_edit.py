@@ -1,4 +1,4 @@
-"""gpudoctor.edit on real files: diff, backup outside, temp+rename, validate, conflicts, read-only, mode/owner kept.
+"""gpudoctor.files.edit on real files: diff, backup outside, temp+rename, validate, conflicts, read-only, mode/owner kept.
 Run over the in-process LocalHost and over a run-only backend (host/ops.py one-shot, as without the SSH agent)."""
 
 import errno
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpudoctor.edit import (EditConflict, EditError, ReadOnlyTarget, ValidationFailed, apply_edit, plan_edit,
+from gpudoctor.files.edit import (EditConflict, EditError, ReadOnlyTarget, ValidationFailed, apply_edit, plan_edit,
                             unified_diff)
 from gpudoctor.host.base import Host
 from gpudoctor.host.local import LocalHost
@@ -149,7 +149,7 @@ def test_read_only_filesystem_is_refused_and_nothing_changes(host):
 
 def test_pmxcfs_without_quorum_eacces_is_read_only(tmp_path):
     """pmxcfs answers EACCES on writes without quorum: under /etc/pve that is reported as read-only."""
-    from gpudoctor.edit import _write_error
+    from gpudoctor.files.edit import _write_error
 
     err = _write_error(OSError(errno.EACCES, "Permission denied"), "/etc/pve/lxc/200.conf", "write its temp file")
     assert isinstance(err, ReadOnlyTarget) and "lost quorum" in str(err)

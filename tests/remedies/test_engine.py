@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpudoctor.edit import apply_edit, plan_edit
+from gpudoctor.files.edit import apply_edit, plan_edit
 from gpudoctor.errors import LockHeld
 from gpudoctor.findings import Finding, Status
 from gpudoctor.host.local import LocalHost

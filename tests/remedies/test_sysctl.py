@@ -1,5 +1,5 @@
 """fabric.numa.balancing on a temp root: a stand-in sysctl writes the root's /proc/sys file; the persistent file goes
-through gpudoctor.edit. Contract: plan → apply → plan is None; a failed verify restores both."""
+through gpudoctor.files.edit. Contract: plan → apply → plan is None; a failed verify restores both."""
 
 import json
 
