@@ -13,22 +13,22 @@ from dataclasses import dataclass, field
 from gpudoctor.host.base import CommandResult, Host
 
 
-from gpudoctor.entry import EARLY as _PRESTARTED  # argv tuple -> (Popen, start): probes started at CLI entry
+from gpudoctor.host.early import EARLY as _PRESTARTED  # argv tuple -> (Popen, start): probes started at CLI entry
 
 
 def prestart(argv: list[str]) -> None:
     """Start a probe now; the LocalHost.run() that asks for the same argv adopts it (its deadline counts from now).
 
     The cuInit probe dominates a check's wall time, so the console script starts it before importing the rest of
-    gpudoctor (gpudoctor/entry.py). A process nobody adopts is killed at exit.
+    gpudoctor (gpudoctor/entry.py, gpudoctor/host/early.py). A process nobody adopts is killed at exit.
     """
-    from gpudoctor.entry import spawn
+    from gpudoctor.host.early import spawn
 
     spawn(argv)
 
 
 def _reap_prestarted() -> None:
-    from gpudoctor.entry import kill_unadopted
+    from gpudoctor.host.early import kill_unadopted
 
     kill_unadopted()
 

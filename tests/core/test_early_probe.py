@@ -1,6 +1,7 @@
 """A live local check starts its cuInit probe before anything heavy is imported (#28: on the H200 the probe started
 only after the CLI's imports, and check took 1.43x a bare cuInit subprocess): gpudoctor/entry.py, the console script's
-entry, spawns it first; the check's cuda gather adopts that process instead of starting another."""
+entry, spawns it first through gpudoctor/host/early.py (stdlib only); the check's cuda gather adopts that process
+instead of starting another."""
 
 import json
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from gpudoctor import entry
+from gpudoctor.host import early
 from gpudoctor.cuda_probe import FAST, PROBE
 
 PROBE_ARGV = (sys.executable, *FAST, "-c", PROBE)
@@ -17,9 +19,10 @@ PROBE_ARGV = (sys.executable, *FAST, "-c", PROBE)
 def test_the_probe_starts_before_click_or_the_cli_is_imported():
     code = (
         "import sys, json\n"
-        "import gpudoctor.entry as e\n"
+        "import gpudoctor.entry\n"
+        "import gpudoctor.host.early as e\n"
         "e.start_probes(['check', '--json'])\n"
-        "loaded = sorted(m for m in ('click', 'gpudoctor.cli', 'gpudoctor.gather', 'gpudoctor.host') if m in sys.modules)\n"
+        "loaded = sorted(m for m in ('click', 'gpudoctor.cli', 'gpudoctor.gather', 'gpudoctor.host.base') if m in sys.modules)\n"
         "(proc, t0), = [v for k, v in e.EARLY.items() if '-I' in k]\n"
         "out = proc.communicate(timeout=60)[0]\n"
         "print(json.dumps({'loaded': loaded, 'probe': json.loads(out)}))\n"
@@ -36,20 +39,20 @@ def test_the_probe_starts_before_click_or_the_cli_is_imported():
                                        (["check", "--all"], False), (["snapshot"], False), (["check", "-h"], False),
                                        ([], False)])
 def test_only_a_live_local_check_starts_probes(args, live):
-    assert entry.is_live_check(args) is live
+    assert early.is_live_check(args) is live
 
 
 def test_the_check_adopts_the_early_probe(capsys, monkeypatch):
-    monkeypatch.setattr(entry, "EARLY", {})
+    monkeypatch.setattr(early, "EARLY", {})
     from gpudoctor.host import local
 
-    monkeypatch.setattr(local, "_PRESTARTED", entry.EARLY)
-    entry.start_probes(["check", "--json"])
-    proc, _ = entry.EARLY[PROBE_ARGV]
+    monkeypatch.setattr(local, "_PRESTARTED", early.EARLY)
+    early.start_probes(["check", "--json"])
+    proc, _ = early.EARLY[PROBE_ARGV]
     with pytest.raises(SystemExit):
         entry.main(["check", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    assert PROBE_ARGV not in entry.EARLY  # taken by the cuda gather, not left to be killed at exit
+    assert PROBE_ARGV not in early.EARLY  # taken by the cuda gather, not left to be killed at exit
     assert proc.returncode == 0  # it ran to its end (an unadopted one is killed: -9)
     assert any(f["id"] == "cuda.init" for f in doc["findings"])
-    entry.kill_unadopted()
+    early.kill_unadopted()

@@ -1,0 +1,65 @@
+"""Probes started before the rest of gpudoctor is imported. A live local `check`/`gate` spends most of its wall time
+waiting for cuInit, so the console script (gpudoctor/entry.py) starts its probes first; LocalHost.run() of the same
+argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit.
+Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28)."""
+
+import sys
+
+# Options after which `check`/`gate` does not look at this machine's GPUs (a remote host, a snapshot, a fleet, help).
+REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory"}
+
+EARLY: dict = {}  # argv tuple -> (Popen, perf_counter at start); host/local.py adopts (or kills) them
+
+
+def is_live_check(args) -> bool:
+    """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
+    return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in args)
+
+
+def spawn(argv) -> None:
+    """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it."""
+    import subprocess
+    import time
+
+    if tuple(argv) in EARLY:
+        return
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError:
+        return
+    EARLY[tuple(argv)] = (proc, time.perf_counter())
+    if len(EARLY) == 1:
+        import atexit
+
+        atexit.register(kill_unadopted)
+
+
+def kill_unadopted() -> None:
+    """Kill every early probe nobody adopted (the run ended before its gather: bad input, an error)."""
+    import os
+    import signal
+
+    for proc, _ in list(EARLY.values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.kill()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=1.0)
+        except Exception:  # noqa: BLE001 - a process stuck in the kernel: never wait on it forever
+            pass
+    EARLY.clear()
+
+
+def start_probes(args) -> None:
+    """For a live local check: the cuInit probe first (it dominates), then nvidia-smi."""
+    if not is_live_check(args):
+        return
+    from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
+
+    spawn([sys.executable, *FAST, "-c", PROBE])
+    spawn(["nvidia-smi", "-q", "-x"])
