@@ -101,6 +101,23 @@ def read_json(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, m
     return parse_json(text, os.fspath(path), what=what, max_depth=max_depth, error=error)
 
 
+def read_jsonl(path, *, what: str = "file", item: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+               objects: bool = True, error=InputError):
+    """The non-blank lines of a JSONL file as (line number, value): each line parsed like parse_json (its line named in
+    errors; `item` names one line in messages), and with `objects` each one a JSON object."""
+    path = os.fspath(path)
+    text = read_text(path, what=what, max_bytes=max_bytes, error=error)
+    out = []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        value = parse_json(line, path, what=item or f"a line of the {what}", line=no, error=error)
+        if objects and not isinstance(value, dict):
+            raise error("each line must be a JSON object", path=path, line=no)
+        out.append((no, value))
+    return out
+
+
 def parse_json(text: str, path: str, *, what: str = "file", max_depth: int = 64, line: int | None = None,
                error=InputError):
     """Parse one JSON value; `line` (for one line of a JSONL file) is the line named in errors."""

@@ -147,7 +147,7 @@ def test_trace_of_200_replays_on_time_with_shared_prefixes_cached(standin, tmp_p
     ('{"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": ["a"]}', "hash_ids must be a list"),
     ('{"timestamp": 5, "input_length": 8, "output_length": 4}\n{"timestamp": 1, "input_length": 8, '
      '"output_length": 4}', "is before the previous line"),
-    ("not json", "not JSON"),
+    ("not json", "not valid JSON"),
 ])
 def test_bad_trace_is_file_line_exit_3(tmp_path, line, msg):
     trace = tmp_path / "t.jsonl"

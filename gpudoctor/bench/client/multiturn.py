@@ -54,19 +54,10 @@ def load_conversations(path: str, turns: int) -> list[Conversation]:
     """A JSONL of conversations: {"system": "...", "turns": ["user 1", ...]} or ShareGPT's {"conversations":
     [{"from": "human"|"gpt", "value": ...}]} (its human turns; the server answers them itself). Each needs >= `turns`
     user turns. Bad lines: InputError FILE:LINE."""
-    from gpudoctor.files.inputs import read_text
+    from gpudoctor.files.inputs import read_jsonl
 
-    text = read_text(path, what="conversations file", max_bytes=256 << 20)
     out = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"not JSON: {exc}", path=path, line=no) from None
-        if not isinstance(obj, dict):
-            raise InputError("each line must be a JSON object", path=path, line=no)
+    for no, obj in read_jsonl(path, what="conversations file", max_bytes=256 << 20):
         if "conversations" in obj:
             conv = obj["conversations"]
             users = [m.get("value") for m in conv if isinstance(m, dict) and m.get("from") in ("human", "user")] \

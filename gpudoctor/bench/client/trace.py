@@ -34,19 +34,10 @@ class Entry:
 
 def load_trace(path: str) -> list[Entry]:
     """The trace's requests in time order; anything malformed is InputError FILE:LINE."""
-    from gpudoctor.files.inputs import read_text
+    from gpudoctor.files.inputs import read_jsonl
 
-    text = read_text(path, what="trace", max_bytes=512 << 20)
     out: list[Entry] = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"not JSON: {exc}", path=path, line=no) from None
-        if not isinstance(obj, dict):
-            raise InputError("each line must be a JSON object", path=path, line=no)
+    for no, obj in read_jsonl(path, what="trace", max_bytes=512 << 20):
         vals = {}
         for k, lo in (("timestamp", 0), ("input_length", 1), ("output_length", 1)):
             v = obj.get(k)

@@ -109,15 +109,13 @@ class ResultStore:
         """Every record, each checked (check_record); a truncated or wrong-shaped line is InputError FILE:LINE."""
         if not self.path.exists():
             return []
-        from gpudoctor.files.inputs import parse_json, read_text
+        from gpudoctor.files.inputs import read_jsonl
 
-        text = read_text(self.path, what="results file", max_bytes=MAX_BYTES)
         out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                rec = parse_json(line, str(self.path), what="result record", line=n)
-                check_record(rec, str(self.path), n)
-                out.append(rec)
+        for n, rec in read_jsonl(self.path, what="results file", item="result record", max_bytes=MAX_BYTES,
+                                objects=False):
+            check_record(rec, str(self.path), n)
+            out.append(rec)
         return out
 
     def keys(self) -> set[tuple]:
