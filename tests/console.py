@@ -25,3 +25,15 @@ def console_script() -> str:
 def gpudoctor(*args, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
     """Run the console script with ARGS: exit code, stdout and stderr as a user sees them."""
     return subprocess.run([console_script(), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def commands(group, prefix=()):
+    """Every (path, command) under a click group, depth first: ("lxc",), ("lxc", "audit"), …"""
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, prefix + (name,))

@@ -11,19 +11,10 @@ import pytest
 
 from gpudoctor.cli import EXIT_PIPE
 from gpudoctor.cli import cli as root
-from tests.console import console_script, gpudoctor
+from tests.console import commands, console_script, gpudoctor
 
 
-def _groups(group, prefix=()):
-    ctx = click.Context(group)
-    yield prefix
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        if isinstance(cmd, click.Group):
-            yield from _groups(cmd, prefix + (name,))
-
-
-GROUPS = list(_groups(root))
+GROUPS = [(), *(path for path, cmd in commands(root) if isinstance(cmd, click.Group))]
 
 
 def test_the_tree_has_groups_to_walk():

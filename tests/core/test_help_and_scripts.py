@@ -8,21 +8,15 @@ from pathlib import Path
 import click
 
 from gpudoctor.cli import cli as root
+from tests.console import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _commands(group, prefix=()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        yield prefix + (name,), cmd
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, prefix + (name,))
 
 
 def test_every_option_of_every_command_has_help_text():
-    missing = [f"gpudoctor {' '.join(path)} {'/'.join(p.opts)}" for path, cmd in _commands(root)
+    missing = [f"gpudoctor {' '.join(path)} {'/'.join(p.opts)}" for path, cmd in commands(root)
                for p in cmd.params if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()
                and "--help" not in p.opts]
     assert missing == []

@@ -8,23 +8,17 @@ import pytest
 
 from gpudoctor import cli as cli_mod
 from gpudoctor.options import Count, Finite, NumberList
+from tests.console import commands
 
 NON_FINITE = ["nan", "inf", "-inf", "1e400", "-1e400", "NaN"]
 HUGE_INT = str(10**30)
 
 
-def _commands(group, prefix=()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        yield prefix + (name,), cmd
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, prefix + (name,))
 
 
 def _numeric_params():
     out = []
-    for path, cmd in [((), cli_mod.cli), *_commands(cli_mod.cli)]:
+    for path, cmd in [((), cli_mod.cli), *commands(cli_mod.cli)]:
         for p in cmd.params:
             if isinstance(p, click.Option) and (p.count or p.is_flag):
                 continue
