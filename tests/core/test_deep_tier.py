@@ -15,6 +15,7 @@ from gpudoctor.catalog.deep_limits import link_gbs, sku_for, table, table_proble
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.deep_child import PROGRAM
 from gpudoctor.gather.deep_gpu import child_args, parse_child, settings
+from gpudoctor.target import snapshot_facts
 
 from . import deep_captures as dc
 
@@ -22,7 +23,7 @@ from . import deep_captures as dc
 def judge(doc, tmp_path, name="deep.json"):
     """The snapshot replayed through today's gather and checks, as `gpudoctor check --snapshot` does."""
     path = dc.write(doc, tmp_path / name)
-    return diagnose(snapshot.facts_of(snapshot.load(str(path))))
+    return diagnose(snapshot_facts(snapshot.load(str(path))))
 
 
 def figs(d):
