@@ -98,13 +98,23 @@ def _install_roots() -> list[str]:
 
 
 def kill_cgroup(cg: Path) -> None:
+    """The lab's cgroup2 tree and, on a hybrid host (cgroup v1 with cgroup2 at /sys/fs/cgroup/unified), the
+    same-named directory systemd-nspawn makes in the name=systemd v1 hierarchy."""
     lxclab.kill_cgroup(cg)
+    for mirror in _v1_mirrors(cg.name):
+        lxclab.kill_cgroup(mirror)
+
+
+def _v1_mirrors(name: str) -> list[Path]:
+    return [p for p in (Path("/sys/fs/cgroup/systemd") / name,) if p.is_dir()]
 
 
 def remove_stale() -> None:
     """Labs of an earlier, killed test session (their owner pid is gone): what is in their cgroups, the cgroups."""
     root = lxclab._cgroup2_root()
-    for cg in root.glob(PREFIX + "*") if root is not None else []:
+    found = list(root.glob(PREFIX + "*")) if root is not None else []
+    found += [m for m in Path("/sys/fs/cgroup/systemd").glob(PREFIX + "*") if m.is_dir()]
+    for cg in found:
         pid = cg.name[len(PREFIX):].split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             kill_cgroup(cg)
@@ -398,6 +408,7 @@ mknod -m 444 /dev/nvidia-caps/nvidia-cap2 c {caps} 2
             out.append(f"systemd-nspawn pid {self.proc.pid}")
         if self.cgroup.exists():
             out.append(f"cgroup {self.cgroup}")
+        out += [f"cgroup {m}" for m in _v1_mirrors(self.cgroup.name)]
         if os.path.exists(f"/run/systemd/nspawn/propagate/{self.machine}"):
             out.append(f"/run/systemd/nspawn/propagate/{self.machine}")
         with open("/proc/self/mountinfo") as fh:
