@@ -6,6 +6,7 @@ Used through the fixtures in tests/conftest.py (`sshd`, `ssh_host`, `ssh_fake_ro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,27 @@ from tests.needs import find, need
 
 def find_sshd() -> str | None:
     return find("sshd")
+
+
+# The processes of one connection. OpenSSH < 9.8: the listener forks "sshd" per connection (a monitor and its
+# unprivileged child). 9.8 execs "sshd-session" for it, 10.0 also "sshd-auth" for the unprivileged pre-login child.
+SSHD_NAMES = ("sshd", "sshd-session", "sshd-auth")
+
+
+def sshd_version(sshd: str, wrap: list[str] | None = None) -> tuple[int, int]:
+    """(major, minor) of an sshd binary (`sshd -V` prints "OpenSSH_10.0p2 ..."); (0, 0) when it does not say."""
+    out = subprocess.run([*(wrap or []), sshd, "-V"], capture_output=True, text=True, timeout=10)
+    m = re.search(r"OpenSSH_(\d+)\.(\d+)", out.stdout + out.stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def lab_penalty_config(version: tuple[int, int]) -> str:
+    """The lab's own sshd exempts its one client, 127.0.0.1, from OpenSSH >= 9.8's PerSourcePenalties (on by
+    default): its tests cut connections before login on purpose (CutProxy sweeps every byte offset: each cut is a
+    "noauth" penalty), kill sshd processes and try wrong keys, and a penalised 127.0.0.1 would make every later test
+    see "Error reading SSH protocol banner". Only the lab config does this; tests/openssh10.py runs Debian 13's sshd
+    with its defaults to show gpudoctor is never penalised. Older sshd does not know the keyword (it would not start)."""
+    return "PerSourcePenaltyExemptList 127.0.0.1/32\n" if version >= (9, 8) else ""
 
 
 def free_port() -> int:
@@ -83,7 +105,7 @@ class SSHD:
         return text
 
     def session_pids(self) -> list[int]:
-        """The per-connection sshd processes (children of the listener)."""
+        """The per-connection sshd processes (children of the listener: "sshd", or "sshd-session" since 9.8)."""
         out = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
@@ -118,7 +140,7 @@ class SSHD:
 
 
 def _sshd_children(pid: int) -> list[int]:
-    """The children of `pid` that are sshd processes (not the commands of a session)."""
+    """The children of `pid` that are sshd processes (SSHD_NAMES: not the commands of a session)."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -127,15 +149,17 @@ def _sshd_children(pid: int) -> list[int]:
             except OSError:
                 continue
             comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-            if comm == "sshd" and int(rest[1]) == pid:
+            if comm in SSHD_NAMES and int(rest[1]) == pid:
                 out.append(int(d.name))
     return out
 
 
 def sshd_config(*, listen: str, port: int | str, host_key: str, pid_file: str, authorized_keys: str,
-                sftp: bool = True, loglevel: str = "ERROR", setenv: str = "", extra: str = "") -> str:
+                sftp: bool = True, loglevel: str = "ERROR", setenv: str = "", extra: str = "",
+                penalties: str = "") -> str:
     """The sshd_config every test server uses (tests/sshd.py here, the LXC lab's node and container): key-only
-    login, no PAM/DNS/motd, room for many sessions. `setenv`: " K=V ..." added to every session."""
+    login, no PAM/DNS/motd, room for many sessions. `setenv`: " K=V ..." added to every session. `penalties`: the
+    lines lab_penalty_config gives for the sshd that reads it (its version decides)."""
     return f"""\
 ListenAddress {listen}
 Port {port}
@@ -158,7 +182,7 @@ LogLevel {loglevel}
 # Keep the test machine's ~/.bashrc (pyenv init: ~150 ms) out of every command: bash sources it for
 # ssh only when SHLVL < 2.
 SetEnv SHLVL=1{setenv}
-{extra}
+{penalties}{extra}
 """
 
 
@@ -180,6 +204,7 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
     import pwd
 
     user = pwd.getpwuid(os.geteuid()).pw_name
+    penalties = lab_penalty_config(sshd_version(sshd, wrap))
     last = ""
     for _attempt in range(5):
         port = free_port()
@@ -187,7 +212,7 @@ def start_sshd(d: Path, *, extra_config: str = "", loglevel: str = "ERROR", star
         env = "".join(f" {k}={v}" for k, v in (setenv or {}).items())
         cfg.write_text(sshd_config(listen="127.0.0.1", port=port, host_key=f"{d}/host_key", pid_file=f"{d}/sshd.pid",
                                    authorized_keys=f"{d}/authorized_keys", sftp=sftp, loglevel=loglevel,
-                                   setenv=env, extra=extra_config))
+                                   setenv=env, extra=extra_config, penalties=penalties))
         log = d / "sshd.log"
         with open(log, "ab") as logf:
             proc = subprocess.Popen([*(wrap or []), sshd, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
