@@ -70,6 +70,10 @@ class HostUnreachable(HostError):
     """The transport failed: connection refused, reset, DNS, ssh rc 255."""
 
 
+class LoginRefused(HostUnreachable):
+    """The server refused the login (authentication failed); host/sshd_limits.py does not repeat it at once."""
+
+
 class HostKeyError(HostError):
     """The SSH host key is unknown or changed; nothing was run."""
 

@@ -25,7 +25,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
-from gpudoctor.errors import HostError, HostKeyError, HostUnreachable
+from gpudoctor.errors import HostError, HostKeyError, HostUnreachable, LoginRefused
 from gpudoctor.host.base import CommandResult, Host, quote_argv
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -222,7 +222,10 @@ class SSHHost(Host):
             return self._client.get_transport()
 
     def _connect(self):
-        import paramiko
+        """Connect and log in, the way a node's sshd never penalises (host/sshd_limits.py): a login refused before
+        with the same keys is not tried again at once, and at most HANDSHAKES connections to one sshd are before
+        login at the same time."""
+        from gpudoctor.host import sshd_limits
 
         _quiet_paramiko()
         r = self._resolved = self.resolve()
@@ -231,6 +234,24 @@ class SSHHost(Host):
         for p in self.identity_files:
             if not os.path.exists(os.path.expanduser(p)):
                 raise HostUnreachable(f"{self.name}: identity file {p} does not exist")
+        look = self.look_for_keys if self.look_for_keys is not None else not r.identity_files
+        key = sshd_limits.login_key(user=r.user, hostname=r.hostname, port=r.port, identity_files=r.identity_files,
+                                    known_hosts=[GLOBAL_KNOWN_HOSTS, r.known_hosts], allow_agent=self.allow_agent,
+                                    look_for_keys=look, host_key_policy=self.host_key_policy)
+        refused = sshd_limits.earlier(key, self.name)
+        if refused is not None:
+            log.info("ssh.login.not_retried", reason=str(refused))
+            raise refused
+        with sshd_limits.handshake(r.hostname, r.port):
+            try:
+                return self._login(r, where, look, log)
+            except (HostKeyError, LoginRefused) as exc:
+                sshd_limits.remember(key, exc, self.name)
+                raise
+
+    def _login(self, r: _Resolved, where: str, look: bool, log):
+        import paramiko
+
         client = paramiko.SSHClient()
         files = [f for f in (GLOBAL_KNOWN_HOSTS, r.known_hosts) if os.path.exists(f)]
         for f in files:
@@ -240,6 +261,7 @@ class SSHHost(Host):
                 raise HostKeyError(f"{self.name}: cannot read known_hosts file {f}: {exc}; nothing was run") from exc
         label = known_hosts_label(r.hostname, r.port)
         client.set_missing_host_key_policy(_policy(self, r, label, files))
+        local = None  # this end's address, as the node's sshd sees it (direct connections only)
         if r.proxy_command:
             try:
                 sock = paramiko.ProxyCommand(r.proxy_command)
@@ -247,7 +269,8 @@ class SSHHost(Host):
                 raise HostUnreachable(f"{self.name}: ProxyCommand {r.proxy_command!r} failed: {exc}") from exc
         else:
             sock = self._dial(r, where)
-        look = self.look_for_keys if self.look_for_keys is not None else not r.identity_files
+            local = _local_addr(sock)
+            self._refused_before_ssh(sock, where, local)
         t0 = time.perf_counter()
         log.debug("ssh.connect")
         try:
@@ -268,9 +291,9 @@ class SSHHost(Host):
         except paramiko.AuthenticationException as exc:
             client.close()
             tried = ", ".join(r.identity_files) or "none"
-            raise HostUnreachable(f"{self.name}: authentication failed for {where} (identity files: {tried}; "
-                                  f"ssh-agent: {'yes' if self.allow_agent and os.environ.get('SSH_AUTH_SOCK') else 'no'})"
-                                  ) from exc
+            agent = "yes" if self.allow_agent and os.environ.get("SSH_AUTH_SOCK") else "no"
+            raise LoginRefused(f"{self.name}: authentication failed for {where} (identity files: {tried}; "
+                               f"ssh-agent: {agent})") from exc
         except (socket.timeout, TimeoutError) as exc:
             client.close()
             raise HostUnreachable(f"{self.name}: no answer from {where} within {self.connect_timeout:g} s") from exc
@@ -283,6 +306,15 @@ class SSHHost(Host):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             client.close()
             detail = str(exc) or type(exc).__name__
+            if detail.startswith("Error reading SSH protocol banner"):
+                # paramiko's words for a close before the banner (EOF, a reset): a refusal, said as one (a proxied
+                # connection, or a close after sshd_limits.refusal's peek); for a timeout they add "timed out"
+                if "timed out" in detail:
+                    raise HostUnreachable(f"{self.name}: no SSH banner from {where} within "
+                                          f"{self.connect_timeout:g} s") from exc
+                from gpudoctor.host.sshd_limits import refused_line
+
+                raise HostUnreachable(refused_line(self.name, where, b"", local)) from exc
             raise HostUnreachable(f"{self.name}: SSH to {where} failed: {detail}") from exc
         t = client.get_transport()
         t.set_keepalive(30)
@@ -316,6 +348,18 @@ class SSHHost(Host):
                     raise HostUnreachable(f"{self.name}: SSH to {where} failed: {exc.strerror or exc}") from exc
                 refused = exc
         raise HostUnreachable(f"{self.name}: connection to {where} refused") from refused
+
+    def _refused_before_ssh(self, sock: socket.socket, where: str, local: str | None) -> None:
+        """sshd refuses a penalised client (and one over MaxStartups) with a line of text and a close, before SSH:
+        read it first, so the user gets one line naming it and the way out, not "Error reading SSH protocol banner"."""
+        from gpudoctor.host.sshd_limits import refusal, refused_line
+
+        text = refusal(sock, self.connect_timeout)
+        if text is not None:
+            sock.close()
+            line = refused_line(self.name, where, text, local)
+            _log(host=self.name, target=where).warning("ssh.refused_before_ssh", text=text.decode("ascii", "replace"))
+            raise HostUnreachable(line)
 
     def _keep(self, chan) -> None:
         """A session whose end was not seen: kept open until the host settles it (host/agent.py, run)."""
@@ -705,6 +749,14 @@ def _checked(argv: list[str], env: dict[str, str] | None) -> list[str]:
         if any("\0" in str(v) for v in env.values()):
             raise ValueError("an environment value contains a NUL byte")
     return argv
+
+
+def _local_addr(sock) -> str | None:
+    """This end's address of a TCP connection (what the node's sshd penalises and could exempt); None for a proxy."""
+    try:
+        return sock.getsockname()[0] if isinstance(sock, socket.socket) else None
+    except OSError:
+        return None
 
 
 def _shown(argv: list[str]) -> str:
