@@ -31,6 +31,7 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "slurmd": (("slurmd", "/usr/sbin/slurmd"), "apt-get install slurmctld slurmd slurm-client munge"),
     "scontrol": (("scontrol",), "apt-get install slurmctld slurmd slurm-client munge"),
     "munged": (("munged", "/usr/sbin/munged"), "apt-get install slurmctld slurmd slurm-client munge"),
+    "mmdebstrap": (("mmdebstrap",), "apt-get install mmdebstrap"),  # .ci/rootfs: the trixie rootfs of OpenSSH 10
     "ip": (("ip", "/usr/sbin/ip", "/sbin/ip"), "apt-get install iproute2"),
     "promtool": (("promtool",), "apt-get install prometheus"),
     "prometheus": (("prometheus",), "apt-get install prometheus"),

@@ -238,11 +238,7 @@ class SSHHost(Host):
         key = sshd_limits.login_key(user=r.user, hostname=r.hostname, port=r.port, identity_files=r.identity_files,
                                     known_hosts=[GLOBAL_KNOWN_HOSTS, r.known_hosts], allow_agent=self.allow_agent,
                                     look_for_keys=look, host_key_policy=self.host_key_policy)
-        refused = sshd_limits.earlier(key, self.name)
-        if refused is not None:
-            log.info("ssh.login.not_retried", reason=str(refused))
-            raise refused
-        with sshd_limits.handshake(r.hostname, r.port):
+        with sshd_limits.handshake(key, self.name):  # raises an equal login's refusal instead of trying again
             try:
                 return self._login(r, where, look, log)
             except (HostKeyError, LoginRefused) as exc:
@@ -358,7 +354,7 @@ class SSHHost(Host):
         if text is not None:
             sock.close()
             line = refused_line(self.name, where, text, local)
-            _log(host=self.name, target=where).warning("ssh.refused_before_ssh", text=text.decode("ascii", "replace"))
+            _log(host=self.name, target=where).info("ssh.refused_before_ssh", text=text.decode("ascii", "replace"))
             raise HostUnreachable(line)
 
     def _keep(self, chan) -> None:

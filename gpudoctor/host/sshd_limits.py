@@ -10,7 +10,7 @@ to one sshd are still before login.
 
 So gpudoctor, per sshd (address and port) and per process:
 - at most HANDSHAKES connections to one sshd are before login at once (`handshake`): a fleet of many targets on one
-  node never reaches MaxStartups' first threshold;
+  node never reaches MaxStartups' first threshold; a login is tried alone until it has once succeeded;
 - a refused login (authentication failed, host key unknown or changed) is remembered for its endpoint and
   credentials (`LoginKey`): the same login is not tried again until what decides it changes (the identity files,
   the known_hosts files) or RETRY_S pass — a fleet of 50 targets with a wrong key costs one failed login, a daemon
@@ -33,19 +33,36 @@ REFUSAL_TEXT = b"Not allowed at this time"  # what sshd writes before closing (P
 
 _LOCK = threading.Lock()
 _GATES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
-_REFUSED: dict[tuple, tuple[float, type, str, str]] = {}  # LoginKey -> (monotonic, error class, reason, host name)
+_REFUSED: dict[tuple, tuple[float, type, str, str]] = {}  # login key -> (monotonic, error class, reason, host name)
+_PROVEN: set[tuple] = set()  # login keys that logged in: their handshakes run side by side (up to HANDSHAKES)
+_FIRST: dict[tuple, threading.Lock] = {}  # login key -> held by its one attempt while none has succeeded yet
 
 
 @contextlib.contextmanager
-def handshake(hostname: str, port: int):
-    """Hold one of HANDSHAKES slots of this sshd from TCP connect to login (or failure)."""
+def handshake(key: tuple, name: str):
+    """Hold one of HANDSHAKES slots of this sshd (key's address and port) from TCP connect to login or failure. A
+    login not yet seen to succeed goes alone: the others with the same key wait for its outcome, so a wrong key is
+    tried once, not once per waiting thread (each try is 5 s of penalty: four at once would lock the client out).
+    Raises the remembered refusal (`earlier`) instead of trying again."""
     with _LOCK:
-        gate = _GATES.setdefault((hostname, port), threading.BoundedSemaphore(HANDSHAKES))
-    gate.acquire()
+        gate = _GATES.setdefault((key[1], key[2]), threading.BoundedSemaphore(HANDSHAKES))
+        first = _FIRST.setdefault(key, threading.Lock()) if key not in _PROVEN else None
+    if first is not None:
+        first.acquire()
     try:
-        yield
+        refused = earlier(key, name)
+        if refused is not None:
+            raise refused
+        if first is not None and key in _PROVEN:  # proven while we waited: go on in parallel
+            first.release()
+            first = None
+        with gate:
+            yield
+        with _LOCK:
+            _PROVEN.add(key)
     finally:
-        gate.release()
+        if first is not None:
+            first.release()
 
 
 def _state(path: str) -> tuple:
@@ -75,6 +92,7 @@ def remember(key: tuple, error: Exception, name: str) -> None:
         reason = reason[len(name) + 2:]
     with _LOCK:
         _REFUSED[key] = (time.monotonic(), type(error), reason, name)
+        _PROVEN.discard(key)
 
 
 def earlier(key: tuple, name: str) -> Exception | None:
@@ -95,9 +113,10 @@ def earlier(key: tuple, name: str) -> Exception | None:
 
 
 def forget() -> None:
-    """Forget every remembered refusal (tests)."""
+    """Forget every remembered refusal and success (tests)."""
     with _LOCK:
         _REFUSED.clear()
+        _PROVEN.clear()
 
 
 def refusal(sock: socket.socket, timeout: float) -> bytes | None:
