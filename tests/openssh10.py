@@ -3,7 +3,7 @@
 `start(d)` unpacks the cached trixie minbase of .ci/rootfs (openssh-server, openssh-client, python3: the one builder
 CI uses too; a cold build takes a minute or two, cached after) into `d/rootfs`, puts a throwaway client key in its
 /root/.ssh/authorized_keys and runs its /usr/sbin/sshd -D -e under chroot in a private mount namespace (its own
-/proc, the host's /dev), on 127.0.0.1:PORT. The configuration is /etc/ssh/sshd_config exactly as trixie ships it
+/proc, the host's /dev and /tmp: tests/sshd.chroot_wrap), on 127.0.0.1:PORT. The configuration is /etc/ssh/sshd_config exactly as trixie ships it
 (PerSourcePenalties on by default, a per-connection sshd-session and sshd-auth, UsePAM); the command line adds only
 the port, the listen address and LogLevel VERBOSE, so that a penalty below the 15 s threshold is logged too
 ("deferred penalty") and a test can say none was given. Its host key is the one the rootfs was built with.
@@ -14,20 +14,20 @@ The server is ready when its log says "Server listening": a probe connection wou
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import time
 from pathlib import Path
 
 from tests.needs import need
-from tests.sshd import SSHD, free_port, keygen
+from tests.sshd import SSHD, chroot_wrap, free_port, keygen
 
 PACKAGES = "openssh-server,openssh-client,python3"
 ROOTFS_BUILDER = Path(__file__).resolve().parents[1] / ".ci/rootfs"
 
 
 def rootfs(dest: Path) -> Path:
-    """The trixie rootfs with its OpenSSH 10, unpacked into `dest` (made)."""
+    """The trixie rootfs with its OpenSSH 10, unpacked into `dest` (made). Also what GPUDOCTOR_TEST_SSHD_ROOT
+    wants, to run the whole SSH lab (tests/sshd.py) on OpenSSH 10: python -m tests.openssh10 DIR."""
     need("mmdebstrap")
     need("unshare")
     r = subprocess.run([str(ROOTFS_BUILDER), "--unpack", str(dest), "trixie", PACKAGES], capture_output=True,
@@ -54,12 +54,10 @@ def start(d: Path, root: Path | None = None, *, timeout: float = 15.0) -> SSHD:
         f.write((d / "client_key.pub").read_text())
     port = free_port()
     log = d / "sshd.log"
-    r = shlex.quote(str(root))
-    script = (f"mount --rbind /dev {r}/dev && mount -t proc proc {r}/proc && mkdir -p {r}/run/sshd && "
-              f"exec chroot {r} /usr/sbin/sshd -D -e -p {port} -o ListenAddress=127.0.0.1 -o LogLevel=VERBOSE")
+    argv = [*chroot_wrap(root), "/usr/sbin/sshd", "-D", "-e", "-p", str(port), "-o", "ListenAddress=127.0.0.1",
+            "-o", "LogLevel=VERBOSE"]
     with open(log, "ab") as logf:
-        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
     deadline = time.monotonic() + timeout
     while "Server listening on 127.0.0.1" not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -86,3 +84,10 @@ def stop(server: SSHD) -> None:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+
+
+if __name__ == "__main__":  # python -m tests.openssh10 DIR: unpack the rootfs there, print its sshd's version
+    import sys
+
+    root = rootfs(Path(sys.argv[1]))
+    print(f"{version(root)}\nexport GPUDOCTOR_TEST_SSHD_ROOT={root}")

@@ -73,15 +73,14 @@ def test_fleet_daemon_and_deadlines_leave_the_client_unpenalised(node, trixie_ro
     for h in doc["hosts"]:  # each one logged in and was checked to a diagnosis: no refusal, no MaxStartups drop
         assert h["error"] is None and h["check"]["host"] == h["host"], h.get("error")
 
-    # 20 daemon cycles (the daemon's real engine) over two of them, reconnecting every cycle (the worst case: a
+    # 20 daemon cycles (the daemon's real engine) over one of them, reconnecting every cycle (the worst case: a
     # daemon whose connections drop each time) — and commands killed at their deadline, through the agent and not
     from gpudoctor.daemon.engine import EngineConfig, PipelineEngine
 
-    engine = PipelineEngine(EngineConfig(inventory=str(inv), hosts=("n01", "n02"), timeout=30))
+    engine = PipelineEngine(EngineConfig(inventory=str(inv), hosts=("n01",), timeout=30))
     try:
         for _ in range(20):
-            for name in ("n01", "n02"):
-                assert engine.check(name).facts
+            assert engine.check("n01").facts
             engine.close()
     finally:
         engine.close()
