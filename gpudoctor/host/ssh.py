@@ -350,7 +350,11 @@ class SSHHost(Host):
         read it first, so the user gets one line naming it and the way out, not "Error reading SSH protocol banner"."""
         from gpudoctor.host.sshd_limits import refusal, refused_line
 
-        text = refusal(sock, self.connect_timeout)
+        try:
+            text = refusal(sock, self.connect_timeout)
+        except TimeoutError as exc:
+            sock.close()
+            raise HostUnreachable(f"{self.name}: no SSH banner from {where} within {self.connect_timeout:g} s") from exc
         if text is not None:
             sock.close()
             line = refused_line(self.name, where, text, local)

@@ -122,18 +122,18 @@ def forget() -> None:
 def refusal(sock: socket.socket, timeout: float) -> bytes | None:
     """Peek at what the server sends first (nothing is consumed: paramiko reads the banner after this). The refusal's
     text when sshd refused this client before SSH ("Not allowed at this time"), b"" when it closed the connection
-    without a byte, None when it speaks SSH (or says nothing within `timeout`: paramiko's banner timeout decides)."""
+    without a byte, None when it speaks SSH; TimeoutError when it says nothing within `timeout` (its banner phase)."""
     deadline = time.monotonic() + timeout
     prev = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return None
+            raise TimeoutError("no SSH banner")
         sock.settimeout(left)
         try:
             data = sock.recv(256, socket.MSG_PEEK)
         except (socket.timeout, TimeoutError):
-            return None
+            raise TimeoutError("no SSH banner") from None
         except OSError:
             return b""  # reset before a byte: refused as well
         finally:
