@@ -53,7 +53,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.sshd import sshd_config
+from tests.sshd import find_sshd, lab_penalty_config, sshd_config, sshd_version
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
@@ -457,7 +457,8 @@ class LxcLab:
         env = " ".join(f"{k}={v}" for k, v in self.session_env().items())
         (r / "etc/ssh/sshd_config").write_text(sshd_config(
             listen="0.0.0.0", port=22, host_key="/etc/ssh/ssh_host_ed25519_key", pid_file="/run/sshd.pid",
-            authorized_keys="/etc/ssh/authorized_keys", loglevel="VERBOSE", setenv=" " + env if env else ""))
+            authorized_keys="/etc/ssh/authorized_keys", loglevel="VERBOSE", setenv=" " + env if env else "",
+            penalties=lab_penalty_config(sshd_version(find_sshd() or "/usr/sbin/sshd"), "0.0.0.0/0")))
         (r / "sbin/lab-init").write_text(CT_INIT)
         os.chmod(r / "sbin/lab-init", 0o755)
         sd = r / STANDIN_DIR.lstrip("/")
@@ -483,7 +484,8 @@ class LxcLab:
             self.node_port = _free_port()
             (d / "sshd_config").write_text(sshd_config(
                 listen="127.0.0.1", port=self.node_port, host_key=f"{d}/host_key", pid_file=f"{d}/sshd.pid",
-                authorized_keys=f"{d}/authorized_keys", loglevel="VERBOSE"))
+                authorized_keys=f"{d}/authorized_keys", loglevel="VERBOSE",
+                penalties=lab_penalty_config(sshd_version(find_sshd() or "/usr/sbin/sshd"))))
             log = open(d / "sshd.log", "ab")
             self.node_proc = subprocess.Popen(
                 ["sh", "-c", 'for f in $(cat "$0"); do echo $$ > "$f" || exit 1; done; exec "$@"',

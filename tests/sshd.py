@@ -34,13 +34,14 @@ def sshd_version(sshd: str, wrap: list[str] | None = None) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def lab_penalty_config(version: tuple[int, int]) -> str:
+def lab_penalty_config(version: tuple[int, int], exempt: str = "127.0.0.1/32") -> str:
     """The lab's own sshd exempts its one client, 127.0.0.1, from OpenSSH >= 9.8's PerSourcePenalties (on by
     default): its tests cut connections before login on purpose (CutProxy sweeps every byte offset: each cut is a
     "noauth" penalty), kill sshd processes and try wrong keys, and a penalised 127.0.0.1 would make every later test
     see "Error reading SSH protocol banner". Only the lab config does this; tests/openssh10.py runs Debian 13's sshd
-    with its defaults to show gpudoctor is never penalised. Older sshd does not know the keyword (it would not start)."""
-    return "PerSourcePenaltyExemptList 127.0.0.1/32\n" if version >= (9, 8) else ""
+    with its defaults to show gpudoctor is never penalised. Older sshd does not know the keyword (it would not start).
+    `exempt`: the lab's client addresses (the LXC lab's container is reached over its veth, not loopback)."""
+    return f"PerSourcePenaltyExemptList {exempt}\n" if version >= (9, 8) else ""
 
 
 # Run the lab's sshd from an unpacked root filesystem instead of this machine's, e.g. Debian 13's OpenSSH 10
