@@ -27,7 +27,10 @@ import socket
 import threading
 import time
 
-HANDSHAKES = 4  # connections to one sshd before login at once (MaxStartups starts refusing at 10 by default)
+# Connections to one sshd before login at once. MaxStartups starts refusing at 10 by default; and should a key that
+# logged in before be refused now (revoked on the node), the most that fail at once are 3 x 5 s = 15 s of penalty,
+# not more than PerSourcePenalties' min: the address is never refused for it.
+HANDSHAKES = 3
 RETRY_S = 60.0  # a refused login is tried again after this long even when nothing changed (authfail costs 5 s)
 REFUSAL_TEXT = b"Not allowed at this time"  # what sshd writes before closing (PerSourcePenalties and MaxStartups)
 
@@ -153,8 +156,7 @@ def refused_line(name: str, where: str, text: bytes, client_addr: str | None) ->
     """The one line for a refusal before SSH, with the way out."""
     said = f'"{text.decode("ascii", "replace")}"' if text else "no SSH banner, the connection closed"
     addr = client_addr or "this client's address"
-    return (f"{name}: {where} refused this client before SSH began ({said}): its sshd is penalising {addr} "
-            f"(OpenSSH >= 9.8 PerSourcePenalties, for failed logins or connections dropped before login; up to "
-            f"10 min) or is at MaxStartups; nothing was run. Way out: wait for the penalty to expire, or on the node "
-            f"add 'PerSourcePenaltyExemptList {addr}' to sshd_config and reload ssh; its log names the cause "
-            f"('drop connection ... penalty: ...')")
+    return (f"{name}: {where} refused this client before SSH began ({said}): its sshd penalises {addr} (OpenSSH "
+            f">= 9.8 PerSourcePenalties: failed or dropped logins; up to 10 min) or is at MaxStartups; nothing was run. "
+            f"Way out: wait for it to expire, or add 'PerSourcePenaltyExemptList {addr}' to the node's sshd_config and "
+            f"reload ssh (its log: 'drop connection ... penalty: ...')")
