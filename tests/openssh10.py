@@ -23,11 +23,19 @@ from tests.sshd import SSHD, chroot_wrap, free_port, keygen
 
 PACKAGES = "openssh-server,openssh-client,python3"
 ROOTFS_BUILDER = Path(__file__).resolve().parents[1] / ".ci/rootfs"
+ROOT_ENV_10 = "GPUDOCTOR_TEST_OPENSSH10_ROOT"
 
 
 def rootfs(dest: Path) -> Path:
     """The trixie rootfs with its OpenSSH 10, unpacked into `dest` (made). Also what GPUDOCTOR_TEST_SSHD_ROOT
-    wants, to run the whole SSH lab (tests/sshd.py) on OpenSSH 10: python -m tests.openssh10 DIR."""
+    wants, to run the whole SSH lab (tests/sshd.py) on OpenSSH 10: python -m tests.openssh10 DIR.
+    $GPUDOCTOR_TEST_OPENSSH10_ROOT names one already unpacked (e.g. where the suite itself runs inside a rootfs
+    without mmdebstrap): it is used as it is (the test adds its client key to root's authorized_keys)."""
+    given = os.environ.get(ROOT_ENV_10)
+    if given:
+        if not os.path.isfile(os.path.join(given, "usr/sbin/sshd")):
+            raise RuntimeError(f"{ROOT_ENV_10}={given}: no usr/sbin/sshd there")
+        return Path(given)
     need("mmdebstrap")
     need("unshare")
     r = subprocess.run([str(ROOTFS_BUILDER), "--unpack", str(dest), "trixie", PACKAGES], capture_output=True,
