@@ -3,7 +3,8 @@
 `start(d)` unpacks the cached trixie minbase of .ci/rootfs (openssh-server, openssh-client, python3: the one builder
 CI uses too; a cold build takes a minute or two, cached after) into `d/rootfs`, puts a throwaway client key in its
 /root/.ssh/authorized_keys and runs its /usr/sbin/sshd -D -e under chroot in a private mount namespace (its own
-/proc, the host's /dev and /tmp: tests/sshd.chroot_wrap), on 127.0.0.1:PORT. The configuration is /etc/ssh/sshd_config exactly as trixie ships it
+/proc, the host's /dev and /tmp: tests/sshd.chroot_wrap), on 127.0.0.1:PORT. The configuration is
+/etc/ssh/sshd_config exactly as trixie ships it
 (PerSourcePenalties on by default, a per-connection sshd-session and sshd-auth, UsePAM); the command line adds only
 the port, the listen address and LogLevel VERBOSE, so that a penalty below the 15 s threshold is logged too
 ("deferred penalty") and a test can say none was given. Its host key is the one the rootfs was built with.

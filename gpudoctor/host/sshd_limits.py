@@ -157,6 +157,6 @@ def refused_line(name: str, where: str, text: bytes, client_addr: str | None) ->
     said = f'"{text.decode("ascii", "replace")}"' if text else "no SSH banner, the connection closed"
     addr = client_addr or "this client's address"
     return (f"{name}: {where} refused this client before SSH began ({said}): its sshd penalises {addr} (OpenSSH "
-            f">= 9.8 PerSourcePenalties: failed or dropped logins; up to 10 min) or is at MaxStartups; nothing was run. "
-            f"Way out: wait for it to expire, or add 'PerSourcePenaltyExemptList {addr}' to the node's sshd_config and "
+            f">= 9.8 PerSourcePenalties: failed or dropped logins; up to 10 min) or is at MaxStartups; nothing was "
+            f"run. Way out: wait for it to expire, or add 'PerSourcePenaltyExemptList {addr}' to the node's sshd_config and "
             f"reload ssh (its log: 'drop connection ... penalty: ...')")
