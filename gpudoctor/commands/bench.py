@@ -238,7 +238,7 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     if turns or trace_file:
         levels = _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale,
                                  block_tokens, max_tokens, num_prompts, counter, limit, max_error_rate,
-                                 slo_ttft_ms, slo_itl_ms)
+                                 slo_ttft_ms, slo_itl_ms, model, server_kind)
     from gpudoctor.bench.cell.watch import CellWatch
 
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
@@ -260,8 +260,10 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
 
 
 def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
-                    max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms):
-    """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level."""
+                    max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms, model=None,
+                    server_kind=None):
+    """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level, in the
+    dialect --server-kind names (else the one run_levels detects), for --model."""
     from gpudoctor.bench.client import multiturn, trace
     from gpudoctor.bench.client.levels import Level
     from gpudoctor.bench.client.load import LevelSpec
@@ -269,7 +271,9 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
     from gpudoctor.bench.client.tokens import Counter
 
     common = dict(label=label, api=api, max_error_rate=max_error_rate, slo_ttft_ms=slo_ttft_ms,
-                  slo_itl_ms=slo_itl_ms)
+                  slo_itl_ms=slo_itl_ms, model=model if api != "native" else None,
+                  server_kind=server_kind if api != "native" else None,
+                  counter=counter if api != "native" and counter.exact else None)
     if trace_file:
         entries = trace.load_trace(trace_file)
         due = trace.offsets(entries, time_scale)

@@ -30,6 +30,7 @@ import re
 import time
 from typing import NamedTuple
 
+from gpudoctor.bench.client.apispec import takes
 from gpudoctor.bench.client.stream import _DATA, _DONE, RequestResult, error_message
 
 NATIVE, COMPLETIONS, CHAT = "native", "completions", "chat"
@@ -54,7 +55,8 @@ def takes_token_ids(kind: str | None, api: str) -> bool:
 
 def request_body(payload: dict, max_tokens: int, api: str, model: str | None, kind: str | None = SGLANG) -> bytes:
     """The streamed request for one prompt (`payload`: {"text"} and/or {"input_ids"}, as Prompt.payload gives) in the
-    dialect of `kind` (SGLANG or VLLM: the extended fields; anything else: OpenAI's schema only)."""
+    dialect of `kind`: the fields apispec.REQUEST_FIELDS lists for it (SGLANG, VLLM: their extensions; anything else:
+    OpenAI's schema only)."""
     ids = payload.get("input_ids")
     text = payload.get("text")
     if api == NATIVE:
@@ -72,12 +74,13 @@ def request_body(payload: dict, max_tokens: int, api: str, model: str | None, ki
         body["prompt"] = ids
     else:
         body["prompt"] = text
-    if extended:
-        body.update({"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
-                     "stream_options": STREAM_OPTIONS, "return_spec_tokens_details": True})
-    else:
-        body.update({"max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                     "stream_options": STANDARD_STREAM_OPTIONS})
+    body.update({"max_tokens": max_tokens, "temperature": 0.0, "stream": True})
+    if takes(kind, "ignore_eos"):
+        body["ignore_eos"] = True
+    body["stream_options"] = STREAM_OPTIONS if takes(kind, "stream_options.continuous_usage_stats") \
+        else STANDARD_STREAM_OPTIONS
+    if takes(kind, "return_spec_tokens_details"):
+        body["return_spec_tokens_details"] = True
     return json.dumps(body, separators=(",", ":")).encode()
 
 
