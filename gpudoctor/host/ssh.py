@@ -231,6 +231,8 @@ class SSHHost(Host):
         for p in self.identity_files:
             if not os.path.exists(os.path.expanduser(p)):
                 raise HostUnreachable(f"{self.name}: identity file {p} does not exist")
+            if os.path.isdir(os.path.expanduser(p)):
+                raise HostUnreachable(f"{self.name}: identity file {p} is a directory, not a key file")
         client = paramiko.SSHClient()
         files = [f for f in (GLOBAL_KNOWN_HOSTS, r.known_hosts) if os.path.exists(f)]
         for f in files:
