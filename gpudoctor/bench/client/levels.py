@@ -104,9 +104,9 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
     A permanent refusal (an HTTP 4xx such as a pinned server's 400 for another model, or 422) ends the wait at once
     with the server's words: waiting would not change it.
 
-    A consistent server error (the same 5xx with the same body, CONSISTENT_5XX_PROBES times over CONSISTENT_5XX_S) is
-    said at once through `say`, with the server's words; then on_5xx=STOP ends the wait, WAIT keeps waiting to the
-    deadline (a server that answers 5xx while it loads), None (the campaign's servers) just keeps waiting."""
+    A consistent server error (the same 5xx with the same body, CONSISTENT_5XX_PROBES times over CONSISTENT_5XX_S):
+    on_5xx=STOP ends the wait with one line in the server's words; WAIT says that line once through `say` and keeps
+    waiting to the deadline (a server that answers 5xx while it loads); None (the campaign's servers) waits silently."""
     import time
 
     end = time.monotonic() + deadline_s
