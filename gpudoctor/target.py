@@ -189,8 +189,10 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     from gpudoctor.host.ssh import SSHHost
 
     for p in s.identity_files:
-        if not os.path.exists(p):
-            raise InventoryError(f"{entry.name}: identity_file {p} does not exist", path=entry.source or None,
+        why = "does not exist" if not os.path.exists(p) else "is a directory, not a key file" if os.path.isdir(p) \
+            else None
+        if why:
+            raise InventoryError(f"{entry.name}: identity_file {p} {why}", path=entry.source or None,
                                  line=entry.lines.get("identity_file"))
     return SSHHost(name=entry.name, address=s.address, port=s.port, user=s.user,
                    identity_files=list(s.identity_files), known_hosts=s.known_hosts,

@@ -142,6 +142,10 @@ def bench():
 @click.option("--ready-timeout", type=seconds(0.1, 86400), default=30.0, show_default=True,
               help="Seconds to wait for the server to generate before the first level (/health_generate; with "
                    "--api completions|chat a one-token completion).")
+@click.option("--wait-through-5xx", is_flag=True,
+              help="Keep waiting out --ready-timeout while the server answers the readiness probe with HTTP 5xx (a "
+                   "server, or a proxy before it, that answers 5xx while it loads). Without it, the same 5xx with a "
+                   "body 3 times over 2 s ends the wait with the server's words.")
 @click.option("--warmup", type=Count(0, 10**4), default=2, show_default=True, help="Unrecorded warm-up requests.")
 @click.option("--turns", type=Count(1, 1000), default=None,
               help="Agentic multi-turn: sessions of this many turns, each re-sending the conversation with the "
@@ -168,7 +172,7 @@ def bench():
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, api, model, server_kind, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
          num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
-         ready_timeout, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
+         ready_timeout, wait_through_5xx, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
          health_interval, kernel_log, out_dir, json_out):
     """Drive a running server with streamed requests, one level per concurrency or request rate.
 
@@ -189,7 +193,7 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     import asyncio
     import json
 
-    from gpudoctor.bench.client.levels import Level, context_limit as find_context_limit, run_levels, workload_name
+    from gpudoctor.bench.client.levels import STOP, WAIT, Level, context_limit as find_context_limit, run_levels, workload_name
     from gpudoctor.bench.client.load import LevelSpec
     from gpudoctor.bench.client.prompts import build, load_names, load_source, misfit
     from gpudoctor.bench.records.results import ResultStore
@@ -234,7 +238,7 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     if turns or trace_file:
         levels = _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale,
                                  block_tokens, max_tokens, num_prompts, counter, limit, max_error_rate,
-                                 slo_ttft_ms, slo_itl_ms)
+                                 slo_ttft_ms, slo_itl_ms, model, server_kind)
     from gpudoctor.bench.cell.watch import CellWatch
 
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
@@ -244,7 +248,7 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
                              + (f"context limit: {limit} (from {limit_from})" if limit else limit_from))
         written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
                                          log_path=server_log, on_event=display, watch=watch,
-                                         rerun_failed=True))
+                                         rerun_failed=True, ready_5xx=WAIT if wait_through_5xx else STOP))
         if not written:
             display("note", text=f"nothing measured: all {len(levels)} levels are already recorded ok in "
                                  f"{store.path}; a new --out measures them again")
@@ -256,8 +260,10 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
 
 
 def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
-                    max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms):
-    """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level."""
+                    max_tokens, num_prompts, counter, limit, max_error_rate, slo_ttft_ms, slo_itl_ms, model=None,
+                    server_kind=None):
+    """bench load's multi-turn levels (one per concurrency: that many concurrent sessions) or its trace level, in the
+    dialect --server-kind names (else the one run_levels detects), for --model."""
     from gpudoctor.bench.client import multiturn, trace
     from gpudoctor.bench.client.levels import Level
     from gpudoctor.bench.client.load import LevelSpec
@@ -265,7 +271,9 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
     from gpudoctor.bench.client.tokens import Counter
 
     common = dict(label=label, api=api, max_error_rate=max_error_rate, slo_ttft_ms=slo_ttft_ms,
-                  slo_itl_ms=slo_itl_ms)
+                  slo_itl_ms=slo_itl_ms, model=model if api != "native" else None,
+                  server_kind=server_kind if api != "native" else None,
+                  counter=counter if api != "native" and counter.exact else None)
     if trace_file:
         entries = trace.load_trace(trace_file)
         due = trace.offsets(entries, time_scale)

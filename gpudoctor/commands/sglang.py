@@ -23,7 +23,8 @@ def sglang():
 @click.option("--gpu-mem-gib", type=Finite(1, 65536), default=141.0, show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
 @click.option("--gpu", "gpu", default=None, metavar="NAME",
               help="The GPU model (h200, h100, b200, rtx_pro_6000, a100_80g, l40s): its nvidia-smi memory replaces "
-                   "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows.")
+                   "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows [default: this machine's, "
+                   "read through NVML, unless --gpu-mem-gib is given].")
 @click.option("--gpus", type=Count(1, 1 << 16), default=None, metavar="N", help="GPUs on the host (checks tp x pp x dp).")
 @click.option("--input-len", type=Count(0, human=True), default=None, metavar="TOKENS", help="Longest prompt you will send (30000, 30k).")
 @click.option("--output-len", type=Count(0, human=True), default=None, metavar="TOKENS", help="max_new_tokens you will ask for.")
@@ -67,11 +68,18 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
 
     if not args:
         raise InputError("no SGLang arguments: put them after --, e.g. gpudoctor sglang validate -- --model-path M")
+    local = None
+    if gpu is None and click.get_current_context().get_parameter_source("gpu_mem_gib").name == "DEFAULT":
+        from gpudoctor.sglang.localgpu import this_machine
+
+        gpu, local = this_machine()
     result = validate(
         list(args), model_config, draft_config,
         gpu_mem_gib=gpu_mem_gib, gpus=gpus, input_len=input_len, output_len=output_len,
         fork_algorithms=[x.strip() for x in fork_algorithms.split(",") if x.strip()], sglang_version=sglang_version,
         gpu=gpu)
+    if local is not None:
+        result.findings.insert(0, local)
     comparison = None
     if resolver_python is not None:  # opt-in: importing SGLang and torch alone takes 6-13 s, validate takes ms
         from gpudoctor.sglang.resolver import compare, resolve_with_sglang

@@ -234,6 +234,8 @@ class SSHHost(Host):
         for p in self.identity_files:
             if not os.path.exists(os.path.expanduser(p)):
                 raise HostUnreachable(f"{self.name}: identity file {p} does not exist")
+            if os.path.isdir(os.path.expanduser(p)):
+                raise HostUnreachable(f"{self.name}: identity file {p} is a directory, not a key file")
         look = self.look_for_keys if self.look_for_keys is not None else not r.identity_files
         key = sshd_limits.login_key(user=r.user, hostname=r.hostname, port=r.port, identity_files=r.identity_files,
                                     known_hosts=[GLOBAL_KNOWN_HOSTS, r.known_hosts], allow_agent=self.allow_agent,

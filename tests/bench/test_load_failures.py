@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
-from tests.bench.conftest import run_cli
+from tests.bench.conftest import REPO, env, run_cli
 
 
 def records(out):
@@ -96,6 +99,60 @@ def test_never_ready(standin, tmp_path):
     for r in recs:
         assert r["status"] == "error" and "server not ready" in r["error"] and "HTTP 503" in r["error"]
         assert "Load weight begin" in r["log_excerpt"]
+
+
+def test_consistent_http_500_while_waiting_is_said_within_seconds(standin, tmp_path):
+    # transformers serve in a broken environment answered 500 to every request, and bench load waited its whole
+    # --ready-timeout in silence (480 s) (#33): a consistent 5xx with a body ends the wait in seconds, in its words.
+    s = standin("--flavor", "openai", "--fail-mode", "http500", "--fail-after-requests", "1")
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    p = run_cli("bench", "load", "--server-url", s.url, "--api", "completions", "--concurrency", "1,2",
+                "--max-tokens", "8", "--prompts", "2", "--ready-timeout", "300", "--out", str(out), timeout=90)
+    took = time.monotonic() - t0
+    assert p.returncode == 2, p.stderr
+    assert took < 60, took
+    recs = records(out)
+    assert [r["concurrency"] for r in recs] == [1, 2]
+    assert_no_fake_ok(recs)
+    for r in recs:
+        assert r["status"] == "error" and r["error"].startswith("server not ready: the server answered HTTP 500 to all")
+        assert r["error"].count("Internal Server Error") == 1 and "--wait-through-5xx" in r["error"], r["error"]
+    assert "not ready in 300 s" not in p.stderr
+
+
+def test_wait_through_5xx_says_it_once_and_waits_for_the_server(standin, tmp_path):
+    # The user asked to wait: the 500 is said once, within seconds, and the run goes on when the server recovers.
+    fault = tmp_path / "broken-env"
+    fault.write_text("")
+    s = standin("--flavor", "openai", "--fail-mode", "http500", "--fail-after-requests", "1",
+                "--fail-if-exists", str(fault))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.rooted", "bench", "load", "--server-url", s.url,
+                             "--api", "completions", "--concurrency", "1", "--max-tokens", "8", "--prompts", "2",
+                             "--ready-timeout", "120", "--wait-through-5xx", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
+    try:
+        t0 = time.monotonic()
+        said = None
+        for line in proc.stderr:
+            if "HTTP 500" in line:
+                said = (line, time.monotonic() - t0)
+                break
+        assert said is not None, proc.wait(timeout=5)
+        line, after = said
+        assert after < 30, after
+        assert "answered HTTP 500 to all" in line and "Internal Server Error" in line and "waiting up to 120 s" in line
+        fault.unlink()  # the environment is repaired: the next probe passes
+        _, rest = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, rest
+    assert "HTTP 500" not in rest  # said once
+    (r,) = records(out)
+    assert r["status"] == "ok" and r["completed"] == 2
 
 
 def test_prompt_over_context_is_skipped_not_sent(standin, tmp_path):

@@ -216,6 +216,63 @@ def test_tokenizer_dir_never_changes_a_string_endpoints_wire_form(standin, tmp_p
     assert records(out)[0]["status"] == "ok" and "prompt must be a string" not in s.log_text()
 
 
+# ---- 4b. trace replay in the server's dialect (#33) --------------------------------------------------------------
+def small_trace(path, outputs=(3, 7, 5, 6, 4, 8)) -> int:
+    """A trace of len(outputs) requests 40 ms apart, output lengths as given, a shared 16-token block; their sum."""
+    with open(path, "w") as fh:
+        for i, n in enumerate(outputs):
+            fh.write(json.dumps({"timestamp": 40 * i, "input_length": 40, "output_length": n,
+                                 "hash_ids": [7, 100 + i]}) + "\n")
+    return sum(outputs)
+
+
+def test_request_fields_follow_the_apispec_table():
+    from gpudoctor.bench.client import apispec
+
+    for kind in (SGLANG, VLLM, OPENAI):
+        for api in ("completions", "chat"):
+            body = json.loads(request_body({"text": "hi"}, 8, api, "m", kind))
+            sent = set(body) | {f"stream_options.{k}" for k in body["stream_options"]}
+            sent -= {"stream_options"}
+            table = {name for name, kinds, _ in apispec.REQUEST_FIELDS if kind in kinds}
+            assert sent <= table, (kind, api, sent - table)
+            for field in ("ignore_eos", "return_spec_tokens_details", "stream_options.continuous_usage_stats"):
+                assert (field in sent) == apispec.takes(kind, field), (kind, field)
+    vllm = json.loads(request_body({"text": "hi"}, 8, "completions", "m", VLLM))
+    assert vllm["ignore_eos"] is True and "return_spec_tokens_details" not in vllm  # SGLang's field, not vLLM's
+
+
+@pytest.mark.parametrize("tokenizer", [False, True])
+def test_trace_replay_speaks_a_strict_servers_dialect(standin, tmp_path, tokenizer_dir, tokenizer):
+    # Against transformers serve the trace's requests carried SGLang's ignore_eos and return_spec_tokens_details:
+    # HTTP 422 on every request, although multi-turn on the same server worked (#33).
+    trace = tmp_path / "t.jsonl"
+    want = small_trace(trace)
+    s = standin("--flavor", "openai", "--decode-tok-s", "400")
+    out = tmp_path / "out"
+    extra = ("--tokenizer-dir", str(tokenizer_dir)) if tokenizer else ()  # token-id prompts must go as text
+    p = load(s.url, out, "--api", "completions", "--trace", str(trace), "--block-tokens", "16", *extra)
+    assert p.returncode == 0, p.stderr + s.log_text()[-2000:]
+    (r,) = records(out)
+    assert r["status"] == "ok" and r["failed"] == 0 and r["completed"] == 6 and r["server_kind"] == "openai"
+    assert r["output_tokens"] == want and r["output_tokens_target"] == want and r["short_requests"] == 0, r
+    assert r.get("length_note") is None and "Unexpected fields" not in s.log_text()
+    assert "server dialect: openai" in p.stderr
+
+
+def test_trace_replay_honours_server_kind(standin, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    want = small_trace(trace)
+    s = standin("--decode-tok-s", "400")  # SGLang answers as SGLang; the user says to speak OpenAI's schema only
+    out = tmp_path / "out"
+    p = load(s.url, out, "--api", "completions", "--trace", str(trace), "--block-tokens", "16",
+             "--server-kind", "openai")
+    assert p.returncode == 0, p.stderr
+    (r,) = records(out)
+    assert r["status"] == "ok" and r["server_kind"] == "openai" and r["output_tokens"] == want
+    assert "server dialect:" not in p.stderr  # named, not detected
+
+
 # ---- 5. the context limit -------------------------------------------------------------------------------------
 def test_context_limit_from_the_local_config_json_else_one_line(standin, tmp_path, tokenizer_dir):
     s = standin("--flavor", "openai", "--decode-tok-s", "400")

@@ -49,13 +49,16 @@ def test_sku_table_has_a_source_for_every_number_and_no_loose_floor():
     assert sku_for("NVIDIA GeForce GT 710") is None
 
 
-def test_the_h200_healthy_ratios_are_the_issue_measurements():
+def test_the_h200_healthy_ratios_are_the_measurements_they_cite():
+    # the H200's `check --deep` of 2026-12-03 (torch 2.11.0+cu130; h200-deep-healthy.snapshot.json of that round):
+    # H2D 55.35, D2H 55.35 GB/s, device copy 4170.58 GB/s, bf16 GEMM 793.3 TFLOP/s (#33: cite that, not the tracker)
     h200 = sku_for("NVIDIA H200")
-    assert round(4230 / h200["memory_gbs"], 2) == h200["floors"]["d2d"]["healthy"]
-    assert round(798 / h200["bf16_dense_tflops"], 2) == h200["floors"]["gemm"]["healthy"]
+    assert round(4170.58 / h200["memory_gbs"], 2) == h200["floors"]["d2d"]["healthy"]
+    assert round(793.3 / h200["bf16_dense_tflops"], 2) == h200["floors"]["gemm"]["healthy"]
     fd = table()["floors_default"]
-    assert round(53.0 / link_gbs(5, 16), 2) == fd["h2d"]["healthy"]
-    assert round(55.3 / link_gbs(5, 16), 2) == fd["d2h"]["healthy"]
+    assert round(55.35 / link_gbs(5, 16), 2) == fd["h2d"]["healthy"] == fd["d2h"]["healthy"]
+    for f in (fd["h2d"], fd["d2h"], h200["floors"]["d2d"], h200["floors"]["gemm"]):
+        assert f["source"].startswith("measured 2026-12-03 on an NVIDIA H200 SXM") and "median of" in f["source"]
 
 
 @pytest.mark.parametrize("edit, words", [

@@ -127,6 +127,8 @@ def test_wrong_user_key_is_an_authentication_failure(sshd, tmp_path):
 def test_missing_identity_file_is_named(sshd, tmp_path):
     with pytest.raises(HostUnreachable, match="identity file .*does not exist"):
         sshd.make_host(identity_files=[str(tmp_path / "nope")]).run(["true"])
+    with pytest.raises(HostUnreachable, match="identity file .* is a directory, not a key file"):  # not Errno 21
+        sshd.make_host(identity_files=[str(tmp_path)]).run(["true"])
 
 
 def test_a_host_stuck_in_a_command_does_not_block_other_commands(ssh_host):

@@ -68,3 +68,21 @@ def test_ping_unreachable_is_exit_3_one_line_per_host(capsys, sshd, tmp_path):
 def test_ping_unknown_spec_is_bad_input(capsys, inv_file):
     rc, _, err = cli(capsys, "inventory", "ping", "--inventory", str(inv_file), "nope")
     assert rc == 3 and err.startswith("gpudoctor: ") and "no host named 'nope'" in err
+
+
+@pytest.mark.parametrize("cmd", [("inventory", "ping"), ("check", "--host")])
+def test_identity_file_that_is_a_directory_is_file_line_exit_3(capsys, sshd, tmp_path, cmd):
+    # It printed a raw "[Errno 21] Is a directory" (#33); a missing one names FILE:LINE: so does a directory.
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    p = tmp_path / "inventory.yaml"
+    p.write_text(sshd.inventory_yaml("ct200").replace(f"identity_file: {sshd.client_key}", f"identity_file: {keys}"))
+    line = next(i for i, x in enumerate(p.read_text().splitlines(), 1) if "identity_file" in x)
+    rc, out, err = cli(capsys, *cmd, *(["ct200"] if cmd[0] == "check" else []), "--inventory", str(p))
+    text = out + err
+    assert rc == 3, text
+    assert "Errno" not in text and "Traceback" not in text
+    assert f"{p}:{line}: ct200: identity_file {keys} is a directory, not a key file" in text, text
+    keys.rmdir()  # the missing-file case, for comparison: the same form
+    rc, out, err = cli(capsys, *cmd, *(["ct200"] if cmd[0] == "check" else []), "--inventory", str(p))
+    assert rc == 3 and f"{p}:{line}: ct200: identity_file {keys} does not exist" in out + err, out + err

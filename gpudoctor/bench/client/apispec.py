@@ -97,3 +97,30 @@ ERROR_KEYS = ("object", "message", "type", "param", "code")
 # speculative decoding has no per-request accept length in the API (only Prometheus counters on /metrics).
 VLLM_MODEL_CARD_KEYS = ("id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission")
 VLLM_ERROR_KEYS = ("message", "type", "param", "code")
+
+# ---- what an OpenAI-API request may carry, per dialect: (field, dialects that take it, where) ------------------------
+# openai.request_body builds bodies from this table. OpenAI's own request schema goes to every server; an extension only
+# to the dialects listed: a server that validates against OpenAI's schema (transformers serve 5.17) answers HTTP 422 to
+# any other field, and vLLM logs "The following fields were present in the request but ignored" for one it lacks
+# (its OpenAIBaseModel allows extra fields). "stream_options.X" is a key inside stream_options.
+OPENAI_SCHEMA = ("sglang", "vllm", "openai")
+REQUEST_FIELDS: list[tuple[str, tuple[str, ...], str]] = [
+    ("model", OPENAI_SCHEMA, "openai completion_create_params / chat.completion_create_params"),
+    ("prompt", OPENAI_SCHEMA, "openai completion_create_params (/v1/completions; token ids only to sglang, vllm)"),
+    ("messages", OPENAI_SCHEMA, "openai chat.completion_create_params (/v1/chat/completions)"),
+    ("max_tokens", OPENAI_SCHEMA, "openai completion_create_params"),
+    ("temperature", OPENAI_SCHEMA, "openai completion_create_params"),
+    ("stream", OPENAI_SCHEMA, "openai completion_create_params"),
+    ("stream_options.include_usage", OPENAI_SCHEMA, "openai ChatCompletionStreamOptionsParam"),
+    ("ignore_eos", ("sglang", "vllm"), "sglang srt/entrypoints/openai/protocol.py CompletionRequest, "
+                                      "ChatCompletionRequest; vllm entrypoints/openai/protocol.py (sampling params)"),
+    ("stream_options.continuous_usage_stats", ("sglang", "vllm"), "sglang protocol.py StreamOptions; vllm "
+                                                                  "protocol.py StreamOptions"),
+    ("return_spec_tokens_details", ("sglang",), "sglang protocol.py CompletionRequest, ChatCompletionRequest "
+                                                "(utils.py process_spec_tokens_details_from_ret); vLLM has none"),
+]
+
+
+def takes(kind: str | None, field: str) -> bool:
+    """Whether a server of dialect `kind` (openai.SERVER_KINDS) takes request field `field` (REQUEST_FIELDS)."""
+    return any(name == field and kind in kinds for name, kinds, _ in REQUEST_FIELDS)

@@ -11,7 +11,8 @@ from typing import Callable
 
 from gpudoctor.bench.server import logscan
 from gpudoctor.bench.client.load import LevelSpec, new_session, run_level
-from gpudoctor.bench.client.openai import NATIVE, choose_model, detect_kind, model_cards, probe_completion, tiny_completion
+from gpudoctor.bench.client.openai import (NATIVE, Probe, body_words, choose_model, detect_kind, model_cards,
+                                           probe_completion, tiny_completion)
 from gpudoctor.bench.client.prompts import Prompt, build, load_source
 from gpudoctor.bench.client.tokens import Counter
 from gpudoctor.bench.records.results import CRASHED, ERROR, OK, SKIPPED, ResultStore, key
@@ -35,23 +36,25 @@ class Level:
 
 async def health_generate(base_url: str, timeout: float) -> str | None:
     """None when /health_generate answers 200 within `timeout`, else what it did."""
-    return (await _health_generate(base_url, timeout))[0]
+    return (await _health_generate(base_url, timeout)).problem
 
 
-async def _health_generate(base_url: str, timeout: float) -> tuple[str | None, bool]:
-    """health_generate's answer, and whether it is permanent (404/405: no SGLang /health_generate there)."""
+async def _health_generate(base_url: str, timeout: float) -> Probe:
+    """health_generate's answer; permanent on 404/405 (no SGLang /health_generate there)."""
     import aiohttp
 
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
             async with s.get(base_url + "/health_generate") as resp:
                 if resp.status == 200:
-                    return None, False
-                return f"/health_generate answered HTTP {resp.status}", resp.status in (404, 405)
+                    return Probe(None)
+                words = body_words(await resp.read())
+                return Probe(f"/health_generate answered HTTP {resp.status}" + (f": {words}" if words else ""),
+                             resp.status in (404, 405), resp.status, words)
     except asyncio.TimeoutError:
-        return f"/health_generate did not answer in {timeout:g} s", False
+        return Probe(f"/health_generate did not answer in {timeout:g} s")
     except aiohttp.ClientError as exc:
-        return f"/health_generate failed: {exc}", False
+        return Probe(f"/health_generate failed: {exc}")
 
 
 async def ready_probe(base_url: str, timeout: float, api: str = NATIVE, model: str | None = None) -> str | None:
@@ -62,15 +65,54 @@ async def ready_probe(base_url: str, timeout: float, api: str = NATIVE, model: s
     return await tiny_completion(base_url, model, timeout)
 
 
+# A server error is "consistent" once this many probes in a row, over at least this many seconds, got the same 5xx
+# status with the same non-empty body. SGLang's 503 while it starts has an empty body, so it never counts.
+CONSISTENT_5XX_PROBES = 3
+CONSISTENT_5XX_S = 2.0
+STOP, WAIT = "stop", "wait"  # wait_ready's on_5xx: end the wait, or say so once and keep waiting
+
+
+class _ServerErrors:
+    """The run of identical 5xx-with-a-body answers the readiness probe got, and when it began."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.count = 0
+        self.since = 0.0
+
+    def see(self, answer: Probe, now: float) -> bool:
+        """Count this answer; True when the run is now consistent."""
+        if answer.status is None or not 500 <= answer.status <= 599 or not answer.words:
+            self.key, self.count = None, 0
+            return False
+        key = (answer.status, answer.words)
+        if key != self.key:
+            self.key, self.count, self.since = key, 0, now
+        self.count += 1
+        return self.count >= CONSISTENT_5XX_PROBES and now - self.since >= CONSISTENT_5XX_S
+
+    def line(self, now: float) -> str:
+        status, words = self.key
+        return (f"the server answered HTTP {status} to all {self.count} readiness probes in {now - self.since:.1f} s: "
+                f"{words}")
+
+
 async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str | None] | None = None,
-                     api: str = NATIVE, model: str | None = None) -> str | None:
+                     api: str = NATIVE, model: str | None = None, on_5xx: str | None = None,
+                     say: Callable[[str], None] | None = None) -> str | None:
     """Poll the readiness probe until it passes (None) or the deadline passes (why not). `alive` says if it died.
     A permanent refusal (an HTTP 4xx such as a pinned server's 400 for another model, or 422) ends the wait at once
-    with the server's words: waiting would not change it."""
+    with the server's words: waiting would not change it.
+
+    A consistent server error (the same 5xx with the same body, CONSISTENT_5XX_PROBES times over CONSISTENT_5XX_S):
+    on_5xx=STOP ends the wait with one line in the server's words; WAIT says that line once through `say` and keeps
+    waiting to the deadline (a server that answers 5xx while it loads); None (the campaign's servers) waits silently."""
     import time
 
     end = time.monotonic() + deadline_s
     last = "no answer yet"
+    errors = _ServerErrors()
+    said = False
     while True:
         if alive is not None:
             gone = alive()
@@ -81,13 +123,21 @@ async def wait_ready(base_url: str, deadline_s: float, alive: Callable[[], str |
             return f"not ready in {deadline_s:g} s (last: {last})"
         probe_s = max(1.5, min(left, 25.0))
         if api == NATIVE:
-            last, permanent = await _health_generate(base_url, probe_s)
+            answer = await _health_generate(base_url, probe_s)
         else:
-            last, permanent = await probe_completion(base_url, model, probe_s)
+            answer = await probe_completion(base_url, model, probe_s)
+        last = answer.problem
         if not last:
             return None
-        if permanent:
+        if answer.permanent:
             return f"the server refused the readiness probe: {last}"
+        if on_5xx is not None and errors.see(answer, time.monotonic()) and not said:
+            line = errors.line(time.monotonic())
+            if on_5xx == STOP:
+                return line + " (--wait-through-5xx waits the whole --ready-timeout instead)"
+            said = True
+            if say is not None:
+                say(line + f"; waiting up to {deadline_s:g} s (--wait-through-5xx)")
         waited = deadline_s - (end - time.monotonic())
         await asyncio.sleep(max(0.0, min(0.2 if waited < 10 else 1.0, end - time.monotonic())))
 
@@ -103,7 +153,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
                      record_skips: bool = True,
                      server_gone: Callable[[], str | None] | None = None,
                      on_event: Callable[..., None] | None = None, watch=None,
-                     rerun_failed: bool = False) -> list[dict]:
+                     rerun_failed: bool = False, ready_5xx: str | None = None) -> list[dict]:
     """Run every level not yet in `store`, append its record, and return the records written now.
 
     With rerun_failed, a level recorded as anything but ok is measured again: its old record is retracted
@@ -113,7 +163,8 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     Once the server is broken (crashed, or unhealthy after a failed level) the remaining levels are recorded as
     skipped with the reason, or, with record_skips=False, left unrecorded for a restarted server to run.
     `watch` (gpudoctor.bench.cell.watch.CellWatch; default: one with its defaults) records and flushes the prefix cache
-    before each level and samples the host's GPUs during it.
+    before each level and samples the host's GPUs during it. `ready_5xx` is wait_ready's on_5xx for the readiness
+    wait (ready_timeout_s > 0).
     """
     if watch is None:
         from gpudoctor.bench.cell.watch import CellWatch
@@ -137,7 +188,8 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
     api = next((lv.spec.api for lv in todo), NATIVE)
     wanted = next((lv.spec.model for lv in todo if lv.spec.model), None)
     if ready_timeout_s > 0 and any(not lv.misfit for lv in todo):
-        not_ready = await wait_ready(base_url, ready_timeout_s, api=api, model=wanted)
+        not_ready = await wait_ready(base_url, ready_timeout_s, api=api, model=wanted, on_5xx=ready_5xx,
+                                     say=lambda text: emit("note", text=text))
         if not_ready:
             text = log.read_all() if log is not None else ""
             for lv in todo:

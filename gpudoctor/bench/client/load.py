@@ -118,12 +118,13 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int | No
                    on_request: Callable[[RequestResult], None] | None = None, *, api: str = NATIVE,
                    request_rate: float | None = None, arrival: str = POISSON, seed: int = 0,
                    max_error_rate: float = 0.0, offsets: list[float] | None = None,
-                   counter=None) -> tuple[list[RequestResult], float, dict]:
+                   counter=None, targets: list[int] | None = None) -> tuple[list[RequestResult], float, dict]:
     """Send every body closed-loop (at most `concurrency` in flight) or open-loop (at `request_rate`, capped at
     `concurrency` when given); stop starting new ones once the breaker trips. Returns the results, the wall time
     (first send to last completion) and how the level went ({"tripped", "late_s"}: send lateness, open loop).
     `offsets` (seconds from the start, one per body: a trace) replace the arrivals drawn from `request_rate`;
-    `counter` counts an OpenAI stream's tokens where the server sends no usage."""
+    `counter` counts an OpenAI stream's tokens where the server sends no usage; `targets` (one per body) are the
+    output lengths the requests ask for where they differ (a trace): each result keeps its own."""
     parser = NativeParser if api == NATIVE else parser_for(counter)
     sem = asyncio.Semaphore(concurrency) if concurrency else None
     breaker = Breaker(max_error_rate, len(bodies))
@@ -137,6 +138,8 @@ async def send_all(session, url: str, bodies: list[bytes], concurrency: int | No
             if breaker.tripped:
                 return
             r = await stream_request(session, url, bodies[i], stall_s, watchdog, parser)
+            if targets is not None:
+                r.max_tokens = targets[i]
             results[i] = r
             breaker.record(r.ok)
             if on_request is not None:
@@ -265,12 +268,17 @@ def output_length(good: list[RequestResult], spec: LevelSpec | None) -> dict:
     out: dict = {"output_tokens_source": sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources)}
     if spec is None:
         return out
-    target = spec.max_tokens * len(good)
-    short = [r for r in good if r.output_tokens < spec.max_tokens]
+    def want(r: RequestResult) -> int:
+        return r.max_tokens or spec.max_tokens
+
+    target = sum(want(r) for r in good)
+    short = [r for r in good if r.output_tokens < want(r)]
     out.update({"output_tokens_target": target, "short_requests": len(short)})
     if short:
         why = sorted({str(r.finish_reason) for r in short})
-        out["length_note"] = (f"{len(short)} of {len(good)} requests ended before max_tokens {spec.max_tokens} "
+        asked = (f"max_tokens {spec.max_tokens}" if all(r.max_tokens is None for r in good)
+                 else "their max_tokens (the trace's output_length)")
+        out["length_note"] = (f"{len(short)} of {len(good)} requests ended before {asked} "
                               f"(finish_reason {', '.join(why)}; the server does not take ignore_eos): "
                               f"{sum(r.output_tokens for r in good)} of {target} target tokens, counted from "
                               f"{out['output_tokens_source']}")

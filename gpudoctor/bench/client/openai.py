@@ -28,7 +28,9 @@ import asyncio
 import json
 import re
 import time
+from typing import NamedTuple
 
+from gpudoctor.bench.client.apispec import takes
 from gpudoctor.bench.client.stream import _DATA, _DONE, RequestResult, error_message
 
 NATIVE, COMPLETIONS, CHAT = "native", "completions", "chat"
@@ -53,7 +55,8 @@ def takes_token_ids(kind: str | None, api: str) -> bool:
 
 def request_body(payload: dict, max_tokens: int, api: str, model: str | None, kind: str | None = SGLANG) -> bytes:
     """The streamed request for one prompt (`payload`: {"text"} and/or {"input_ids"}, as Prompt.payload gives) in the
-    dialect of `kind` (SGLANG or VLLM: the extended fields; anything else: OpenAI's schema only)."""
+    dialect of `kind`: the fields apispec.REQUEST_FIELDS lists for it (SGLANG, VLLM: their extensions; anything else:
+    OpenAI's schema only)."""
     ids = payload.get("input_ids")
     text = payload.get("text")
     if api == NATIVE:
@@ -71,12 +74,13 @@ def request_body(payload: dict, max_tokens: int, api: str, model: str | None, ki
         body["prompt"] = ids
     else:
         body["prompt"] = text
-    if extended:
-        body.update({"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
-                     "stream_options": STREAM_OPTIONS, "return_spec_tokens_details": True})
-    else:
-        body.update({"max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                     "stream_options": STANDARD_STREAM_OPTIONS})
+    body.update({"max_tokens": max_tokens, "temperature": 0.0, "stream": True})
+    if takes(kind, "ignore_eos"):
+        body["ignore_eos"] = True
+    body["stream_options"] = STREAM_OPTIONS if takes(kind, "stream_options.continuous_usage_stats") \
+        else STANDARD_STREAM_OPTIONS
+    if takes(kind, "return_spec_tokens_details"):
+        body["return_spec_tokens_details"] = True
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -278,9 +282,28 @@ async def served_model(base_url: str, timeout: float = 10.0) -> str | None:
     return cards[0]["id"] if cards else None
 
 
-async def probe_completion(base_url: str, model: str | None, timeout: float) -> tuple[str | None, bool]:
-    """Readiness on an OpenAI server: (None, False) when a one-token completion succeeds within `timeout`, else (what
-    happened, whether waiting cannot help: a permanent 4xx, e.g. a pinned server asked for another model).
+class Probe(NamedTuple):
+    """A readiness probe's answer: what happened (None: the server generated), whether waiting cannot change it (a
+    permanent 4xx), the HTTP status when one came, and the server's own words (its error body's message, one line)."""
+
+    problem: str | None
+    permanent: bool = False
+    status: int | None = None
+    words: str = ""
+
+
+def body_words(payload: bytes) -> str:
+    """An error body's message as one line (error_message's), at most 200 characters; "" for an empty body."""
+    if not payload.strip():
+        return ""
+    msg, _ = error_message(payload)
+    return " ".join(str(msg).split())[:200]
+
+
+async def probe_completion(base_url: str, model: str | None, timeout: float) -> Probe:
+    """Readiness on an OpenAI server: a one-token completion. Probe(None) when it succeeds within `timeout`, else what
+    happened, with `permanent` set when waiting cannot help (a permanent 4xx, e.g. a pinned server asked for another
+    model).
 
     /health says only that the HTTP server is up (vLLM answers it before a request could run); one generated token
     proves the engine works, as SGLang's /health_generate does on the native API. The request has only OpenAI-schema
@@ -295,16 +318,16 @@ async def probe_completion(base_url: str, model: str | None, timeout: float) -> 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
             async with s.post(base_url + PATHS[COMPLETIONS], json=body) as resp:
                 if resp.status == 200:
-                    return None, False
-                msg, _ = error_message(await resp.read())
-                return (f"a one-token completion answered HTTP {resp.status}: {msg}",
-                        resp.status in PERMANENT_4XX)
+                    return Probe(None)
+                words = body_words(await resp.read())
+                return Probe(f"a one-token completion answered HTTP {resp.status}: {words or '(empty body)'}",
+                             resp.status in PERMANENT_4XX, resp.status, words)
     except asyncio.TimeoutError:
-        return f"a one-token completion did not answer in {timeout:g} s", False
+        return Probe(f"a one-token completion did not answer in {timeout:g} s")
     except aiohttp.ClientError as exc:
-        return f"a one-token completion failed: {exc}", False
+        return Probe(f"a one-token completion failed: {exc}")
 
 
 async def tiny_completion(base_url: str, model: str | None, timeout: float) -> str | None:
     """probe_completion's message only: None when the server generated a token."""
-    return (await probe_completion(base_url, model, timeout))[0]
+    return (await probe_completion(base_url, model, timeout)).problem

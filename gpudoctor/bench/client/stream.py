@@ -59,6 +59,7 @@ class RequestResult:
     sent_perf: float | None = None  # time.perf_counter() when the request was on the wire
     finish_reason: str | None = None  # OpenAI: the final chunk's ("length"; "stop": ended before max_tokens)
     tokens_source: str | None = None  # OpenAI: where output_tokens came from: usage | tokenizer | estimate
+    max_tokens: int | None = None  # the output length asked for, where requests differ (a trace); None: the level's
 
 
 def _fail(r: RequestResult, kind: str, msg: str) -> RequestResult:

@@ -128,24 +128,33 @@ def sender(spec, entries: list[Entry], prompts: list[Prompt], time_scale: float,
     """The level's send step for load.run_level: every request at its (scaled) time, open loop."""
     from gpudoctor.bench.cell import cache as cachelib
     from gpudoctor.bench.client.load import request_body, send_all
-    from gpudoctor.bench.client.openai import PATHS, SGLANG
+    from gpudoctor.bench.client.openai import PATHS, SGLANG, takes_token_ids
     from gpudoctor.bench.client.pacing import rate_error
+    from gpudoctor.bench.client.prompts import as_text
 
     due = offsets(entries, time_scale)
-    kind = spec.server_kind or SGLANG  # the server's dialect (gpudoctor.bench.client.openai)
-    bodies = [request_body(p, e.output_length, spec.api, spec.model, kind) for p, e in zip(prompts, entries)]
+
+    def bodies() -> list[bytes]:
+        """The requests in the server's dialect, built when the level is sent: run_levels settles spec.server_kind
+        (--server-kind, else detected) and spec.model after the level is made."""
+        kind = spec.server_kind or SGLANG  # native /generate: the dialect does not matter
+        sent = prompts if takes_token_ids(kind, spec.api) else [as_text(p, spec.counter) for p in prompts]
+        return [request_body(p, e.output_length, spec.api, spec.model, kind) for p, e in zip(sent, entries)]
+
     shared = shared_tokens(entries, block_tokens)
 
     async def send(session, base_url, stall_s, on_request):
-        results, wall, how = await send_all(session, base_url + PATHS[spec.api], bodies, spec.concurrency, stall_s,
+        wire = bodies()
+        results, wall, how = await send_all(session, base_url + PATHS[spec.api], wire, spec.concurrency, stall_s,
                                             on_request, api=spec.api, max_error_rate=spec.max_error_rate,
-                                            offsets=due, counter=spec.counter)
+                                            offsets=due, counter=spec.counter,
+                                            targets=[e.output_length for e in entries])
         sent = [r.sent_perf for r in results if r.sent_perf is not None]
         err = rate_error(due[: len(sent)], sorted(sent)) if len(sent) == len(results) else {"rate_error": None}
         cached = [cachelib.cached_tokens(r.meta) for r in results if r.ok]
         known = bool(cached) and all(c is not None for c, _ in cached)
         late = how["late_s"]
-        how["planned"] = len(bodies)
+        how["planned"] = len(wire)
         how["extra"] = {"trace": {
             "requests": len(entries), "time_scale": time_scale, "block_tokens": block_tokens,
             "span_s": due[-1], "rate_error": err.get("rate_error"),

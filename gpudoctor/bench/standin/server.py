@@ -231,6 +231,10 @@ class StandIn:
         elif mode in ("http500", "error-chunk"):
             self.failing = True
 
+    def answers_500(self) -> bool:
+        """http500 switched on, and still armed (--fail-if-exists: a condition that, once cleared, ends the fault)."""
+        return self.failing and self.a.fail_mode == "http500" and self.fault_armed()
+
     def fault_armed(self) -> bool:
         return self.a.fail_if_exists is None or os.path.exists(self.a.fail_if_exists)
 
@@ -516,7 +520,7 @@ class StandIn:
     async def generate(self, request):
         body = await request.json()
         self.on_request()
-        if self.failing and self.a.fail_mode == "http500":
+        if self.answers_500():
             return self.http500()
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
@@ -572,7 +576,7 @@ class StandIn:
         except ValueError:
             return self._bad_request("Invalid JSON body")
         self.on_request()
-        if self.failing and self.a.fail_mode == "http500":
+        if self.answers_500():
             return self.http500()
         fl = self.flavor
         req = wire.read_openai(body, chat, fl)
@@ -639,7 +643,7 @@ class StandIn:
         if not isinstance(body, dict):
             return self._detail(422, "Input should be a valid dictionary")
         self.on_request()
-        if self.failing and self.a.fail_mode == "http500":
+        if self.answers_500():
             return self.http500()
         unexpected = wire.strict_unexpected(body, chat)
         if unexpected:
