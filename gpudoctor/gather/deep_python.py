@@ -1,10 +1,10 @@
 """Which Python the deep tier measures with (#33): one that has torch, found the way the user's serving stack runs.
 
 In order: `--deep-python PATH` (policy `torch_python`), the interpreter of a running SGLang, vLLM or transformers
-server (its argv[0], or its script's `#!` line), the inventory's `policy: {deep_python: PATH}`, `python3` on PATH, the
-target's own python (gpudoctor's, as installed: usually no torch). The first with torch is used; where none has it the
-target's own python runs the CUDA driver API through ctypes (copies) and the rest is marked not measured, with the
-candidates tried as the reason.
+server (its argv[0], or its script's `#!` line), the inventory's `policy: checks: fabric.deep.figure: {python: PATH}`
+(policy `deep_python`), `python3` on PATH, the target's own python (gpudoctor's, as installed: usually no torch). The
+first with torch is used; where none has it the target's own python runs the CUDA driver API through ctypes (copies)
+and the rest is marked not measured, with the candidates tried as the reason.
 
 One probe on the target (stdlib, `python -I -S`) does the search and asks each candidate whether torch is installed
 (importlib's find_spec and the distribution's version: torch is never imported for that). Its answer is in a
@@ -130,7 +130,7 @@ def choose(host: Host, ctx: GatherContext) -> dict:
     explicit = pol.get("torch_python")
     own = list(host.python)
     first = [[p, "--deep-python"] for p in _as_list(explicit)[:1]] if explicit else []
-    then = ([[str(pol["deep_python"]), "the inventory's policy deep_python"]] if pol.get("deep_python") else []) + \
+    then = ([[str(pol["deep_python"]), "the inventory's policy"]] if pol.get("deep_python") else []) + \
         [["python3", "python3 on PATH"]]
     # An explicit --deep-python is used as given (its answer says whether it has torch); otherwise the search.
     spec = json.dumps({"first": first, "then": [], "servers": False} if explicit else {"first": [], "then": then},
