@@ -1,0 +1,135 @@
+"""NVML read in process stands in for `nvidia-smi -q -x` on a check's critical path (#33). What real NVML answered on
+the H200 beside nvidia-smi's XML of the same moment (tests/fixtures/captures/h200-2026-12-03/nvml-dump.json) gives
+the same driver facts on every field the dump captured; the NVML answer records into a snapshot and replays; a
+snapshot holding nvidia-smi's XML still replays; NVML that does not answer falls back to nvidia-smi; a wedged NVML
+(a real shared library whose nvmlInit never returns, loaded by the real pynvml) costs the check its deadline, never
+a hang."""
+
+import json
+import subprocess
+import time
+
+from gpudoctor.gather.nvml import FIELDS, compare, facts_from_nvml, usable
+from gpudoctor.gather.driver import parse_nvidia_smi_xml
+from tests.console import gpudoctor
+from tests.needs import need
+
+from .conftest import CAPTURES
+
+H200 = CAPTURES / "h200-2026-12-03"
+DUMP = json.loads((H200 / "nvml-dump.json").read_text())
+# The dump was written before the reader existed: it never asked these calls (tools/h200_check_latency.sh does).
+NOT_IN_DUMP = {"gpus[0].ecc_volatile_uncorrectable", "gpus[0].memory_total_mib", "gpus[0].memory_used_mib",
+               "gpus[0].recovery_action"}
+
+
+def test_nvml_facts_equal_nvidia_smis_on_every_field_the_h200_captured():
+    rows = compare(DUMP, DUMP["nvidia_smi_qx"])
+    assert len(rows) == len(FIELDS)
+    captured = [r for r in rows if r["captured"]]
+    assert {r["field"] for r in rows if not r["captured"]} == NOT_IN_DUMP
+    assert [r["field"] for r in captured if not r["equal"]] == []
+    assert len(captured) == len(FIELDS) - len(NOT_IN_DUMP) == 19
+    by = {r["field"]: r["nvml"] for r in captured}
+    assert by["driver_version"] == "580.159.04" and by["cuda_version"] == "13.0"
+    assert by["gpus[0].bus_id"] == "00000000:00:06.0" and by["gpus[0].pcie.width_max"] == 16
+    assert by["gpus[0].clock_event_reasons"]["gpu_idle"] is True
+
+
+def test_every_driver_fact_nvidia_smi_gives_has_an_nvml_source():
+    """No field of nvidia-smi's facts is left without an NVML call: nothing silently missing on the fast path."""
+    smi = parse_nvidia_smi_xml(DUMP["nvidia_smi_qx"])
+    paths = {k for k in smi if k != "gpus"} | {f"gpus[].{k}" for k in smi["gpus"][0] if k not in ("pcie",
+                                                                                              "remapped_rows")}
+    paths |= {f"gpus[].pcie.{k}" for k in smi["gpus"][0]["pcie"]}
+    paths |= {f"gpus[].remapped_rows.{k}" for k in smi["gpus"][0]["remapped_rows"]}
+    assert paths == set(FIELDS)
+
+
+def test_an_nvml_answer_that_cannot_stand_for_nvidia_smi_says_why():
+    assert usable(DUMP) is None
+    assert usable({"schema": "gpudoctor.nvml/1", "error": "NVMLError_DriverNotLoaded", "message": "Driver Not Loaded"}
+                  ) == "NVML: NVMLError_DriverNotLoaded (Driver Not Loaded)"
+    assert usable({"timed_out": True, "timeout_s": 2.0}) == "NVML did not answer in 2.0 s"
+    lost = {"schema": "gpudoctor.nvml/1", "system": {"nvmlSystemGetDriverVersion": {"value": "580.159.04"}},
+            "devices": [{"nvmlDeviceGetHandleByIndex": {"error": "NVMLError_GpuIsLost"}}]}
+    assert usable(lost) == "NVML GPU 0: NVMLError_GpuIsLost"
+    # a hostile snapshot: wrong types are no answer, never a traceback
+    bad = {"schema": "gpudoctor.nvml/1", "system": {"nvmlSystemGetDriverVersion": {"value": "1"}},
+           "devices": [{"nvmlDeviceGetPciInfo_v3": {"value": {"busId": 7}}, "nvmlDeviceGetRemappedRows": {"value": 3},
+                        "nvmlDeviceGetComputeRunningProcesses": {"value": [{"pid": [1]}, 5]}}]}
+    g = facts_from_nvml(bad)["gpus"][0]
+    assert g["bus_id"] is None and g["remapped_rows"]["pending"] is None and g["processes"] == []
+
+
+def _nvml_snapshot(tmp_path):
+    """The H200's healthy deep snapshot as today's recorder writes a live check: NVML in process, no nvidia-smi XML."""
+    doc = json.loads((H200 / "h200-deep-healthy.snapshot.json").read_text())
+    tr = doc["transcript"]
+    del tr['["run",["nvidia-smi","-q","-x"]]']
+    tr['["nvml","in-process"]'] = {"schema": "gpudoctor.nvml/1", **{k: v for k, v in DUMP.items()
+                                                                     if k in ("system", "devices", "init_ms")}}
+    doc["context"]["policy"] = {}
+    path = tmp_path / "nvml.snapshot.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_snapshot_of_nvml_read_in_process_replays(tmp_path):
+    from gpudoctor import snapshot
+    from gpudoctor.target import snapshot_facts
+
+    path = _nvml_snapshot(tmp_path)
+    facts = snapshot_facts(snapshot.load(str(path)))
+    r = gpudoctor("check", "--snapshot", path, "--json", env={"PATH": "/usr/bin:/bin", "GPUDOCTOR_INVENTORY": ""})
+    assert facts["driver"]["source"] == "nvml"
+    assert facts["driver"]["command"] == "NVML in process (NVML 13.580.159.04)"
+    assert facts["driver"]["gpus"][0]["name"] == "NVIDIA H200"
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, doc["root_cause"]
+    init = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
+    assert init["summary"] == "NVML ok: driver 580.159.04, CUDA 13.0, 1 GPU"
+    count = next(f for f in doc["findings"] if f["id"] == "driver.gpu.count")
+    assert count["evidence"] == ["NVML sees 1: NVIDIA H200"]
+
+
+def test_a_snapshot_with_nvidia_smis_xml_still_replays_through_it():
+    from gpudoctor import snapshot
+    from gpudoctor.target import snapshot_facts
+
+    facts = snapshot_facts(snapshot.load(str(H200 / "h200-deep-ctypes-default.snapshot.json")))
+    assert facts["driver"]["source"] == "nvidia-smi" and facts["driver"]["command"] == "nvidia-smi -q -x"
+    assert facts["driver"]["gpus"][0]["bus_id"] == "00000000:00:06.0" and "nvml_fallback" not in facts["driver"]
+
+
+def test_without_nvml_here_the_driver_facts_come_from_nvidia_smi_and_say_why():
+    from gpudoctor.gather.context import GatherContext
+    from gpudoctor.gather.driver import gather
+    from gpudoctor.host.local import LocalHost
+
+    d = gather(LocalHost(), GatherContext(name="here", timeout=5))
+    assert d["source"] == "nvidia-smi"  # this CPU machine: no libnvidia-ml.so.1
+    assert d["nvml_fallback"].startswith("NVML: NVMLError_LibraryNotFound")
+
+
+WEDGED = r"""
+#include <unistd.h>
+int nvmlInit_v2(void) { for (;;) pause(); return 0; }
+int nvmlInit(void) { return nvmlInit_v2(); }
+int nvmlInitWithFlags(unsigned int f) { return nvmlInit_v2(); }
+"""
+
+
+def test_a_wedged_nvml_costs_the_check_its_deadline_not_a_hang(tmp_path):
+    gcc = need("gcc")
+    (tmp_path / "wedged.c").write_text(WEDGED)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"), str(tmp_path / "wedged.c")],
+                   check=True, capture_output=True)
+    t = time.monotonic()
+    r = gpudoctor("check", "--json", "--timeout", "2", cwd=tmp_path, timeout=60,
+                  env={"PATH": "/usr/bin:/bin", "GPUDOCTOR_INVENTORY": "", "LD_LIBRARY_PATH": str(tmp_path)})
+    took = time.monotonic() - t
+    doc = json.loads(r.stdout)
+    init = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
+    assert init["status"] == "unknown" and init["summary"] == "NVML did not answer in 2 s"
+    assert "Traceback" not in r.stderr and took < 8, took
