@@ -109,7 +109,11 @@ from gpudoctor.host.nvml import read
 from gpudoctor.gather.nvml import compare
 out = sys.argv[1]
 t = time.perf_counter(); raw = read(); nvml_s = time.perf_counter() - t
-t = time.perf_counter(); smi = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True, text=True)
+t = time.perf_counter()
+try:
+    smi = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True, text=True, timeout=60)
+except (OSError, subprocess.TimeoutExpired) as e:
+    smi = subprocess.CompletedProcess([], 127, "", f"nvidia-smi: {e}")
 smi_s = time.perf_counter() - t
 json.dump(raw, open(out + "/nvml-raw.json", "w"), indent=1, sort_keys=True)
 open(out + "/nvidia-smi-qx.xml", "w").write(smi.stdout)
