@@ -7,6 +7,7 @@ a hang."""
 
 import json
 import subprocess
+import sys
 import time
 
 from gpudoctor.gather.nvml import FIELDS, compare, facts_from_nvml, usable
@@ -133,3 +134,22 @@ def test_a_wedged_nvml_costs_the_check_its_deadline_not_a_hang(tmp_path):
     init = next(f for f in doc["findings"] if f["id"] == "driver.nvml.init")
     assert init["status"] == "unknown" and init["summary"] == "NVML did not answer in 2 s"
     assert "Traceback" not in r.stderr and took < 8, took
+
+
+def test_a_live_check_starts_nvml_in_process_at_entry_and_no_nvidia_smi():
+    """#33: `nvidia-smi -q -x` spawned at entry beside cuInit was the critical path; now NVML's read starts there."""
+    code = (
+        "import json, sys\n"
+        "import gpudoctor.host.early as e, gpudoctor.host.nvml as n\n"
+        "e.start_probes(['check'])\n"
+        "smi = [k for k in e.EARLY if k[0] == 'nvidia-smi']\n"
+        "ans = n.read_within(10.0)\n"
+        "print(json.dumps({'smi': smi, 'nvml': sorted(ans), 'adopted': not n.EARLY,\n"
+        "                  'click': 'click' in sys.modules}))\n"
+        "e.kill_unadopted()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["smi"] == [] and doc["adopted"] and not doc["click"]
+    assert "schema" in doc["nvml"] and ("error" in doc["nvml"] or "devices" in doc["nvml"])
