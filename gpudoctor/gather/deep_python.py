@@ -138,8 +138,7 @@ def choose(host: Host, ctx: GatherContext) -> dict:
     res = host.run([*own, "-I", "-S", "-c", PROBE, "20", spec], timeout=max(ctx.timeout, 25.0))
     if not_recorded(res):  # a snapshot from before #33: the interpreter it ran is the one its policy named
         return {"python": _as_list(explicit) if explicit else own, "source": "--deep-python" if explicit else
-                "the target's python (a snapshot taken before the search existed)", "torch": "unknown",
-                "candidates": []}
+                "the target's own", "torch": "unknown", "candidates": []}
     try:
         cands = json.loads(res.stdout.strip().splitlines()[-1])["candidates"]
     except (ValueError, IndexError, KeyError, TypeError):
@@ -163,5 +162,7 @@ def describe(pick: dict) -> str:
     """One evidence line: which python measured, and why that one."""
     py = " ".join(pick["python"])
     t = pick.get("torch")
+    if t == "unknown":  # replayed from a snapshot taken before the search: its transcript names the interpreter
+        return f"python: {pick['source']}, as the snapshot recorded it (taken before gpudoctor searched for torch)"
     has = f"torch {t}" if t and t != "unknown" else ("torch not checked" if t == "unknown" else "no torch")
     return f"python {py} ({pick['source']}; {has})"
