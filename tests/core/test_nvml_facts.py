@@ -153,3 +153,74 @@ def test_a_live_check_starts_nvml_in_process_at_entry_and_no_nvidia_smi():
     doc = json.loads(r.stdout)
     assert doc["smi"] == [] and doc["adopted"] and not doc["click"]
     assert "schema" in doc["nvml"] and ("error" in doc["nvml"] or "devices" in doc["nvml"])
+
+
+# A libnvidia-ml.so.1 answering as the H200 did (nvml-dump.json and the nvidia-smi XML beside it): there is no GPU
+# here, so this stands in for the driver the way tests stand nvidia-smi in. The real pynvml loads it; what it answers
+# goes through the real reader, a real snapshot and the real parser.
+H200_NVML = r"""
+#include <string.h>
+typedef struct { char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } pci_t;
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } mem2_t;
+typedef struct { unsigned fieldId, scopeId; long long timestamp, latencyUsec; int valueType, nvmlReturn;
+                 union { double d; unsigned ui; unsigned long long ull; } value; } fv_t;
+static int dev = 1;
+static int str(char *b, unsigned n, const char *s) { strncpy(b, s, n); b[n - 1] = 0; return 0; }
+int nvmlInitWithFlags(unsigned f) { return 0; }
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int r) { return r == 3 ? "Not Supported" : "Unknown Error"; }
+int nvmlSystemGetDriverVersion(char *b, unsigned n) { return str(b, n, "580.159.04"); }
+int nvmlSystemGetNVMLVersion(char *b, unsigned n) { return str(b, n, "13.580.159.04"); }
+int nvmlSystemGetCudaDriverVersion(int *v) { *v = 13000; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *c) { *c = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = &dev; return 0; }
+int nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) {
+  memset(p, 0, sizeof *p); strcpy(p->busIdLegacy, "0000:00:06.0"); p->device = 6; p->pciDeviceId = 0x233510de;
+  strcpy(p->busId, "00000000:00:06.0"); return 0; }
+int nvmlDeviceGetName(void *h, char *b, unsigned n) { return str(b, n, "NVIDIA H200"); }
+int nvmlDeviceGetUUID(void *h, char *b, unsigned n) { return str(b, n, "GPU-d060a882-66f2-cfa5-0d7f-a63faa68f799"); }
+int nvmlDeviceGetMinorNumber(void *h, unsigned *v) { *v = 0; return 0; }
+int nvmlDeviceGetPersistenceMode(void *h, unsigned *v) { *v = 1; return 0; }
+int nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *v) { *v = 5; return 0; }
+int nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *v) { *v = 5; return 0; }
+int nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *v) { *v = 16; return 0; }
+int nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *v) { *v = 16; return 0; }
+int nvmlDeviceGetEccMode(void *h, unsigned *c, unsigned *p) { *c = *p = 1; return 0; }
+int nvmlDeviceGetRemappedRows(void *h, unsigned *a, unsigned *b, unsigned *c, unsigned *d) {
+  *a = *b = *c = *d = 0; return 0; }
+int nvmlDeviceGetCurrentClocksEventReasons(void *h, unsigned long long *v) { *v = 1; return 0; }
+int nvmlDeviceGetNumaNodeId(void *h, unsigned *v) { return 3; }
+int nvmlDeviceGetTotalEccErrors(void *h, int t, int c, unsigned long long *v) { *v = 0; return 0; }
+int nvmlDeviceGetMemoryInfo_v2(void *h, mem2_t *m) {
+  m->total = 143771ULL << 20; m->reserved = 616ULL << 20; m->used = 0; m->free = m->total - m->reserved; return 0; }
+int nvmlDeviceGetFieldValues(void *h, int n, fv_t *v) {
+  for (int i = 0; i < n; i++) { v[i].nvmlReturn = 0; v[i].valueType = 1; v[i].value.ull = 0; } return 0; }
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *n, void *p) { *n = 0; return 0; }
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *h, unsigned *n, void *p) { *n = 0; return 0; }
+"""
+
+
+def test_nvml_read_through_pynvml_records_replays_and_gives_nvidia_smis_facts(tmp_path):
+    gcc = need("gcc")
+    (tmp_path / "nvml.c").write_text(H200_NVML)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"), str(tmp_path / "nvml.c")],
+                   check=True, capture_output=True)
+    env = {"PATH": "/usr/bin:/bin", "GPUDOCTOR_INVENTORY": "", "LD_LIBRARY_PATH": str(tmp_path)}
+    snap = tmp_path / "nvml.snapshot.json"
+    r = gpudoctor("snapshot", "-o", snap, cwd=tmp_path, env=env)
+    assert snap.is_file(), r.stderr
+    doc = json.loads(snap.read_text())
+    raw = doc["transcript"]['["nvml","in-process"]']
+    assert raw["schema"] == "gpudoctor.nvml/1" and "error" not in raw and raw["init_ms"] >= 0
+    assert '["run",["nvidia-smi","-q","-x"]]' not in doc["transcript"]  # NVML answered: nvidia-smi never ran
+    driver = doc["facts"]["driver"]
+    assert driver["source"] == "nvml" and driver["command"] == "NVML in process (NVML 13.580.159.04)"
+    rows = compare(raw, DUMP["nvidia_smi_qx"])
+    assert [r["field"] for r in rows if not (r["equal"] and r["captured"])] == []
+    assert len(rows) == len(FIELDS)
+    replay = gpudoctor("check", "--snapshot", snap, "--json", env={"PATH": "/usr/bin:/bin", "GPUDOCTOR_INVENTORY": ""})
+    by = {f["id"]: f for f in json.loads(replay.stdout)["findings"]}
+    assert by["driver.nvml.init"]["summary"] == "NVML ok: driver 580.159.04, CUDA 13.0, 1 GPU"
+    assert by["driver.nvml.init"]["evidence"][0].startswith("$ NVML in process (NVML 13.580.159.04) → rc 0 in ")
+    assert by["driver.recovery_action"]["evidence"] == ["NVML: gpu_recovery_action = None"]
