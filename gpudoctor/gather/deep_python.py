@@ -96,6 +96,8 @@ for py, source in cands:
     rec = {"python": py, "source": source, "torch": None}
     full = py if os.path.isabs(py) else shutil.which(py)
     left = dl - time.monotonic()
+    if full is not None and os.access(full, os.X_OK):
+        rec["path"] = full
     if full is None or not os.access(full, os.X_OK):
         rec["error"] = "not found"
     elif left < 0.5:
@@ -143,7 +145,9 @@ def choose(host: Host, ctx: GatherContext) -> dict:
         cands = json.loads(res.stdout.strip().splitlines()[-1])["candidates"]
     except (ValueError, IndexError, KeyError, TypeError):
         cands = []
-        why = f"the search for a python with torch failed: {res.describe()}"
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or ["no output"]
+        why = (f"the search for a python with torch did not answer (rc {res.rc}"
+               + (", timed out" if res.timed_out else "") + f"): {said[0][:200]}")
     else:
         why = None
     hit = next((c for c in cands if c.get("torch")), None)
@@ -151,8 +155,9 @@ def choose(host: Host, ctx: GatherContext) -> dict:
         return {"python": _as_list(explicit), "source": "--deep-python", "torch": hit and hit["torch"],
                 "candidates": cands, **({} if hit else {"why": why or f"--deep-python {_as_list(explicit)[0]}: "
                                          f"{(cands[0].get('error') if cands else None) or 'no torch'}"})}
-    if hit is not None:
-        return {"python": [hit["python"]], "source": hit["source"], "torch": hit["torch"], "candidates": cands}
+    if hit is not None:  # the interpreter as found (python3 on PATH: the file it resolved to)
+        return {"python": [hit.get("path") or hit["python"]], "source": hit["source"], "torch": hit["torch"],
+                "candidates": cands}
     tried = "; ".join(f"{c['python']} ({c['source']}): {c.get('error') or 'no torch'}" for c in cands)
     return {"python": own, "source": "gpudoctor's own python (no python with torch found)", "torch": None,
             "candidates": cands, "why": why or f"no python with torch: tried {tried or 'nothing'}"}
