@@ -62,7 +62,8 @@ for i in 1 2; do
 done
 
 # --- 2. --deep as installed, no python with torch anywhere it looks -------------------------------------------
-NOTORCH=$(mktemp -d /tmp/gd-notorch.XXXXXX); ln -s "$GPY" "$NOTORCH/python3"
+NOTORCH=$(mktemp -d /tmp/gd-notorch.XXXXXX)  # python3 = gpudoctor's own venv python (a wrapper: a symlink would
+printf '#!/bin/sh\nexec %s "$@"\n' "$GPY" > "$NOTORCH/python3"; chmod 755 "$NOTORCH/python3"  # lose the venv)
 t0=$(now)
 PATH=$NOTORCH:/usr/local/bin:/usr/bin:/bin "$GD" check --deep --json > "$O/deep-installed.json" 2> "$O/deep-installed.err"
 rc=$?
