@@ -89,15 +89,22 @@ ok "as installed: GEMM and NCCL marked not measured, with why" \
 ok "as installed: no traceback" '! grep -q Traceback "$O/deep-installed.json" "$O/deep-installed.err"'
 
 # --- 3. --deep with torch found by the search ------------------------------------------------------------------
+TPATH=$PATH  # python3 on PATH has torch on the H200 (/opt/torch/.venv); else a venv with torch goes first, as a user
+if ! python3 -c 'import torch' >/dev/null 2>&1; then  # who activated their serving stack's venv would have it
+  for d in /opt/torch/.venv/bin /opt/*/.venv/bin /opt/*/bin; do
+    [ -x "$d/python3" ] && "$d/python3" -c 'import torch' >/dev/null 2>&1 && { TPATH=$d:$PATH; break; }
+  done
+fi
+echo "# PATH for the torch run: $TPATH" >> "$O/versions.txt"
 t0=$(now)
-"$GD" check --deep --json > "$O/deep-torch.json" 2> "$O/deep-torch.err"; rc=$?
+PATH=$TPATH "$GD" check --deep --json > "$O/deep-torch.json" 2> "$O/deep-torch.err"; rc=$?
 echo "rc=$rc in $(secs "$t0") s" > "$O/deep-torch.rc"
 summary "$O/deep-torch.json" > "$O/deep-torch.summary" 2>&1
 ok "check --deep, torch found: $(cat "$O/deep-torch.rc"), $(grep -m1 -o 'python [^;]*; torch [^)]*)' "$O/deep-torch.summary")" \
    '[ $rc = 0 ] || [ $rc = 1 ]'
 ok "with torch: GEMM and the NCCL all-reduce measured" \
    'grep -q "deep.figure\[GPU 0 gemm\]: GPU 0: bf16 GEMM" "$O/deep-torch.summary" && grep -q "allreduce.*NCCL initialises\|allreduce.*bus bandwidth" "$O/deep-torch.summary"'
-"$GD" snapshot --deep -o "$O/h200-deep-found.snapshot.json" > "$O/snapshot.out" 2>&1
+PATH=$TPATH "$GD" snapshot --deep -o "$O/h200-deep-found.snapshot.json" > "$O/snapshot.out" 2>&1
 "$GD" check --snapshot "$O/h200-deep-found.snapshot.json" --json > "$O/deep-found-replay.json" 2>&1
 summary "$O/deep-found-replay.json" > "$O/deep-found-replay.summary" 2>&1
 ok "the snapshot of it replays (no 'not in snapshot')" \
