@@ -55,8 +55,12 @@ def nvml_init(facts):
                        hint="A hung NVML usually means a wedged GPU or driver: look at `dmesg` for Xid errors.",
                        explained_by=())
     if d.get("rc") == 127:  # a missing tool is its own cause, whatever else is wrong
-        return Finding("driver.nvml.init", Status.UNKNOWN, "nvidia-smi is not installed, so NVML was not probed",
-                       evidence=[f"$ {d['command']} → command not found"], explained_by=())
+        why = d.get("nvml_fallback")  # NVML in process answered first, with nothing usable (#33)
+        return Finding("driver.nvml.init", Status.UNKNOWN,
+                       f"NVML did not answer in process and nvidia-smi is not installed ({why})" if why else
+                       "nvidia-smi is not installed, so NVML was not probed",
+                       evidence=[f"$ {d['command']} → command not found"] + ([f"NVML in process: {why}"] if why else []),
+                       explained_by=())
     if d.get("rc") != 0:
         if d["rc"] in NVML_CODES:
             name, meaning = NVML_CODES[d["rc"]]

@@ -55,7 +55,7 @@ def role(args):
         return "SGLang"
     if "vllm.entrypoints" in text or ("vllm" in names and "serve" in args):
         return "vLLM"
-    if ("transformers" in names or "transformers-cli" in names) and "serve" in args:
+    if ("transformers" in names or "transformers-cli" in names or "transformers.cli" in text) and "serve" in args:
         return "transformers serve"
     return None
 
