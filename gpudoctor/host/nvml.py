@@ -90,6 +90,8 @@ def read() -> dict:
                          "nvmlDeviceGetRemappedRows", "nvmlDeviceGetCurrentClocksEventReasons",
                          "nvmlDeviceGetNumaNodeId"):
                 call(dev, name, h)
+            if "error" in dev["nvmlDeviceGetCurrentClocksEventReasons"]:  # an nvidia-ml-py before the rename
+                call(dev, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
             call(dev, "nvmlDeviceGetTotalEccErrors", h, 1, 0, key="nvmlDeviceGetTotalEccErrors(1, 0)")
             call(dev, "nvmlDeviceGetMemoryInfo", h, key="nvmlDeviceGetMemoryInfo_v2",
                  fn=lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
