@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from gpudoctor.host.nvml import FI_RECOVERY_ACTION
+
 # NVML clock-event bits (nvml.h nvmlClocksEventReason*) under the names nvidia-smi -q -x gives them.
 REASONS = (("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4), ("hw_slowdown", 0x8),
            ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20), ("hw_thermal_slowdown", 0x40),
@@ -38,7 +40,7 @@ FIELDS = {
     "gpus[].memory_total_mib": ("nvmlDeviceGetMemoryInfo_v2",),
     "gpus[].memory_used_mib": ("nvmlDeviceGetMemoryInfo_v2",),
     "gpus[].numa_node": ("nvmlDeviceGetNumaNodeId",),
-    "gpus[].recovery_action": ("nvmlDeviceGetFieldValues(230,)",),
+    "gpus[].recovery_action": (f"nvmlDeviceGetFieldValues({FI_RECOVERY_ACTION},)",),
     "gpus[].processes": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"),
 }
 
@@ -123,7 +125,7 @@ def parse_gpu(dev: dict) -> dict:
     rows = _v(dev, "nvmlDeviceGetRemappedRows", kind=list)
     mask = _v(dev, "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons", kind=int)
     mem = _v(dev, "nvmlDeviceGetMemoryInfo_v2", kind=dict) or {}
-    fv = _v(dev, "nvmlDeviceGetFieldValues(230,)", kind=list)
+    fv = _v(dev, f"nvmlDeviceGetFieldValues({FI_RECOVERY_ACTION},)", kind=list)
     action = None
     if fv and isinstance(fv[0], dict) and fv[0].get("nvmlReturn") == 0 and isinstance(fv[0].get("value"), int):
         action = RECOVERY.get(fv[0]["value"], str(fv[0]["value"]))

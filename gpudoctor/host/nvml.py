@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-# 0 None ... 7: NVML_GPU_RECOVERY_ACTION_* (nvml.h), in the words nvidia-smi -q -x prints.
+# The field id of the GPU's pending recovery action (its values: gather/nvml.py RECOVERY).
 FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 
