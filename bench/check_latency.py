@@ -2,8 +2,11 @@
 """Wall time of a full local `gpudoctor check` vs `nvidia-smi -q` and a bare cuInit subprocess, measured in one run.
 
 Usage: python3 bench/check_latency.py [--runs 7]. Prints medians and the ratios (target on an H200: check ≤ 1.0× a
-bare cuInit subprocess measured in the same run, issue #28; earlier ≤ 0.40 s and ≤ 1.25×, issue #13). Without a GPU
-(no libcuda.so.1) the probe ends at dlopen: the ratio then measures only gpudoctor's own start and work, not the goal.
+bare cuInit subprocess measured in the same run, issues #28, #33; earlier ≤ 0.40 s and ≤ 1.25×, issue #13). Without a
+GPU (no libcuda.so.1) the probe ends at dlopen: the ratio then measures only gpudoctor's own start and work, not the
+goal. It also says who answered the driver facts (NVML in process since #33, else nvidia-smi) and times NVML's read
+in a fresh process (interpreter start, `import pynvml`, nvmlInit and the driver queries) beside `nvidia-smi -q -x`,
+the subprocess it replaced on the critical path.
 """
 
 from __future__ import annotations
@@ -29,6 +32,18 @@ def timed(argv: list[str], runs: int) -> tuple[float, float, int]:
     return statistics.median(ts), min(ts), rc
 
 
+def driver_source(argv: list[str]) -> str:
+    """The evidence of driver.nvml.init in one `check --json`: `$ NVML in process (...) → rc 0 in 0.01 s`."""
+    import json
+
+    p = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        f = next(f for f in json.loads(p.stdout)["findings"] if f["id"] == "driver.nvml.init")
+    except (ValueError, KeyError, StopIteration):
+        return f"unknown (check --json rc {p.returncode})"
+    return f"{f['status']}: {(f.get('evidence') or ['?'])[0]}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=7)
@@ -38,6 +53,8 @@ def main() -> int:
         "gpudoctor check": [gd, "check"] if gd else [sys.executable, "-m", "gpudoctor", "check"],
         "gpudoctor check --json": ([gd] if gd else [sys.executable, "-m", "gpudoctor"]) + ["check", "--json"],
         "nvidia-smi -q": ["nvidia-smi", "-q"],
+        "nvidia-smi -q -x": ["nvidia-smi", "-q", "-x"],
+        "NVML read (new process)": [sys.executable, "-c", "from gpudoctor.host.nvml import read; read()"],
         "bare cuInit subprocess": [sys.executable, "-c", CUINIT],
         "python -c pass": [sys.executable, "-c", "pass"],
         # what runs before the cuInit probe starts: the console script's entry (#28) vs the CLI module (before)
@@ -55,6 +72,8 @@ def main() -> int:
             print(f"{name:26s} median {med:.3f} s  min {mn:.3f} s  rc {rc}")
         else:
             print(f"{name:26s} not available")
+    src = driver_source(cmds["gpudoctor check --json"])
+    print(f"driver facts from: {src}")
     chk = res["gpudoctor check"][0]
     for ref in ("nvidia-smi -q", "bare cuInit subprocess"):
         if res.get(ref):

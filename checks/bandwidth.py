@@ -195,7 +195,26 @@ def _causes(facts, rec, res, dg, figs, p2p_status) -> dict:
                     [f"torch.cuda.can_device_access_peer({res.get('device')}, {f['peer']}) = {can}",
                      f"nvidia-smi topo -p2p r GPU{res.get('device')}-GPU{f['peer']}: {st}"],
                     {"peer": f["peer"], "can_access_peer": can, "p2p_read": st}))
+    _contention_explains_clocks(causes, subj)
     return causes
+
+
+# The clock events another process's load brings on a healthy card: its power draw hits the power cap, its heat the
+# software thermal limit. Hardware slowdown, a power brake or application clocks are not a neighbour's doing.
+LOAD_INDUCED = {"sw_power_cap", "sw_thermal_slowdown"}
+
+
+def _contention_explains_clocks(causes: dict, subj: str) -> None:
+    """A foreign process during the measurement outranks the clock events it brings (#33: on the H200 a contender's
+    GEMMs held the clocks at the power cap, and "sw_power_cap" was ranked the root cause, the process second).
+    The clocks are its symptom when every figure they slowed ran beside it and every event is one load induces."""
+    clk, con = causes.get("clocks"), causes.get("contention")
+    if not clk or not con or not set(clk["data"]["reasons"]) <= LOAD_INDUCED:
+        return
+    if all("contention" in f["causes"] for f in clk["figures"]):
+        clk["explained_by"] = (*clk["explained_by"], f"fabric.deep.contention@{subj}")
+        clk["evidence"].append(f"the process named by fabric.deep.contention[{subj}] ran during the same "
+                               "measurement: its load brings these clock events")
 
 
 def _cpus(text):
@@ -276,8 +295,10 @@ def deep_figures(facts):
             out.append(_refused_finding(rec, deep))
             continue
         how = f"backend {res.get('backend')}" + (f" (torch {res['torch']})" if res.get("torch") else "")
-        notes = [f"{how}; child {res.get('elapsed_s')} s"] + list(res.get("notes") or []) + \
+        py = (deep.get("python") or {}).get("evidence")
+        notes = [f"{how}; child {res.get('elapsed_s')} s"] + ([py] if py else []) + list(res.get("notes") or []) + \
                 [f"skipped: {s}" for s in res.get("skipped") or []]
+        out += _not_measured(rec, res, deep)
         if not g["figs"]:
             why = rec.get("error") or res.get("error") or "the child measured nothing"
             out.append(Finding("fabric.deep.figure", Status.UNKNOWN, f"{_subject(rec)}: deep measurement failed: "
@@ -317,6 +338,23 @@ def deep_figures(facts):
                 why = "" if f["limit"] else " (no limit known for this SKU: not judged)"
                 out.append(Finding("fabric.deep.figure", Status.INFO, f"{_subject(rec)}: {line}{why}", subject=subj,
                                    evidence=ev, data=data))
+    return out
+
+
+def _not_measured(rec, res, deep) -> list[Finding]:
+    """What the child could not measure with the python it had (GEMM and P2P need torch): information that says
+    why and what measures it, never an unknown (#33)."""
+    out = []
+    why = (deep.get("python") or {}).get("why")
+    for s in res.get("skipped") or []:
+        what, _, reason = s.partition(": ")
+        if reason == "budget" or res.get("backend") != "ctypes":
+            continue  # out of time is the figure's own story (the budget), not a missing tool
+        kind = what.split()[0]
+        out.append(Finding("fabric.deep.figure", Status.INFO, f"{_subject(rec)}: {kind}: not measured: {reason}",
+                           subject=f"{_subject(rec)} {kind}", evidence=[s] + ([why] if why else []) +
+                           ["`gpudoctor check --deep --deep-python PATH` names a python with torch"],
+                           data={"kind": kind, "gpu": rec["index"], "not_measured": reason, "backend": "ctypes"}))
     return out
 
 

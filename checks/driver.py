@@ -1,4 +1,5 @@
-"""Driver layer: NVML through nvidia-smi, versions, GPU count, persistence, ECC, remapped rows, throttling, PCIe width."""
+"""Driver layer: NVML (in process, else through nvidia-smi), versions, GPU count, persistence, ECC, remapped rows,
+throttling, PCIe width."""
 
 from gpudoctor.checkreg import check
 from gpudoctor.findings import Finding, Status
@@ -33,7 +34,14 @@ def _smi(facts):
     return facts.get("driver")
 
 
-@check("driver.nvml.init", summary="nvidia-smi (NVML) initialises and answers within its deadline.",
+def _tool(facts, xml=False) -> str:
+    """Who answered the driver facts: NVML in process (#33), or nvidia-smi (remote hosts, snapshots before #33)."""
+    if (_smi(facts) or {}).get("source") == "nvml":
+        return "NVML"
+    return "nvidia-smi -q -x" if xml else "nvidia-smi"
+
+
+@check("driver.nvml.init", summary="NVML (in process, else nvidia-smi) initialises and answers within its deadline.",
        depends_on=_BLOCKERS)
 def nvml_init(facts):
     """NVML error codes are named (9, 12, 17, 18, 999); a hang is its own finding, never a hung checker."""
@@ -41,13 +49,18 @@ def nvml_init(facts):
     if not d:
         return None
     if d.get("timed_out"):
-        return Finding("driver.nvml.init", Status.UNKNOWN, f"nvidia-smi did not answer in {d.get('timeout_s'):g} s",
+        tool = "NVML" if d.get("source") == "nvml" else "nvidia-smi"
+        return Finding("driver.nvml.init", Status.UNKNOWN, f"{tool} did not answer in {d.get('timeout_s'):g} s",
                        evidence=[f"$ {d['command']} → no answer in {d.get('timeout_s'):g} s"],
                        hint="A hung NVML usually means a wedged GPU or driver: look at `dmesg` for Xid errors.",
                        explained_by=())
     if d.get("rc") == 127:  # a missing tool is its own cause, whatever else is wrong
-        return Finding("driver.nvml.init", Status.UNKNOWN, "nvidia-smi is not installed, so NVML was not probed",
-                       evidence=[f"$ {d['command']} → command not found"], explained_by=())
+        why = d.get("nvml_fallback")  # NVML in process answered first, with nothing usable (#33)
+        return Finding("driver.nvml.init", Status.UNKNOWN,
+                       f"NVML did not answer in process and nvidia-smi is not installed ({why})" if why else
+                       "nvidia-smi is not installed, so NVML was not probed",
+                       evidence=[f"$ {d['command']} → command not found"] + ([f"NVML in process: {why}"] if why else []),
+                       explained_by=())
     if d.get("rc") != 0:
         if d["rc"] in NVML_CODES:
             name, meaning = NVML_CODES[d["rc"]]
@@ -85,10 +98,10 @@ def version_match(facts):
         return None
     if kmod != lib:
         return Finding("driver.version.match", Status.FAIL, f"Kernel module {kmod} ≠ user-space driver {lib}",
-                       evidence=[f"/proc/driver/nvidia/version: {kmod}", f"nvidia-smi driver_version: {lib}"],
+                       evidence=[f"/proc/driver/nvidia/version: {kmod}", f"{_tool(facts)} driver_version: {lib}"],
                        hint="Reboot, or unload and reload the nvidia modules, so both are the same release.")
     return Finding("driver.version.match", Status.OK, f"Kernel module and libraries are both {lib}",
-                   evidence=[f"/proc/driver/nvidia/version: {kmod}", f"nvidia-smi driver_version: {lib}"])
+                   evidence=[f"/proc/driver/nvidia/version: {kmod}", f"{_tool(facts)} driver_version: {lib}"])
 
 
 @check("driver.gpu.count", summary="The number of GPUs NVML sees matches the expectation (inventory or --expect-gpus).",
@@ -100,7 +113,7 @@ def gpu_count(facts):
         return None
     want = (facts.get("meta", {}).get("context") or {}).get("expect_gpus")
     names = sorted({g.get("name") or "?" for g in gpus})
-    ev = [f"nvidia-smi sees {len(gpus)}: {', '.join(names)}"]
+    ev = [f"{_tool(facts)} sees {len(gpus)}: {', '.join(names)}"]
     if want is None:
         st = Status.INFO if gpus else Status.WARN
         return Finding("driver.gpu.count", st, f"{len(gpus)} GPU(s) visible (no expected count given)", evidence=ev)
@@ -264,7 +277,7 @@ def recovery_action(facts):
         if act is None:
             continue
         sub = f"GPU {i} ({g.get('bus_id')})"
-        ev = [f"nvidia-smi -q -x: gpu_recovery_action = {g.get('recovery_action')}"]
+        ev = [f"{_tool(facts, xml=True)}: gpu_recovery_action = {g.get('recovery_action')}"]
         if act == "None":
             out.append(Finding("driver.recovery_action", Status.OK, "No recovery action pending", subject=sub,
                                evidence=ev))

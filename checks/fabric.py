@@ -187,8 +187,14 @@ def allreduce(facts):
         return Finding("fabric.nccl.allreduce", Status.UNKNOWN, "Deep tier asked for, but no GPU group to measure",
                        evidence=[deep.get("note") or "nvidia-smi topo -m listed no GPUs"])
     out, floor = [], (_policy(facts).get("min_busbw_gbs"))
+    py = (deep.get("python") or {}).get("evidence")
     for g in groups:
         subj = f"TP{g['tp']}:{','.join(x[3:] for x in g['gpus'])}"
+        if g.get("not_measured"):  # no python with torch: said, never a failure of the GPU (#33)
+            out.append(Finding("fabric.nccl.allreduce", Status.INFO, f"{subj}: not measured: {g['not_measured']}"[:300],
+                               subject=subj, evidence=[g["not_measured"]] + ([py] if py else []),
+                               data={"not_measured": g["not_measured"]}))
+            continue
         if g.get("error"):
             out.append(Finding("fabric.nccl.allreduce", Status.UNKNOWN, f"{subj}: all-reduce probe failed", subject=subj,
                                evidence=[g["error"][:300]]))

@@ -33,7 +33,7 @@ def take(host, ctx) -> dict:
 
 
 MAX_BYTES = 256 << 20
-_OPS = ("run", "read", "stat", "open", "listdir", "statvfs")
+_OPS = ("run", "read", "stat", "open", "listdir", "statvfs", "nvml")
 _CORE = ("host", "driver", "devices", "cuda")
 
 
@@ -221,3 +221,10 @@ def _validate_transcript(transcript: dict, name: str, bad) -> None:
         elif op == "statvfs":
             if not isinstance(value, dict) or not all(isinstance(v, (int, float, str, bool)) for v in value.values()):
                 bad(f"{where}: a statvfs result is a mapping of plain values")
+        elif op == "nvml":  # NVML read in process (host/nvml.py, #33)
+            ok = (isinstance(value, dict) and value.get("schema") == "gpudoctor.nvml/1"
+                  and isinstance(value.get("system", {}), dict) and isinstance(value.get("devices", []), list)
+                  and all(isinstance(d, dict) for d in value.get("devices", [])))
+            if not ok:
+                bad(f"{where}: an NVML answer is a gpudoctor.nvml/1 mapping with system (a mapping) and devices "
+                    "(a list of mappings)")

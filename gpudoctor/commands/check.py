@@ -71,7 +71,8 @@ def common(f):
 @click.option("--deep", is_flag=True, help="Also measure each GPU against its physical limit (host and device copies, "
               "bf16 GEMM, P2P; <= 30 s per GPU) and NCCL all-reduce per TP group (occupies the GPUs; torch, else "
               "CUDA through ctypes).")
-@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the first with torch of a "
+              "running SGLang/vLLM/transformers server's, the inventory's, python3 on PATH; docs/deep.md).")
 @click.option("--force", "deep_force", is_flag=True,
               help="With --deep: also measure a GPU another process holds (the figures then include its load).")
 @click.option("--all", "all_hosts", is_flag=True, help="Check every inventory host, concurrently (fleet mode).")
@@ -221,7 +222,8 @@ def _explain(check_id: str) -> int:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
 @click.option("--deep", is_flag=True, help="Also record the deep tier: each GPU measured against its physical limit and "
               "the NCCL all-reduce probe per TP group (occupies the GPUs).")
-@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the target's python3).")
+@click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the first with torch of a "
+              "running SGLang/vLLM/transformers server's, the inventory's, python3 on PATH; docs/deep.md).")
 @click.option("--force", "deep_force", is_flag=True,
               help="With --deep: also measure a GPU another process holds.")
 @click.option("--unit", "units", multiple=True, metavar="UNIT",

@@ -40,4 +40,7 @@ def policy_from_inventory(policy=None, *, mrrs: int | None = None) -> dict:
         want = int(exp) if isinstance(exp, (int, str)) and str(exp).isdigit() else None
     if want is not None:
         pol["pcie"] = {**(pol.get("pcie") or {}), "mrrs": want}
+    py = ((pol.get("checks") or {}).get("fabric.deep.figure") or {}).get("python")
+    if isinstance(py, str) and py:  # `checks: fabric.deep.figure: {python: PATH}`: the deep tier's python (#33)
+        pol["deep_python"] = py
     return pol

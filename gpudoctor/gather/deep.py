@@ -12,10 +12,42 @@ import json
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.replay import not_recorded
 
 # One rank of the probe; the gather starts one per GPU of the group (threads over Host.run), rendezvous by file.
 # argv: rank world rendezvous-file device bytes iters
 PROBE = r"""
+import json, os, sys, time
+rank, world, rdv, dev, nbytes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
+                                        int(sys.argv[5]), int(sys.argv[6]))
+try:
+    import torch, torch.distributed as dist
+except ImportError as e:
+    print(json.dumps({"not_measured": "torch does not import in %s: %s" % (sys.executable, e)}))
+    raise SystemExit(0)
+torch.cuda.set_device(dev)
+dist.init_process_group("nccl", init_method="file://" + rdv, rank=rank, world_size=world)
+x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+for _ in range(3):
+    dist.all_reduce(x)
+torch.cuda.synchronize(); dist.barrier()
+t = time.perf_counter()
+for _ in range(iters):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+dt = (time.perf_counter() - t) / iters
+dist.destroy_process_group()
+if rank == 0:
+    alg = nbytes / dt / 1e9
+    print(json.dumps({"seconds_per_op": dt, "algbw_gbs": alg, "busbw_gbs": alg * 2 * (world - 1) / world,
+                      "nccl": ".".join(map(str, torch.cuda.nccl.version()))}))
+"""
+
+
+# The probe as snapshots taken before #33 recorded it (its text was part of their transcript key: `python -c PROBE`).
+# Today's goes on stdin (`python - ARGS`: the key is the arguments alone, as the measuring child's); a replay that
+# does not find it asks for the old one, so those snapshots still replay.
+PROBE_BEFORE_33 = r"""
 import json, os, sys, time
 rank, world, rdv, dev, nbytes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                         int(sys.argv[5]), int(sys.argv[6]))
@@ -48,17 +80,24 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     topo = parse_topo(topo_res.stdout) if topo_res.ok else {"gpus": []}
     n = len(topo["gpus"])
     sizes = ctx.policy.get("tp_sizes") or [s for s in (2, 4, 8) if s <= n] or ([1] if n == 1 else [])
-    python = ctx.policy.get("torch_python") or host.python
-    python = [python] if isinstance(python, str) else list(python)
+    from gpudoctor.gather.deep_python import choose, describe
+
+    pick = choose(host, ctx)
+    python = pick["python"]
     nbytes = int(ctx.policy.get("allreduce_bytes", 256 << 20))
     from gpudoctor.gather.deep_gpu import measure
 
     per_gpu = measure(host, ctx, python)
     refused = {f"GPU{r['index']}" for r in per_gpu["gpus"] or [] if r.get("refused")}
-    out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}", **per_gpu}
+    out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}",
+           "python": {**pick, "evidence": describe(pick)}, **per_gpu}
     for s in sizes:
         groups = tp_groups(topo, s) if s > 1 else [{"gpus": ["GPU0"], "worst_link": "X", "numa_nodes": []}]
         for g in groups:
+            if pick.get("torch") is None:  # never a traceback as a finding: said, with the candidates tried
+                out["groups"].append({"tp": s, **g, "not_measured": f"NCCL all-reduce needs torch: {pick['why']} "
+                                      "(`--deep-python PATH` names one)"})
+                continue
             if refused & set(g["gpus"]):
                 out["groups"].append({"tp": s, **g, "error": "not run: another process holds "
                                       f"{', '.join(sorted(refused & set(g['gpus'])))} (--deep --force runs it)"})
@@ -78,8 +117,13 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
     results: dict = {}
 
     def rank(r):
-        results[r] = host.run([*python, "-c", PROBE, str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"],
-                              timeout=max(ctx.timeout, 180), env={"NCCL_NVLS_ENABLE": "0"})
+        args = [str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"]
+        res = host.run([*python, "-", *args], timeout=max(ctx.timeout, 180), input=PROBE.encode(),
+                       env={"NCCL_NVLS_ENABLE": "0"})
+        if not_recorded(res):  # a snapshot from before #33
+            res = host.run([*python, "-c", PROBE_BEFORE_33, *args], timeout=max(ctx.timeout, 180),
+                           env={"NCCL_NVLS_ENABLE": "0"})
+        results[r] = res
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(devs))]
     for t in threads:
@@ -89,6 +133,17 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
     host.run(["rm", "-f", rdv], timeout=5)
     rec = {"tp": tp, **group, "devices": devs, "bytes": nbytes, "iters": 20}
     failed = [res for res in results.values() if not res.ok]
+    gone = next((res for res in failed if "No module named 'torch'" in res.stderr), None)
+    if gone is not None:  # recorded before the probe said so itself (#33): torch was missing, nothing failed
+        rec["not_measured"] = f"NCCL all-reduce needs torch: {gone.argv[0]} has none (ModuleNotFoundError)"
+        return rec
+    try:
+        said = json.loads(results[0].stdout.strip().splitlines()[-1]) if results[0].ok else {}
+    except (ValueError, IndexError):
+        said = {}
+    if isinstance(said, dict) and said.get("not_measured"):
+        rec["not_measured"] = "NCCL all-reduce needs torch: " + said["not_measured"]
+        return rec
     if failed:
         res = failed[0]
         rec["error"] = (f"rank probe rc {res.rc}" + (" (timed out)" if res.timed_out else "") + ": "

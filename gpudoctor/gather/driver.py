@@ -1,4 +1,6 @@
-"""Driver layer facts from `nvidia-smi -q -x` (a subprocess with a deadline: a hung NVML never hangs us)."""
+"""Driver layer facts: NVML read in process under a deadline where the host can (a live local check: host/nvml.py,
+parsed by gather/nvml.py), else — and whenever NVML did not answer fully — `nvidia-smi -q -x` (a subprocess with a
+deadline: a hung NVML never hangs us). Both give the same facts; `source` says which answered."""
 
 from __future__ import annotations
 
@@ -79,9 +81,26 @@ def parse_nvidia_smi_xml(text: str) -> dict:
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:
+    raw = host.nvml(ctx.timeout)
+    fallback = None
+    if raw is not None:
+        from gpudoctor.gather.nvml import facts_from_nvml, usable
+
+        if raw.get("timed_out"):  # a wedged driver: nvidia-smi would hang as long again
+            return {"source": "nvml", "command": "NVML in process", "rc": None, "timed_out": True,
+                    "timeout_s": raw.get("timeout_s"), "duration_s": round((raw.get("ms") or 0) / 1e3, 4), "stderr": ""}
+        fallback = usable(raw)
+        if fallback is None:
+            ver = ((raw.get("system") or {}).get("nvmlSystemGetNVMLVersion") or {}).get("value")
+            return {"source": "nvml", "command": "NVML in process" + (f" (NVML {ver})" if ver else ""), "rc": 0,
+                    "timed_out": False, "timeout_s": ctx.timeout, "duration_s": round((raw.get("ms") or 0) / 1e3, 4),
+                    "stderr": "", **facts_from_nvml(raw)}
     res = host.run(NVIDIA_SMI, timeout=ctx.timeout)
-    out = {"command": res.cmdline, "rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
-           "duration_s": round(res.duration_s, 4), "stderr": (res.stderr.strip() or res.stdout.strip())[:500] if not res.ok else ""}
+    out = {"source": "nvidia-smi", "command": res.cmdline, "rc": res.rc, "timed_out": res.timed_out,
+           "timeout_s": res.timeout_s, "duration_s": round(res.duration_s, 4),
+           "stderr": (res.stderr.strip() or res.stdout.strip())[:500] if not res.ok else ""}
+    if fallback:
+        out["nvml_fallback"] = fallback  # why NVML in process did not answer (nvidia-smi's exit code names it)
     if res.ok:
         # nvidia-smi may print a DOCTYPE line; ElementTree ignores it. Bad XML is its own finding.
         try:

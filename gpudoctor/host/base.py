@@ -106,6 +106,11 @@ class Host:
             env: dict[str, str] | None = None) -> CommandResult:
         raise NotImplementedError
 
+    def nvml(self, timeout: float) -> dict | None:
+        """NVML's raw answers read in this process (host/nvml.py), or None where this backend does not read NVML
+        itself: the driver gather then asks `nvidia-smi -q -x` (remote hosts, tests that stand nvidia-smi in)."""
+        return None
+
     # --- file operations: each one request of host/ops.py, carried to the target by _call -----------
     def _call(self, req: dict, timeout: float) -> dict | None:
         """Carry one host/ops.py request to the target: its answer, or None when `timeout` passed first.

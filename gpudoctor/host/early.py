@@ -1,6 +1,7 @@
 """Probes started before the rest of gpudoctor is imported. A live local `check`/`gate` spends most of its wall time
 waiting for cuInit, so the console script (gpudoctor/entry.py) starts its probes first; LocalHost.run() of the same
-argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit.
+argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit;
+LocalHost.nvml() adopts the NVML read started here.
 Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28)."""
 
 import sys
@@ -56,10 +57,13 @@ def kill_unadopted() -> None:
 
 
 def start_probes(args) -> None:
-    """For a live local check: the cuInit probe first (it dominates), then nvidia-smi."""
+    """For a live local check: the cuInit probe first (it dominates), then NVML's reads in a thread of this process
+    (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where NVML
+    does not answer (gather/driver.py)."""
     if not is_live_check(args):
         return
     from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
+    from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
     spawn([sys.executable, *FAST, "-c", PROBE])
-    spawn(["nvidia-smi", "-q", "-x"])
+    start_early()

@@ -66,6 +66,15 @@ class LocalHost(Host):
     def _path(self, path: str) -> str:
         return self.root + path if self.root and path.startswith("/") else path
 
+    def nvml(self, timeout: float) -> dict | None:
+        """NVML in this process (the read the console script started at entry, when there is one), under `timeout`.
+        A test tree (root) or stood-in tools (path_prepend) describe another machine: nvidia-smi answers there."""
+        if self.root or self.path_prepend:
+            return None
+        from gpudoctor.host.nvml import read_within
+
+        return read_within(timeout)
+
     def run(self, argv, timeout=None, input=None, env=None) -> CommandResult:
         timeout = self.default_timeout if timeout is None else timeout
         early = _PRESTARTED.pop(tuple(argv), None) if not (input or env or self.path_prepend or self.root) else None

@@ -32,6 +32,19 @@ def not_recorded(res: CommandResult) -> bool:
     return res.rc == 127 and res.stderr.endswith(NOT_RECORDED) and not res.stdout
 
 
+def _is_python(arg0: str) -> bool:
+    """An interpreter's argv[0]: <python> (the target's own, normalised) or a python by its file name."""
+    base = arg0.rsplit("/", 1)[-1]
+    return arg0 == "<python>" or base.startswith("python")
+
+
+def _strip_flags(rest: list) -> list:
+    """Interpreter flags (and "-", the program on stdin) do not change an answer: _run_key drops them too."""
+    while rest and isinstance(rest[0], str) and rest[0].startswith("-") and rest[0] != "-c":
+        rest = rest[1:]
+    return rest
+
+
 def _run_key(host: Host, argv) -> str:
     """Key of a command; the target's python interpreter path is normalised so replays match anywhere."""
     argv = list(argv)
@@ -63,6 +76,12 @@ class RecordingHost(Host):
     def run(self, argv, timeout=None, input=None, env=None):
         res = self.inner.run(argv, timeout=timeout, input=input, env=env)
         self._keep(_run_key(self, argv), res.to_json())
+        return res
+
+    def nvml(self, timeout):
+        res = self.inner.nvml(timeout)
+        if res is not None:
+            self._keep(_key("nvml", "in-process"), res)
         return res
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
@@ -138,9 +157,35 @@ class ReplayHost(Host):
 
     def run(self, argv, timeout=None, input=None, env=None):
         rec = self.transcript.get(_run_key(self, argv))
+        if rec is None and _is_python(argv[0] if argv else ""):
+            rec = self._by_role(argv)
         if rec is None:
             return CommandResult(list(argv), 127, "", f"{argv[0]}: {NOT_RECORDED}")
         return CommandResult(**rec)
+
+    def _by_role(self, argv) -> dict | None:
+        """A Python probe recorded under another interpreter than the one asked for now (#33): the interpreter does
+        not change what was recorded, its program and arguments say what the probe is. A deep child run under
+        `--deep-python python3` on a host whose own python was a venv's is kept under `python3`; a replay whose own
+        python is also called python3 (or that names another --deep-python) looks it up by its role."""
+        if getattr(self, "_roles", None) is None:
+            roles: dict = {}
+            for key in list(self.transcript):
+                if not key.startswith('["run",'):
+                    continue
+                try:
+                    op, args = json.loads(key)
+                except ValueError:
+                    continue
+                if isinstance(args, list) and args and isinstance(args[0], str) and _is_python(args[0]):
+                    roles.setdefault(json.dumps(_strip_flags(args[1:])), key)
+            self._roles = roles
+        key = self._roles.get(json.dumps(_strip_flags(list(argv[1:]))))
+        return self.transcript.get(key) if key is not None else None
+
+    def nvml(self, timeout):
+        # A snapshot from before #33 holds nvidia-smi's XML instead: None makes the driver gather ask for that.
+        return self.transcript.get(_key("nvml", "in-process"))
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
         rec = self.transcript.get(_key("read", path))

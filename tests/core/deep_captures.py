@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from gpudoctor.gather.deep import PROBE as NCCL_PROBE
+from gpudoctor.gather.deep import PROBE_BEFORE_33 as NCCL_PROBE  # as the H200 snapshots recorded it
 from gpudoctor.gather.deep_gpu import QUERY_APPS, QUERY_GPUS, child_args, settings
 
 ROOT = Path(__file__).resolve().parents[2]
