@@ -343,7 +343,7 @@ def deep_figures(facts):
 
 def _not_measured(rec, res, deep) -> list[Finding]:
     """What the child could not measure with the python it had (GEMM and P2P need torch): information that says
-    why and what measures it, never an unknown (#33)."""
+    why and what measures it, never an unknown."""
     out = []
     why = (deep.get("python") or {}).get("why")
     for s in res.get("skipped") or []:

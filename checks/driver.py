@@ -35,7 +35,8 @@ def _smi(facts):
 
 
 def _tool(facts, xml=False) -> str:
-    """Who answered the driver facts: NVML in process (#33), or nvidia-smi (remote hosts, snapshots before #33)."""
+    """Who answered the driver facts: NVML in process, or nvidia-smi (remote hosts, snapshots taken before NVML was
+    read in process)."""
     if (_smi(facts) or {}).get("source") == "nvml":
         return "NVML"
     return "nvidia-smi -q -x" if xml else "nvidia-smi"

@@ -164,7 +164,7 @@ class ReplayHost(Host):
         return CommandResult(**rec)
 
     def _by_role(self, argv) -> dict | None:
-        """A Python probe recorded under another interpreter than the one asked for now (#33): the interpreter does
+        """A Python probe recorded under another interpreter than the one asked for now: the interpreter does
         not change what was recorded, its program and arguments say what the probe is. A deep child run under
         `--deep-python python3` on a host whose own python was a venv's is kept under `python3`; a replay whose own
         python is also called python3 (or that names another --deep-python) looks it up by its role."""
