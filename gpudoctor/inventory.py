@@ -132,9 +132,13 @@ class Policy:
     verify_lines: dict = field(default_factory=dict)  # verify key -> its line in the file, for error messages
 
     def as_dict(self) -> dict:
-        return {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
-                "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()},
-                "recovery": dict(self.recovery), "verify": self.verify}
+        out = {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
+               "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()}}
+        if self.recovery:
+            out["recovery"] = dict(self.recovery)
+        if self.verify is not None:
+            out["verify"] = self.verify
+        return out
 
 
 @dataclass
