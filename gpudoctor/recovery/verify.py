@@ -17,13 +17,14 @@ configure). The ladder (gpudoctor/recovery/, the daemon, the gates) decides what
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from gpudoctor.errors import ConfigError
 
 MODES = ("auto", "on", "off")
-VERIFY_KEYS = ("deep", "serving", "commands", "timeout_s", "smoke_requests", "smoke_max_tokens", "smoke_ttft_ms_max")
+VERIFY_KEYS = ("deep", "serving", "commands", "timeout_s", "smoke_requests", "smoke_max_tokens", "smoke_ttft_ms_max",
+               "deep_python")
 PASS, FAIL, NOT_RUN = "pass", "fail", "not-run"
 TAIL_CHARS = 400  # a command's output tail kept in a step's detail
 
@@ -39,11 +40,13 @@ class VerifyPolicy:
     smoke_requests: int = 8
     smoke_max_tokens: int = 16
     smoke_ttft_ms_max: float = 5000.0
+    deep_python: str | None = None  # a python with torch for the deep tier (GEMM needs it); None: the host's
 
     def to_json(self) -> dict:
         return {"deep": self.deep, "serving": self.serving, "commands": [list(c) for c in self.commands],
                 "timeout_s": self.timeout_s, "smoke_requests": self.smoke_requests,
-                "smoke_max_tokens": self.smoke_max_tokens, "smoke_ttft_ms_max": self.smoke_ttft_ms_max}
+                "smoke_max_tokens": self.smoke_max_tokens, "smoke_ttft_ms_max": self.smoke_ttft_ms_max,
+                "deep_python": self.deep_python}
 
 
 def parse_verify_policy(spec, *, path: str | None = None, lines: dict | None = None) -> VerifyPolicy:
@@ -72,6 +75,12 @@ def parse_verify_policy(spec, *, path: str | None = None, lines: dict | None = N
             kw[key] = v
     if "commands" in spec:
         kw["commands"] = _commands(spec["commands"], err)
+    if spec.get("deep_python") is not None:
+        v = spec["deep_python"]
+        if not isinstance(v, str) or not v.startswith("/") or any(c.isspace() for c in v):
+            raise err("deep_python", f"policy.verify.deep_python must be an absolute path to a python with torch, "
+                                     f"got {v!r}")
+        kw["deep_python"] = v
     for key, kind, lo, hi in (("timeout_s", float, 1.0, 86400.0), ("smoke_requests", int, 1, 1000),
                               ("smoke_max_tokens", int, 1, 65536), ("smoke_ttft_ms_max", float, 1.0, 3.6e6)):
         if key not in spec:
@@ -237,13 +246,126 @@ def run_commands(target, policy: VerifyPolicy, budget_s: float, say: Callable[[s
     return PASS, "; ".join(done)
 
 
-# --- the deep and serving steps -------------------------------------------------------------------------------------
+# --- the deep step --------------------------------------------------------------------------------------------------
+
+REQUIRED_KINDS = ("h2d", "d2h", "d2d", "gemm")  # what every GPU must measure at or above its floor
+KIND_WORDS = {"h2d": "H2D", "d2h": "D2H", "d2d": "device copy", "gemm": "bf16 GEMM"}
+# Causes named first in the reason: who else was there (the PID) before what it did to the clocks.
+CAUSE_ORDER = ("fabric.deep.contention", "fabric.deep.errors", "fabric.deep.clocks")
+
 
 def _deep_apply(target, policy: VerifyPolicy) -> str | None:
     if policy.deep == "off":
         return "deep tier off (policy.verify.deep)"
-    return None if policy.deep == "on" else "deep tier: not in this build yet"
+    if policy.deep == "on" or _has_nvidia_gpu(target):
+        return None
+    return "no NVIDIA GPU here for the deep tier (policy.verify.deep: auto)"
 
+
+def _has_nvidia_gpu(target) -> bool:
+    """policy.verify.deep: auto — the inventory expects GPUs, the snapshot measured some, or the host shows
+    /dev/nvidiaN."""
+    import re
+
+    if target.context.expect_gpus:
+        return True
+    if target.snapshot is not None:
+        return bool(((target.snapshot.get("facts") or {}).get("deep") or {}).get("gpus"))
+    if target.host is None:
+        return False
+    names = target.host.listdir("/dev")
+    return isinstance(names, list) and any(re.fullmatch(r"nvidia\d+", n) for n in names)
+
+
+def run_deep(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str], None]) -> tuple[str, str]:
+    """The deep tier on every GPU through the one pipeline (check --deep's: pipeline.check_host with policy deep,
+    never --force: a GPU another process holds is refused and named), judged by judge_deep. Bounded: each GPU's
+    child gets its share of the time left; a tier still running at the deadline is a fail."""
+    import threading
+
+    from gpudoctor.pipeline import check_host
+
+    ctx = target.context
+    pol = {k: v for k, v in ctx.policy.items() if k != "deep_force"}
+    pol["deep"] = True
+    if policy.deep_python:
+        pol["torch_python"] = policy.deep_python
+    n = max(1, ctx.expect_gpus or _count_gpus(target))
+    # each child is killed 10 s after its budget; what is left after the children is for the passive gather
+    per_gpu = min(float(pol.get("deep_gpu_budget_s") or 30.0), max(5.0, (budget_s * 0.8) / n - 10.0))
+    pol["deep_gpu_budget_s"] = per_gpu
+    # the caller's target is not changed: the deep run gets its own context (the same host, the deep policy)
+    deep_target = replace(target, context=replace(ctx, policy=pol))
+    box: dict = {}
+
+    def work():
+        try:
+            box["diagnosis"] = check_host(deep_target)
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
+            box["error"] = exc
+
+    say(f"deep tier on {n} GPU(s), {per_gpu:.0f} s budget each")
+    th = threading.Thread(target=work, name="gpudoctor-verify-deep", daemon=True)
+    th.start()
+    th.join(budget_s)
+    if th.is_alive():
+        return FAIL, f"the deep tier did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
+    if "error" in box:
+        raise box["error"]
+    return judge_deep(box["diagnosis"])
+
+
+def _count_gpus(target) -> int:
+    if target.host is None:
+        return 1
+    import re
+
+    names = target.host.listdir("/dev")
+    return sum(1 for n in names if re.fullmatch(r"nvidia\d+", n)) if isinstance(names, list) else 1
+
+
+def judge_deep(diagnosis) -> tuple[str, str]:
+    """pass, or fail with every problem in one line, causes first: a cause the deep tier found during its own
+    measurement (another process: its PID; a clock event; errors), a figure below its floor or not judged (a GPU
+    another process holds: its PID), a GPU without one of REQUIRED_KINDS, any other failure the gate's deep_floors
+    profile blocks on (gpudoctor.gate: one rule for what blocks)."""
+    from gpudoctor.findings import Status
+    from gpudoctor.gate import Profile, evaluate
+
+    findings = list(diagnosis.findings)
+    problems: dict[str, str] = {}  # finding key -> words, in order
+    causes = [f for f in findings if f.id.startswith("fabric.deep.") and f.id != "fabric.deep.figure"
+              and f.status in (Status.WARN, Status.FAIL)]
+    rank = {cid: i for i, cid in enumerate(CAUSE_ORDER)}
+    for f in sorted(causes, key=lambda f: rank.get(f.id, len(rank))):
+        problems[f.key] = f.summary
+    gate = evaluate(diagnosis, Profile("verify", deep_floors=True))
+    if gate.error:
+        problems["(gate)"] = gate.error
+    for b in gate.blockers:
+        problems.setdefault(b.key, b.summary)
+    figures = [f for f in findings if f.id == "fabric.deep.figure"]
+    gpus: dict = {}
+    for f in figures:
+        gpu = f.data.get("gpu")
+        if gpu is None:
+            continue
+        g = gpus.setdefault(gpu, {"kinds": set(), "backend": f.data.get("backend")})
+        g["kinds"].add(f.data.get("kind"))
+    for gpu, g in sorted(gpus.items(), key=lambda kv: str(kv[0])):
+        missing = [k for k in REQUIRED_KINDS if k not in g["kinds"]]
+        if missing:
+            why = (" (the ctypes backend has no GEMM: give the deep tier a python with torch, "
+                   "policy.verify.deep_python)" if "gemm" in missing and g["backend"] == "ctypes" else "")
+            problems[f"missing[{gpu}]"] = (f"GPU {gpu}: {', '.join(KIND_WORDS[k] for k in missing)} not measured"
+                                           f" (backend {g['backend']}){why}")
+    if not problems:
+        judged = [f for f in figures if f.status == Status.OK]
+        return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"
+    return FAIL, "; ".join(dict.fromkeys(problems.values()))
+
+
+# --- the serving step -----------------------------------------------------------------------------------------------
 
 def _serving_apply(target, policy: VerifyPolicy) -> str | None:
     if policy.serving == "off":
@@ -256,7 +378,7 @@ def _not_built(target, policy, budget_s, say):
 
 
 _STEPS = (
-    ("deep", _deep_apply, _not_built),
+    ("deep", _deep_apply, run_deep),
     ("serving", _serving_apply, _not_built),
     ("commands", _commands_apply, run_commands),
 )
