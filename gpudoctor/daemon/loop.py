@@ -89,9 +89,10 @@ class Daemon:
         """Build the engine and policy; raises GpudoctorError on bad input (the first load must succeed)."""
         engine = self.engine_factory(self.config.engine)
         policy = parse_policy(getattr(engine, "policy", None) or {}, path=self.config.engine.inventory)
-        from gpudoctor.recovery.policy import from_policy
+        from gpudoctor.recovery.policy import from_policy, verify_policy_of
 
         self.recovery_policy = from_policy(getattr(engine, "policy", None), path=self.config.engine.inventory)
+        verify_policy_of(getattr(engine, "policy", None) or None, path=self.config.engine.inventory)  # bad: fail now
         policy = policy.with_allowed(self.config.heal)
         if self.config.observe_only:
             policy = replace(policy, allow=())

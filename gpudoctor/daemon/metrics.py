@@ -93,6 +93,7 @@ class DaemonMetrics:
                 self.recovery_state.labels(host, s).set(1 if s == state else 0)
             if ladder.since is not None:
                 self.recovery_since.labels(host).set(ladder.since)
+            self.between_failures.labels(host)  # the series exists (count 0) before the first interval
 
     def render(self) -> bytes:
         from prometheus_client.exposition import generate_latest

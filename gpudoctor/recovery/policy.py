@@ -43,6 +43,17 @@ def from_policy(policy, *, path=None) -> RecoveryPolicy:
     return parse_recovery_policy(spec or None, path=path)
 
 
+def verify_policy_of(policy, *, path=None):
+    """The VerifyPolicy of an inventory's policy (gpudoctor.inventory.Policy or a plain mapping; None: defaults)."""
+    from gpudoctor.recovery.verify import parse_verify_policy
+
+    if policy is None:
+        return parse_verify_policy(None, path=path)
+    if isinstance(policy, dict):
+        return parse_verify_policy(policy.get("verify"), path=path)
+    return parse_verify_policy(getattr(policy, "verify", None), path=path, lines=getattr(policy, "verify_lines", None))
+
+
 def from_inventory(inventory) -> RecoveryPolicy:
     """The recovery policy of a loaded inventory (or the defaults without one)."""
     if inventory is None:
