@@ -7,8 +7,8 @@ recurrence. Where no daemon runs, the gate moves the ladder itself through the s
 the store's lock), including the verification when it is due; its checks are the passive check. Either way the
 ladder's rules are the only rules.
 
-A gate of a snapshot stands for this machine's passive check (Slurm mode acts on this machine's node): its
-verification runs here, on this machine.
+A gate of a snapshot stands for this machine's passive check (Slurm mode acts on this machine's node): the ladder is
+this machine's (its name, its boot id) and the verification runs here.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def judge(target, result, store, *, clock=time.time) -> LadderVerdict:
                      path=str(inv.path) if inv is not None else None)  # bad input fails before anything moves
     boot, driver = recovery.identity(getattr(result, "facts", None))
     name = target.name
+    if target.host is None:  # a snapshot stands for this machine: its ladder, its boot
+        import socket
+
+        from gpudoctor.daemon.loop import read_boot_id
+
+        name, boot, driver = socket.gethostname(), read_boot_id(), None
     if daemon_pid(store.path.parent) is not None:
         state, reason, ready = view(store.get(name), boot)
         lad = store.get(name)

@@ -23,9 +23,27 @@ ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
 GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")  # the installed console script, as a user runs it
 
 
+INVENTORY = """hosts:
+  {node}: {{address: 127.0.0.1}}
+policy:
+  verify: {{deep: "off", serving: "off", commands: [[test, -e, "{flag}"]]}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def verified(tmp_path, node):
+    """An inventory whose verification (policy verify: commands) passes while the flag file exists, and the ladder's
+    file in this test's directory: the gate resumes a node only after a passing verification (docs/recovery.md)."""
+    flag = tmp_path / "verify-passes"
+    flag.touch()
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.format(node=node.node, flag=flag))
+    return flag
+
+
 def gate(lab, tmp_path, snap, *extra):
     """`gpudoctor gate --slurm` inside the lab's namespace, as slurmd's node would run it."""
-    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", *extra], cwd=tmp_path,
+    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", "--inventory", str(tmp_path / "inventory.yaml"),
+                    "--recovery-file", str(tmp_path / "recovery.json"), *extra], cwd=tmp_path,
                    env={"HOME": str(tmp_path), "SLURMD_NODENAME": lab.node, "GPUDOCTOR_INVENTORY": ""})
 
 
@@ -123,7 +141,8 @@ def _wrapper(lab, tmp_path, snapshot_file: Path) -> Path:
     text = re.search(r"```sh\n(#!/bin/sh\n.*?)```", doc, re.S).group(1)
     assert "export PATH" in text and "/usr/local/bin/gpudoctor gate --slurm" in text
     shim = tmp_path / "gpudoctor-under-test"
-    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})"\n')
+    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})" '
+                    f'--inventory {tmp_path / "inventory.yaml"} --recovery-file {tmp_path / "recovery.json"}\n')
     shim.chmod(0o755)
     text = text.replace("/usr/local/bin/gpudoctor", str(shim), 1)
     text = text.replace("#!/bin/sh\n", f"#!/bin/sh\nSLURM_CONF={lab.conf}; export SLURM_CONF\n", 1)

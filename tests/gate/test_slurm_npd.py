@@ -170,7 +170,7 @@ def test_slurm_keeps_its_drain_until_the_verification_passes(slurm, tmp_path, ve
     assert reason.startswith("reason=gpudoctor: verifying: verification failed (commands: test -e ")
     assert "retry in 300 s" in reason and "state=resume" not in sum(slurm.updates(), [])
     assert "BLOCK recovery.ladder: verifying: verification failed" in r.stdout
-    rec = ladder(tmp_path)["vm"]
+    rec = ladder(tmp_path)[socket.gethostname()]
     assert rec["state"] == "verifying" and rec["verify_failures"] == 1
     slurm.node("gpu01", "IDLE+DRAIN", reason[len("reason="):])
     verified.touch()
@@ -180,13 +180,13 @@ def test_slurm_keeps_its_drain_until_the_verification_passes(slurm, tmp_path, ve
 
     path = tmp_path / "state" / "recovery.json"
     doc = json.loads(path.read_text())
-    doc["hosts"]["vm"]["next_verify_at"] = 0
+    doc["hosts"][socket.gethostname()]["next_verify_at"] = 0
     path.write_text(json.dumps(doc))
     r = gate_slurm(slurm, tmp_path, GOOD)
     assert r.returncode == 0, r.stdout + r.stderr
     assert slurm.updates()[-1] == ["update", "nodename=gpu01", "state=resume"]
-    assert "recovery: vm ready (verified; ladder moved by the gate)" in r.stderr
-    assert ladder(tmp_path)["vm"]["state"] == "ready"
+    assert f"recovery: {socket.gethostname()} ready (verified; ladder moved by the gate)" in r.stderr
+    assert ladder(tmp_path)[socket.gethostname()]["state"] == "ready"
 
 
 def test_a_reboot_since_the_last_verification_blocks_slurm_and_npd(slurm, tmp_path, verified):
@@ -195,7 +195,7 @@ def test_a_reboot_since_the_last_verification_blocks_slurm_and_npd(slurm, tmp_pa
 
     path = tmp_path / "state" / "recovery.json"
     doc = json.loads(path.read_text())
-    doc["hosts"]["vm"]["verified_boot"] = "an-earlier-boot"
+    doc["hosts"][socket.gethostname()]["verified_boot"] = "an-earlier-boot"
     path.write_text(json.dumps(doc))
     verified.unlink()
     slurm.node("gpu01", "IDLE", None)
@@ -223,7 +223,7 @@ def test_npd_in_needs_inspection_says_so_even_when_the_checks_pass(tmp_path):
     assert npd(tmp_path, "--snapshot", GOOD).returncode == 0
     path = tmp_path / "state" / "recovery.json"
     doc = json.loads(path.read_text())
-    doc["hosts"]["vm"].update(state="needs-inspection", reason="needs inspection: came back 2 times (3 failures)")
+    doc["hosts"][socket.gethostname()].update(state="needs-inspection", reason="needs inspection: came back 2 times (3 failures)")
     path.write_text(json.dumps(doc))
     r = npd(tmp_path, "--snapshot", GOOD)
     assert r.returncode == 1 and _npd_line(r).startswith("needs inspection: came back 2 times"), r.stdout
