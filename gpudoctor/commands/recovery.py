@@ -69,7 +69,7 @@ def release(host, inventory, recovery_file, timeout, as_json):
     elif adv.busy:
         click.echo(f"not released {adv.host}: a verification is running in another process; try again", err=True)
     else:
-        why = v.reason if v is not None and not v.passed else adv.ladder.reason
+        why = f"verification failed: {v.reason}" if v is not None and not v.passed else adv.ladder.reason
         click.echo(f"not released {adv.host} ({adv.ladder.state}): {why}", err=True)
     raise SystemExit(0 if adv.ready else 1)
 
