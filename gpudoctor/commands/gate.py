@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import click
 
+from gpudoctor.files.inputs import seconds
+
 from gpudoctor.commands.check import common, open_check_target
 from gpudoctor.errors import GpudoctorError, HostError
 
@@ -28,8 +30,11 @@ from gpudoctor.errors import GpudoctorError, HostError
 @click.option("--recovery-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="The ladder's file (default: $STATE_DIRECTORY/recovery.json, /var/lib/gpudoctor/recovery.json "
                    "as root): the one the daemon keeps.")
+@click.option("--recovery-wait", type=seconds(0, 3600), default=0.0, show_default=True, metavar="SECONDS",
+              help="Where the daemon moves the ladder: wait up to this long while it has not yet judged this boot "
+                   "or its verification is running (e.g. an ExecStartPre= at boot).")
 def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, slurm, node, npd,
-         as_json, deep=False, use_ladder=False, recovery_file=None):
+         as_json, deep=False, use_ladder=False, recovery_file=None, recovery_wait=0.0):
     """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
 
     Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
@@ -61,7 +66,8 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
                                     snapshot_path), recovery_file))
     ladder = use_ladder or slurm
     result, verdict = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
-                                snapshot_path, deep, ladder=ladder, recovery_file=recovery_file)
+                                snapshot_path, deep, ladder=ladder, recovery_file=recovery_file,
+                                recovery_wait=recovery_wait)
     action = None
     if slurm:
         from gpudoctor.integrations import slurm as slurm_mode
@@ -86,7 +92,7 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False,
-              quiet=False, ladder=False, recovery_file=None):
+              quiet=False, ladder=False, recovery_file=None, recovery_wait=0.0):
     """The gate's verdict on the target (gpudoctor.gate.gate_target) and, with `ladder`, the recovery ladder's
     (gpudoctor.recovery.gates) folded into it."""
     from gpudoctor.gate import gate_target
@@ -98,7 +104,7 @@ def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, pr
             return result, None
         from gpudoctor.recovery import gates
 
-        verdict = gates.judge(target, result, gates.store_for(recovery_file))
+        verdict = gates.judge(target, result, gates.store_for(recovery_file), wait_s=recovery_wait)
         return gates.apply(result, verdict), verdict
 
 

@@ -3,7 +3,9 @@
 
 Who moves the ladder: where gpudoctor's daemon runs (its pid is alive in daemon.json beside the ladder's file) the
 daemon does, and the gate only reads it — one writer, so a gate and the daemon never disagree on a clean window or a
-recurrence. Where no daemon runs, the gate moves the ladder itself through the same code (recovery.advance, under
+recurrence. A reading gate may wait (`--recovery-wait`, e.g. at boot, when the daemon has not yet verified this boot)
+while the daemon still has something to do: no record yet, a record of another boot, or a verification pending or
+running; it stops waiting as soon as the host is ready or the ladder has settled on not ready. Where no daemon runs, the gate moves the ladder itself through the same code (recovery.advance, under
 the store's lock), including the verification when it is due; its checks are the passive check. Either way the
 ladder's rules are the only rules.
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudoctor.recovery import advance as recovery
-from gpudoctor.recovery.ladder import INSPECT, view
+from gpudoctor.recovery.ladder import INSPECT, VERIFYING, view
 
 KEY = "recovery.ladder"
 HINT = ("the host returns to service only after its verification passes (docs/recovery.md); "
@@ -80,7 +82,24 @@ def _verifier(target):
     return verify
 
 
-def judge(target, result, store, *, clock=time.time) -> LadderVerdict:
+def pending(lad, boot) -> bool:
+    """Whether the daemon still has to move this record before it means anything for this boot."""
+    if lad is None or (boot is not None and lad.boot_id != boot):
+        return True
+    return lad.state == VERIFYING and lad.next_verify_at is None and not lad.failing_now
+
+
+def _read(store, name, boot, wait_s, sleep=time.sleep, clock=time.monotonic):
+    end = clock() + wait_s
+    while True:
+        lad = store.get(name)
+        state, reason, ready = view(lad, boot)
+        if ready or not pending(lad, boot) or clock() >= end:
+            return lad, state, reason, ready
+        sleep(min(1.0, max(end - clock(), 0.0)))
+
+
+def judge(target, result, store, *, clock=time.time, wait_s: float = 0.0) -> LadderVerdict:
     """Record the gate's result on the ladder (unless a daemon moves it) and read where the host stands."""
     from gpudoctor.recovery.policy import from_inventory, verify_policy_of
 
@@ -97,8 +116,7 @@ def judge(target, result, store, *, clock=time.time) -> LadderVerdict:
 
         name, boot, driver = socket.gethostname(), read_boot_id(), None
     if daemon_pid(store.path.parent) is not None:
-        state, reason, ready = view(store.get(name), boot)
-        lad = store.get(name)
+        lad, state, reason, ready = _read(store, name, boot, wait_s if result.passed else 0.0)
         return LadderVerdict(name, state, reason, ready, lad.since if lad else None, "daemon")
     roots = [b.key for b in result.blockers if not b.symptom_of] or (["host.error"] if result.error else [])
     adv = recovery.advance(store, name, policy, clock(), passed=result.passed, roots=roots,
