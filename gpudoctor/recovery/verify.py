@@ -370,15 +370,94 @@ def judge_deep(diagnosis) -> tuple[str, str]:
 def _serving_apply(target, policy: VerifyPolicy) -> str | None:
     if policy.serving == "off":
         return "serving smoke off (policy.verify.serving)"
-    return None if policy.serving == "on" else "serving smoke: not in this build yet"
+    if policy.serving == "on" or getattr(target.entry, "serving", None) is not None:
+        return None
+    return "no serving endpoint in the inventory entry (serving: {url, model})"
 
 
-def _not_built(target, policy, budget_s, say):
-    return FAIL, "not built"
+def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str], None]) -> tuple[str, str]:
+    """A short `bench load` through the bench client (gpudoctor.bench.client: its readiness probe, dialect
+    detection, request bodies, stream parser and level runner): smoke_requests requests at once, smoke_max_tokens
+    each (exactly, where the server takes ignore_eos), every one ok, the largest TTFT under smoke_ttft_ms_max. Runs
+    in its own thread and event loop (the caller may have one), bounded by the time left."""
+    import asyncio
+    import threading
+
+    serving = getattr(target.entry, "serving", None)
+    if serving is None:
+        return FAIL, ("policy.verify.serving is on, but the inventory entry names no serving endpoint "
+                      "(hosts.NAME.serving: {url, model})")
+    box: dict = {}
+
+    def work():
+        try:
+            box["result"] = asyncio.run(_smoke(serving, policy, budget_s, say))
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=work, name="gpudoctor-verify-serving", daemon=True)
+    th.start()
+    th.join(budget_s + 5.0)  # the level has its own timeout (budget_s): this is the backstop
+    if th.is_alive():
+        return FAIL, f"{serving.url}: the smoke did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+async def _smoke(serving, policy: VerifyPolicy, budget_s: float, say) -> tuple[str, str]:
+    from gpudoctor.bench.client.levels import dialect, ready_probe
+    from gpudoctor.bench.client.load import LevelSpec, new_session, run_level
+    from gpudoctor.bench.client.openai import EXTENDED, NATIVE, SGLANG
+    from gpudoctor.bench.client.prompts import build, load_source
+    from gpudoctor.bench.client.tokens import Counter
+    from gpudoctor.bench.records.results import OK
+
+    t0 = time.monotonic()
+    url, api, k = serving.url, serving.api, policy.smoke_requests
+    say(f"readiness of {url}")
+    why = await ready_probe(url, max(1.0, min(30.0, budget_s / 3)), api, serving.model)
+    if why:
+        return FAIL, f"{url} is not serving {serving.model}: {why}"
+    spec = LevelSpec(label="verify", workload=f"verify-smoke:out{policy.smoke_max_tokens}", concurrency=k,
+                     max_tokens=policy.smoke_max_tokens, num_prompts=k, api=api,
+                     model=None if api == NATIVE else serving.model, server_kind=SGLANG if api == NATIVE else None)
+    if api != NATIVE:
+        await dialect(url, [spec], lambda *a, **kw: None)
+    prompts = build(k, load_source("builtin"), Counter(), None, seed=31)
+    left = max(1.0, budget_s - (time.monotonic() - t0))
+    results: list = []
+    say(f"{k} requests of {policy.smoke_max_tokens} tokens to {url}")
+    async with new_session(k) as session:
+        rec = await run_level(session, url, spec, prompts, stall_s=min(left, 120.0), level_timeout_s=left,
+                              on_request=results.append)
+    where = f"{url} ({serving.model}, {api})"
+    if rec.get("status") != OK or rec.get("error"):
+        return FAIL, f"{where}: {rec.get('error') or rec.get('status')}"
+    good = [r for r in results if r.ok]
+    if len(good) != k:
+        return FAIL, f"{where}: {len(good)} of {k} requests completed"
+    exact = api == NATIVE or spec.server_kind in EXTENDED
+    short = [r.output_tokens for r in good if r.output_tokens != policy.smoke_max_tokens]
+    if exact and short:
+        return FAIL, (f"{where}: {len(short)} of {k} requests produced {sorted(set(short))} tokens, not the "
+                      f"{policy.smoke_max_tokens} asked for (ignore_eos)")
+    ttft = [r.ttft_s * 1000 for r in good if r.ttft_s is not None]
+    if len(ttft) != k:
+        return FAIL, f"{where}: {k - len(ttft)} of {k} requests have no first-token time"
+    worst = max(ttft)
+    if worst > policy.smoke_ttft_ms_max:
+        return FAIL, (f"{where}: TTFT max {worst:.0f} ms above the ceiling {policy.smoke_ttft_ms_max:g} ms "
+                      f"(policy.verify.smoke_ttft_ms_max; p50 {sorted(ttft)[len(ttft) // 2]:.0f} ms)")
+    tokens = sum(r.output_tokens for r in good)
+    note = "" if exact or not short else (f"; {len(short)} ended before max_tokens (the server does not take "
+                                           "ignore_eos)")
+    return PASS, (f"{where}: {k} requests ok, {tokens} tokens ({rec.get('output_tokens_source') or 'exact'}), "
+                  f"TTFT max {worst:.0f} ms of {policy.smoke_ttft_ms_max:g}{note}")
 
 
 _STEPS = (
     ("deep", _deep_apply, run_deep),
-    ("serving", _serving_apply, _not_built),
+    ("serving", _serving_apply, run_serving),
     ("commands", _commands_apply, run_commands),
 )
