@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.errors import InventoryError
+from gpudoctor.errors import ConfigError, InventoryError
 
 ENV_VAR = "GPUDOCTOR_INVENTORY"
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -33,7 +33,7 @@ HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description", "se
 SERVING_APIS = ("completions", "chat", "native")  # gpudoctor.bench.client.openai.APIS
 PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description")
 TOP_KEYS = ("version", "example", "defaults", "hosts", "proxmox", "profiles", "policy")
-POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks")
+POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks", "recovery", "verify")
 
 
 def default_locations() -> list[Path]:
@@ -139,10 +139,18 @@ class Policy:
     never_apply: tuple[str, ...] = ()  # patterns that are never applied automatically (wins over auto_apply)
     budgets: dict = field(default_factory=dict)  # e.g. max_changes_per_hour: 3, max_reboots_per_day: 1
     checks: dict = field(default_factory=dict)  # check id -> {threshold: value}, e.g. pcie.mrrs: {expect: 512}
+    recovery: dict = field(default_factory=dict)  # the recovery ladder's keys (gpudoctor.recovery.policy), validated
+    verify: dict | None = None  # the active verification's section as plain values (gpudoctor.recovery.verify)
+    verify_lines: dict = field(default_factory=dict)  # verify key -> its line in the file, for error messages
 
     def as_dict(self) -> dict:
-        return {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
-                "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()}}
+        out = {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
+               "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()}}
+        if self.recovery:
+            out["recovery"] = dict(self.recovery)
+        if self.verify is not None:
+            out["verify"] = self.verify
+        return out
 
 
 @dataclass
@@ -638,7 +646,33 @@ class _Loader:
                     settings[sname] = val
                 checks[cid] = settings
             kw["checks"] = checks
+        if "recovery" in items:
+            from gpudoctor.recovery.policy import parse_recovery_policy
+
+            rec = {}
+            for rname, (k, v) in self.mapping(items["recovery"][1], "policy.recovery").items():
+                val = self.value(v)
+                try:
+                    parse_recovery_policy({rname: val})
+                except ConfigError as exc:
+                    raise self.err(v if exc.message.startswith(f"policy.recovery.{rname} ") else k, exc.message) from None
+                rec[rname] = val
+            kw["recovery"] = rec
+        if "verify" in items:
+            node = items["verify"][1]
+            kw["verify"] = self.plain(node)
+            if isinstance(node, self.yaml.MappingNode):
+                kw["verify_lines"] = {k: kn.start_mark.line + 1
+                                      for k, (kn, _) in self.mapping(node, "policy.verify").items()}
         return Policy(**kw)
+
+    def plain(self, node):
+        """A YAML node as plain values (mappings, lists, scalars), for a section another module validates."""
+        if isinstance(node, self.yaml.MappingNode):
+            return {k: self.plain(v) for k, (_, v) in self.mapping(node, "policy").items()}
+        if isinstance(node, self.yaml.SequenceNode):
+            return [self.plain(x) for x in node.value]
+        return self.value(node)
 
 
 def _valid_address(address: str) -> bool:

@@ -13,13 +13,9 @@ from gpudoctor.files.inputs import seconds
 
 
 def _default_state() -> str:
-    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0]  # set by systemd's StateDirectory=
-    if base:
-        return str(Path(base) / "daemon.json")
-    if os.geteuid() == 0:
-        return "/var/lib/gpudoctor/daemon.json"
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return str(Path(xdg) / "gpudoctor" / "daemon.json")
+    from gpudoctor.recovery.store import state_dir
+
+    return str(state_dir() / "daemon.json")
 
 
 def _pid_is_daemon(pid) -> bool:
@@ -125,8 +121,11 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
         from gpudoctor.daemon.xid import XidWatcher as xid_factory
 
     notifier = Notifier(take_protocol_env())  # from here on, children inherit no NOTIFY_SOCKET (sdnotify.py)
+    from gpudoctor.recovery.store import FILE, RecoveryStore
+
     d = Daemon(cfg, engine_factory=load_factory(engine_spec), clock=make_clock(clock_file),
-               store=StateStore(state_path), notifier=notifier, metrics=metrics, xid_watcher_factory=xid_factory)
+               store=StateStore(state_path), notifier=notifier, metrics=metrics, xid_watcher_factory=xid_factory,
+               recovery_store=RecoveryStore(Path(state_path).parent / FILE))
     d.load()
     if once:
         code = d.run_once()
