@@ -339,6 +339,7 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     rank = {cid: i for i, cid in enumerate(CAUSE_ORDER)}
     for f in sorted(causes, key=lambda f: rank.get(f.id, len(rank))):
         problems[f.key] = f.summary
+    problems.update(_during(diagnosis, causes))
     gate = evaluate(diagnosis, Profile("verify", deep_floors=True))
     if gate.error:
         problems["(gate)"] = gate.error
@@ -363,6 +364,34 @@ def judge_deep(diagnosis) -> tuple[str, str]:
         judged = [f for f in figures if f.status == Status.OK]
         return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"
     return FAIL, "; ".join(dict.fromkeys(problems.values()))
+
+
+def _during(diagnosis, causes) -> dict:
+    """Another process or a clock event during a measurement whose figure still met its floor: checks/bandwidth
+    names a cause only for a figure below its floor; a verification wants the GPU alone and at full clocks all
+    the same. Read from the deep tier's own samples (checks.bandwidth.analyse: what the cause findings read)."""
+    from gpudoctor.catalog.deep_limits import SLOWING
+    from gpudoctor.checks.bandwidth import analyse
+
+    named = {(f.id, (f.subject or "").split(" (")[0]) for f in causes}
+    out: dict = {}
+    for g in analyse(diagnosis.facts or {}):
+        idx = g["rec"].get("index")
+        procs: dict = {}
+        slowing: list = []
+        for fig in g["figs"]:
+            smp = (fig.get("test") or {}).get("samples") or {}
+            for p in smp.get("procs") or []:
+                procs.setdefault(p.get("pid"), p)
+            slowing += [r for r in smp.get("reasons") or [] if r in SLOWING and r not in slowing]
+        if procs and ("fabric.deep.contention", f"GPU {idx}") not in named:
+            out[f"during-procs[{idx}]"] = (f"GPU {idx}: another process used the GPU during the measurement: "
+                                           + ", ".join(f"pid {p.get('pid')} ({p.get('name') or '?'}, "
+                                                       f"{p.get('used_mib')} MiB)" for p in procs.values()))
+        if slowing and ("fabric.deep.clocks", f"GPU {idx}") not in named:
+            out[f"during-clocks[{idx}]"] = (f"GPU {idx}: clocks held down by {', '.join(slowing)} during the "
+                                            "measurement")
+    return out
 
 
 # --- the serving step -----------------------------------------------------------------------------------------------

@@ -92,3 +92,19 @@ def test_deep_on_a_host_without_nvidia_fails_closed():
         assert not v.passed and v.steps[0].status == "fail" and v.reason.startswith("deep: "), v.reason
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("what, sample, words", [
+    ("procs", [{"pid": 31337, "name": "python3", "used_mib": 4096}],
+     "GPU 0: another process used the GPU during the measurement: pid 31337 (python3, 4096 MiB)"),
+    ("reasons", ["hw_thermal_slowdown"], "GPU 0: clocks held down by hw_thermal_slowdown during the measurement"),
+])
+def test_a_contender_or_clock_event_fails_even_when_every_figure_met_its_floor(what, sample, words):
+    """The healthy H200's own record with a process (or a clock event) added to its GEMM's samples: every figure
+    is still above its floor, so the checks name no cause; the verification fails all the same."""
+    doc = replayable("healthy")
+    gemm = next(t for t in doc["facts"]["deep"]["gpus"][0]["result"]["tests"] if t["kind"] == "gemm")
+    gemm["samples"][what] = sample
+    t = open_target(snapshot=doc, search=False)
+    v = run_verification(t, DEEP_ONLY)
+    assert not v.passed and v.reason == f"deep: {words}", v.reason
