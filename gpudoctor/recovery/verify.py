@@ -16,6 +16,7 @@ configure). The ladder (gpudoctor/recovery/, the daemon, the gates) decides what
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -277,12 +278,14 @@ def _has_nvidia_gpu(target) -> bool:
     return isinstance(names, list) and any(re.fullmatch(r"nvidia\d+", n) for n in names)
 
 
+_DEEP_RUNS: dict = {}  # target name -> (thread, started): a deep run that outlived its deadline still holds the GPUs
+_DEEP_LOCK = threading.Lock()
+
+
 def run_deep(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str], None]) -> tuple[str, str]:
     """The deep tier on every GPU through the one pipeline (check --deep's: pipeline.check_host with policy deep,
     never --force: a GPU another process holds is refused and named), judged by judge_deep. Bounded: each GPU's
     child gets its share of the time left; a tier still running at the deadline is a fail."""
-    import threading
-
     from gpudoctor.pipeline import check_host
 
     ctx = target.context
@@ -304,12 +307,18 @@ def run_deep(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str],
         except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
             box["error"] = exc
 
+    with _DEEP_LOCK:
+        old = _DEEP_RUNS.get(target.name)
+        if old is not None and old[0].is_alive():  # never two deep runs on one host: each would see the other
+            return FAIL, (f"a deep run started {time.monotonic() - old[1]:.0f} s ago (past its verification's "
+                          "deadline) is still measuring: not started again")
+        th = threading.Thread(target=work, name="gpudoctor-verify-deep", daemon=True)
+        _DEEP_RUNS[target.name] = (th, time.monotonic())
+        th.start()
     say(f"deep tier on {n} GPU(s), {per_gpu:.0f} s budget each")
-    th = threading.Thread(target=work, name="gpudoctor-verify-deep", daemon=True)
-    th.start()
     th.join(budget_s)
     if th.is_alive():
-        return FAIL, f"the deep tier did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
+        return FAIL, f"the deep tier did not finish in {budget_s:.3g} s (policy.verify.timeout_s)"
     if "error" in box:
         raise box["error"]
     return judge_deep(box["diagnosis"])
@@ -410,7 +419,6 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
     each (exactly, where the server takes ignore_eos), every one ok, the largest TTFT under smoke_ttft_ms_max. Runs
     in its own thread and event loop (the caller may have one), bounded by the time left."""
     import asyncio
-    import threading
 
     serving = getattr(target.entry, "serving", None)
     if serving is None:

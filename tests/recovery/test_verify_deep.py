@@ -108,3 +108,24 @@ def test_a_contender_or_clock_event_fails_even_when_every_figure_met_its_floor(w
     t = open_target(snapshot=doc, search=False)
     v = run_verification(t, DEEP_ONLY)
     assert not v.passed and v.reason == f"deep: {words}", v.reason
+
+
+def test_a_deep_run_past_its_deadline_fails_and_is_never_doubled():
+    """This machine's real pipeline with deep on, given 50 ms: the run outlives its verification (fail), and a
+    verification started while it still measures does not start a second one on the same host (fail, said why)."""
+    import time
+
+    from gpudoctor.recovery import verify as vmod
+
+    t = open_target(None, search=False)
+    try:
+        short = VerifyPolicy(deep="on", serving="off", timeout_s=0.05)
+        v = run_verification(t, short)
+        assert not v.passed and "the deep tier did not finish in 0.05 s" in v.reason, v.reason
+        again = run_verification(t, VerifyPolicy(deep="on", serving="off", timeout_s=30))
+        assert not again.passed and "is still measuring: not started again" in again.reason, again.reason
+        th = vmod._DEEP_RUNS[t.name][0]
+        th.join(60)
+        assert not th.is_alive()
+    finally:
+        t.close()
