@@ -170,6 +170,9 @@ class _Clock:
 def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None = None) -> Verification:
     """Run the applicable steps in order (deep, serving, commands), each bounded by what is left of
     policy.timeout_s; passed only when at least one step ran and every step that ran passed."""
+    from gpudoctor.log import get_logger
+
+    log = get_logger("gpudoctor.recovery", host=target.name)
     say = progress or (lambda step, what: None)
     started, clock = time.time(), _Clock(policy.timeout_s)
     steps: list[StepResult] = []
@@ -196,6 +199,7 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
             detail = exc.one_line() if isinstance(exc, GpudoctorError) else _short(
                 f"could not judge: {type(exc).__name__}: {exc}")
         steps.append(StepResult(name, status, detail, time.monotonic() - t0))
+        log.info("verify.step", step=name, status=status, seconds=round(steps[-1].seconds, 3), detail=detail)
         say(name, status)
     ran = [s for s in steps if s.status != NOT_RUN]
     failed = [s for s in ran if s.status != PASS]
@@ -207,8 +211,10 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
         reason = ""
     from gpudoctor.errors import _short
 
-    return Verification(passed=not reason, reason=_short(" ".join(reason.split())), steps=steps,
-                        started_at=started, seconds=time.time() - started)
+    v = Verification(passed=not reason, reason=_short(" ".join(reason.split())), steps=steps, started_at=started,
+                     seconds=time.time() - started)
+    log.info("verify.finished", passed=v.passed, reason=v.reason, seconds=round(v.seconds, 3))
+    return v
 
 
 # --- the commands step --------------------------------------------------------------------------------------------
