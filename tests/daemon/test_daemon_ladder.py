@@ -140,3 +140,51 @@ def test_a_restart_in_verifying_neither_releases_early_nor_drops_the_verificatio
     d.start()  # the first cycle after the restart completes the window and verifies
     s = ladder(d)
     assert (s["state"], s["ready"], s["since"]) == ("ready", 1, T0 + 60)
+
+
+def test_where_the_daemon_runs_a_gate_only_reads_its_ladder(daemon_factory, tmp_path):
+    """gate --recovery beside a running daemon: the daemon's ladder decides; the gate neither records its own check
+    nor runs a verification of its own (its inventory's verification would pass), so the two never disagree."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.childenv import pythonpath
+
+    here = socket.gethostname()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    flag = tmp_path / "verify-passes"
+    sc = scenario(flag, clean_cycles=1)
+    sc.update(hosts=[here], local_host=here, findings={here: [OK]}, facts={here: {"host": {"boot_id": boot}}})
+    d = daemon_factory(sc).start()
+    assert json.loads((tmp_path / "recovery.json").read_text())["hosts"][here]["state"] == "verifying"
+    work = tmp_path / "gate"
+    work.mkdir()
+    (work / "inventory.yaml").write_text(f"hosts:\n  {here}: {{address: 127.0.0.1}}\npolicy:\n  verify: "
+                                         "{deep: 'off', serving: 'off', commands: [['true']]}\n")
+    snap = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots" / "h200-healthy.json"
+    env = {**os.environ, "HOME": str(work), "STATE_DIRECTORY": str(tmp_path)}
+    env.pop("GPUDOCTOR_INVENTORY", None)
+    env["PYTHONPATH"] = pythonpath(env=env)
+
+    def gate():
+        return subprocess.run([sys.executable, "-m", "gpudoctor", "gate", "--snapshot", str(snap), "--recovery",
+                               "--json", "--recovery-wait", "30"], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    before = (tmp_path / "recovery.json").read_text()
+    r = gate()
+    assert r.returncode == 2, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["recovery"]["moved_by"] == "daemon" and doc["recovery"]["verification"] is None
+    assert doc["blockers"][0]["key"] == "recovery.ladder"
+    assert doc["blockers"][0]["summary"].startswith("verifying: verification failed (commands: test -e")
+    assert (tmp_path / "recovery.json").read_text() == before  # read only
+    flag.touch()
+    d.step()  # the next cycle, past the backoff (30 s): the daemon verifies again and passes
+    r = gate()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["recovery"] == {**json.loads(r.stdout)["recovery"], "state": "ready", "ready": True,
+                                                "moved_by": "daemon"}

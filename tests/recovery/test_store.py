@@ -211,3 +211,33 @@ def test_parse_recovery_policy():
 def test_bad_recovery_policy(spec, msg):
     with pytest.raises(ConfigError, match=msg.replace("(", r"\(").replace(".", r"\.")):
         parse_recovery_policy(spec, path="inv.yaml")
+
+
+def test_a_reading_gate_waits_only_while_the_daemon_has_something_to_do(tmp_path):
+    from gpudoctor.recovery.gates import _read, pending
+
+    assert pending(None, "b1")
+    h = HostLadder(state=L.VERIFYING, boot_id="b0")
+    assert pending(h, "b1")  # the daemon has not seen this boot yet
+    h.boot_id = "b1"
+    assert pending(h, "b1")  # a verification is due or running
+    h.next_verify_at = 5.0
+    assert not pending(h, "b1")  # a failed verification waits for its retry: settled
+    h.next_verify_at, h.failing_now = None, True
+    assert not pending(h, "b1")
+    assert not pending(HostLadder(state=L.INSPECT, boot_id="b1"), "b1")
+    store = RecoveryStore(tmp_path / "r.json")
+    slept, now = [], [0.0]
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+        if now[0] >= 2:  # the daemon verifies meanwhile
+            with store.edit() as hosts:
+                hosts["h"] = HostLadder(state=L.READY, since=1.0, reason="", verified_at=1.0, verified_boot="b1",
+                                        boot_id="b1")
+
+    lad, state, reason, ready = _read(store, "h", "b1", 10, sleep=sleep, clock=lambda: now[0])
+    assert ready and slept == [1.0, 1.0]
+    lad, state, reason, ready = _read(store, "x", "b1", 2.5, sleep=sleep, clock=lambda: now[0])
+    assert not ready and state == L.FAILING and sum(slept) == 4.5  # gave up after 2.5 s
