@@ -105,7 +105,7 @@ DAEMON=$!
 # wait_for LABEL TIMEOUT CONDITION: poll /healthz every 0.2 s, print every change of the host's recovery state
 # (seconds since the step began), until CONDITION (Python over r = {state, ready, since, reason}) holds: rc 0, else 1.
 wait_for() {
-  python3 - "$PORT" "$1" "$2" "$3" "$STEP_T0" <<'PY' | tee -a "$O/summary.txt"
+  python3 - "$PORT" "$1" "$2" "$3" "$STEP_T0" "$O/last-recovery.json" <<'PY' | tee -a "$O/summary.txt"
 import json, sys, time, urllib.request
 port, label, timeout, cond, t0 = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 end, last = time.time() + timeout, None
@@ -123,6 +123,7 @@ while time.time() < end:
             last = now
         if eval(cond, {}, {"r": r}):
             print(f"  {label}: reached in {time.time() - t0:.1f} s")
+            json.dump(r, open(sys.argv[6], "w"))
             sys.exit(0)
     time.sleep(0.2)
 print(f"  {label}: NOT reached in {timeout:.0f} s")
@@ -163,13 +164,18 @@ if [ "$HAVE_GPU" = 1 ]; then
   BUSY=$!
   for _ in $(seq 150); do grep -q GEMM "$O/gpu_busy.log" 2>/dev/null && break; sleep 0.2; done
   say "  contender: $(head -1 "$O/gpu_busy.log")"
-  BUSYPID=$(grep -om1 'gpu_busy pid [0-9]*' "$O/gpu_busy.log" | awk '{print $3}'); BUSYPID=${BUSYPID:-$BUSY}
+  BUSYPID=$(grep -om1 'gpu_busy pid [0-9]*' "$O/gpu_busy.log" | awk '{print $3}'); BUSYPID=${BUSYPID:-$BUSY}; BUSY=$BUSYPID
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/  nvidia-smi: /' | tee -a "$O/summary.txt"
   STEP_T0=$(date +%s.%N)
   truncate -s $(( $(stat -c %s "$SHARD") * 47 / 100 )) "$SHARD"
   kill -USR1 "$DAEMON"
-  expect "C verification failed naming pid $BUSYPID" "$(left 150)" \
-    "r['state'] == 'verifying' and not r['ready'] and 'pid $BUSYPID' in r['reason']"
+  expect "C verification failed naming a process" "$(left 150)" \
+    'r["state"] == "verifying" and not r["ready"] and "deep:" in r["reason"] and "pid " in r["reason"]'
+  if grep -q "pid $BUSYPID\b" "$O/last-recovery.json" 2>/dev/null; then
+    say "  the reason names the contender's PID $BUSYPID"
+  else
+    say "  the reason does NOT name the contender's PID $BUSYPID (see last-recovery.json)"; FAILED=1
+  fi
   step "C' the contender ends -> the next verification passes -> ready"
   kill "$BUSY"; wait "$BUSY" 2>/dev/null; BUSY=
   expect "C' ready" "$(left 150)" 'r["state"] == "ready" and r["ready"]'
