@@ -129,6 +129,7 @@ while time.time() < end:
 print(f"  {label}: NOT reached in {timeout:.0f} s")
 sys.exit(1)
 PY
+  return "${PIPESTATUS[0]}"
 }
 step() { say ""; say "## $*"; STEP_T0=$(date +%s.%N); }
 expect() { local label=$1; shift; if wait_for "$label" "$@"; then :; else FAILED=1; fi; }
