@@ -430,6 +430,9 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
     if serving is None:
         return FAIL, ("policy.verify.serving is on, but the inventory entry names no serving endpoint "
                       "(hosts.NAME.serving: {url, model})")
+    loop = _loopback_from_afar(target, serving.url)
+    if loop:
+        return FAIL, loop
     box: dict = {}
 
     def work():
@@ -446,6 +449,25 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def _loopback_from_afar(target, url: str) -> str | None:
+    """The smoke's requests go from where gpudoctor runs: a loopback URL of a host reached over SSH would test this
+    machine instead (a wrong pass or a wrong fail), so it is refused with what to write instead."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    if not target.remote:
+        return None
+    host = (urlsplit(url).hostname or "").lower()
+    try:
+        loop = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loop = host == "localhost" or host.endswith(".localhost")
+    if not loop:
+        return None
+    return (f"serving.url {url} is this machine's loopback, but {target.name} is reached over SSH: the smoke would "
+            f"test this machine; give {target.name}'s address (or run the daemon on {target.name})")
 
 
 async def _smoke(serving, policy: VerifyPolicy, budget_s: float, say) -> tuple[str, str]:

@@ -57,3 +57,14 @@ def test_a_slow_first_token_fails_with_the_numbers(start):
     v = verify(s.url, "default", "native", VerifyPolicy(deep="off", smoke_requests=2, smoke_max_tokens=4,
                                                          smoke_ttft_ms_max=150.0))
     assert not v.passed and "above the ceiling 150 ms (policy.verify.smoke_ttft_ms_max" in v.reason, v.reason
+
+
+def test_a_loopback_url_of_a_host_reached_over_ssh_is_refused():
+    """Nothing is sent: the smoke would have tested this machine's server instead of gpu7's."""
+    inv = parse_inventory("hosts:\n  gpu7:\n    address: 192.0.2.7\n    serving: {url: 'http://127.0.0.1:30000', "
+                          "model: m}\n", path="inv.yaml")
+    v = run_verification(open_target("gpu7", inv), VerifyPolicy(deep="off"))
+    assert not v.passed
+    assert v.reason == ("serving: serving.url http://127.0.0.1:30000 is this machine's loopback, but gpu7 is reached "
+                        "over SSH: the smoke would test this machine; give gpu7's address (or run the daemon on "
+                        "gpu7)"), v.reason
