@@ -363,18 +363,22 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     figures = [f for f in findings if f.id == "fabric.deep.figure"]
     gpus: dict = {}
     for f in figures:
-        gpu = f.data.get("gpu")
+        gpu, kind = f.data.get("gpu"), f.data.get("kind")
         if gpu is None:
             continue
-        g = gpus.setdefault(gpu, {"kinds": set(), "backend": f.data.get("backend")})
-        g["kinds"].add(f.data.get("kind"))
+        g = gpus.setdefault(gpu, {"measured": set(), "said": set(), "backend": None})
+        g["backend"] = g["backend"] or f.data.get("backend")
+        if f.status in (Status.OK, Status.WARN):
+            g["measured"].add(kind)
+        elif f.key in problems:  # a figure the gate already blocks on (not measured, not judged): said once
+            g["said"].add(kind)
     for gpu, g in sorted(gpus.items(), key=lambda kv: str(kv[0])):
-        missing = [k for k in REQUIRED_KINDS if k not in g["kinds"]]
+        missing = [k for k in REQUIRED_KINDS if k not in g["measured"] | g["said"]]
         if missing:
             why = (" (the ctypes backend has no GEMM: give the deep tier a python with torch, "
                    "policy.verify.deep_python)" if "gemm" in missing and g["backend"] == "ctypes" else "")
             problems[f"missing[{gpu}]"] = (f"GPU {gpu}: {', '.join(KIND_WORDS[k] for k in missing)} not measured"
-                                           f" (backend {g['backend']}){why}")
+                                           f" (backend {g['backend'] or '?'}){why}")
     if not problems:
         judged = [f for f in figures if f.status == Status.OK]
         return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"

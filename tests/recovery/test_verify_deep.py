@@ -16,7 +16,7 @@ import pytest
 from gpudoctor.recovery.verify import VerifyPolicy, judge_deep, run_verification
 from gpudoctor.target import open_target
 
-SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
+SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "h200-2026-12-03"
 DEEP_ONLY = VerifyPolicy(deep="on", serving="off", timeout_s=120.0)
 
 
@@ -129,3 +129,22 @@ def test_a_deep_run_past_its_deadline_fails_and_is_never_doubled():
         assert not th.is_alive()
     finally:
         t.close()
+
+
+def test_a_required_figure_reported_as_not_measured_fails_once():
+    """At the interface (the findings): a GEMM the deep tier reports as 'not measured' (info, no floor: what it says
+    without torch) fails the step, said once; a GEMM with no finding at all fails as missing."""
+    from gpudoctor.diagnose import Diagnosis
+    from gpudoctor.findings import Finding, Status
+
+    def fig(kind, status=Status.OK, summary=None, floor=0.7):
+        return Finding("fabric.deep.figure", status, summary or f"GPU 0: {kind} ok", subject=f"GPU 0 {kind}",
+                       data={"gpu": 0, "kind": kind, "floor": floor, "backend": "ctypes"})
+
+    ok = [fig(k) for k in ("h2d", "d2h", "d2d")]
+    status, detail = judge_deep(Diagnosis("h", ok + [fig("gemm", Status.INFO, "GPU 0: gemm: not measured: no python "
+                                                                              "with torch", floor=None)]))
+    assert status == "fail" and detail.count("not measured") == 1 and "no python with torch" in detail, detail
+    status, detail = judge_deep(Diagnosis("h", ok))
+    assert status == "fail" and detail.startswith("GPU 0: bf16 GEMM not measured (backend ctypes)"), detail
+    assert judge_deep(Diagnosis("h", ok + [fig("gemm")]))[0] == "pass"
