@@ -16,6 +16,7 @@ configure). The ladder (gpudoctor/recovery/, the daemon, the gates) decides what
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -169,6 +170,9 @@ class _Clock:
 def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None = None) -> Verification:
     """Run the applicable steps in order (deep, serving, commands), each bounded by what is left of
     policy.timeout_s; passed only when at least one step ran and every step that ran passed."""
+    from gpudoctor.log import get_logger
+
+    log = get_logger("gpudoctor.recovery", host=target.name)
     say = progress or (lambda step, what: None)
     started, clock = time.time(), _Clock(policy.timeout_s)
     steps: list[StepResult] = []
@@ -195,6 +199,7 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
             detail = exc.one_line() if isinstance(exc, GpudoctorError) else _short(
                 f"could not judge: {type(exc).__name__}: {exc}")
         steps.append(StepResult(name, status, detail, time.monotonic() - t0))
+        log.info("verify.step", step=name, status=status, seconds=round(steps[-1].seconds, 3), detail=detail)
         say(name, status)
     ran = [s for s in steps if s.status != NOT_RUN]
     failed = [s for s in ran if s.status != PASS]
@@ -206,8 +211,10 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
         reason = ""
     from gpudoctor.errors import _short
 
-    return Verification(passed=not reason, reason=_short(" ".join(reason.split())), steps=steps,
-                        started_at=started, seconds=time.time() - started)
+    v = Verification(passed=not reason, reason=_short(" ".join(reason.split())), steps=steps, started_at=started,
+                     seconds=time.time() - started)
+    log.info("verify.finished", passed=v.passed, reason=v.reason, seconds=round(v.seconds, 3))
+    return v
 
 
 # --- the commands step --------------------------------------------------------------------------------------------
@@ -277,12 +284,14 @@ def _has_nvidia_gpu(target) -> bool:
     return isinstance(names, list) and any(re.fullmatch(r"nvidia\d+", n) for n in names)
 
 
+_DEEP_RUNS: dict = {}  # target name -> (thread, started): a deep run that outlived its deadline still holds the GPUs
+_DEEP_LOCK = threading.Lock()
+
+
 def run_deep(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str], None]) -> tuple[str, str]:
     """The deep tier on every GPU through the one pipeline (check --deep's: pipeline.check_host with policy deep,
     never --force: a GPU another process holds is refused and named), judged by judge_deep. Bounded: each GPU's
     child gets its share of the time left; a tier still running at the deadline is a fail."""
-    import threading
-
     from gpudoctor.pipeline import check_host
 
     ctx = target.context
@@ -304,12 +313,18 @@ def run_deep(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str],
         except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
             box["error"] = exc
 
+    with _DEEP_LOCK:
+        old = _DEEP_RUNS.get(target.name)
+        if old is not None and old[0].is_alive():  # never two deep runs on one host: each would see the other
+            return FAIL, (f"a deep run started {time.monotonic() - old[1]:.0f} s ago (past its verification's "
+                          "deadline) is still measuring: not started again")
+        th = threading.Thread(target=work, name="gpudoctor-verify-deep", daemon=True)
+        _DEEP_RUNS[target.name] = (th, time.monotonic())
+        th.start()
     say(f"deep tier on {n} GPU(s), {per_gpu:.0f} s budget each")
-    th = threading.Thread(target=work, name="gpudoctor-verify-deep", daemon=True)
-    th.start()
     th.join(budget_s)
     if th.is_alive():
-        return FAIL, f"the deep tier did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
+        return FAIL, f"the deep tier did not finish in {budget_s:.3g} s (policy.verify.timeout_s)"
     if "error" in box:
         raise box["error"]
     return judge_deep(box["diagnosis"])
@@ -339,6 +354,7 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     rank = {cid: i for i, cid in enumerate(CAUSE_ORDER)}
     for f in sorted(causes, key=lambda f: rank.get(f.id, len(rank))):
         problems[f.key] = f.summary
+    problems.update(_during(diagnosis, causes))
     gate = evaluate(diagnosis, Profile("verify", deep_floors=True))
     if gate.error:
         problems["(gate)"] = gate.error
@@ -347,22 +363,54 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     figures = [f for f in findings if f.id == "fabric.deep.figure"]
     gpus: dict = {}
     for f in figures:
-        gpu = f.data.get("gpu")
+        gpu, kind = f.data.get("gpu"), f.data.get("kind")
         if gpu is None:
             continue
-        g = gpus.setdefault(gpu, {"kinds": set(), "backend": f.data.get("backend")})
-        g["kinds"].add(f.data.get("kind"))
+        g = gpus.setdefault(gpu, {"measured": set(), "said": set(), "backend": None})
+        g["backend"] = g["backend"] or f.data.get("backend")
+        if f.status in (Status.OK, Status.WARN):
+            g["measured"].add(kind)
+        elif f.key in problems:  # a figure the gate already blocks on (not measured, not judged): said once
+            g["said"].add(kind)
     for gpu, g in sorted(gpus.items(), key=lambda kv: str(kv[0])):
-        missing = [k for k in REQUIRED_KINDS if k not in g["kinds"]]
+        missing = [k for k in REQUIRED_KINDS if k not in g["measured"] | g["said"]]
         if missing:
             why = (" (the ctypes backend has no GEMM: give the deep tier a python with torch, "
                    "policy.verify.deep_python)" if "gemm" in missing and g["backend"] == "ctypes" else "")
             problems[f"missing[{gpu}]"] = (f"GPU {gpu}: {', '.join(KIND_WORDS[k] for k in missing)} not measured"
-                                           f" (backend {g['backend']}){why}")
+                                           f" (backend {g['backend'] or '?'}){why}")
     if not problems:
         judged = [f for f in figures if f.status == Status.OK]
         return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"
     return FAIL, "; ".join(dict.fromkeys(problems.values()))
+
+
+def _during(diagnosis, causes) -> dict:
+    """Another process or a clock event during a measurement whose figure still met its floor: checks/bandwidth
+    names a cause only for a figure below its floor; a verification wants the GPU alone and at full clocks all
+    the same. Read from the deep tier's own samples (checks.bandwidth.analyse: what the cause findings read)."""
+    from gpudoctor.catalog.deep_limits import SLOWING
+    from gpudoctor.checks.bandwidth import analyse
+
+    named = {(f.id, (f.subject or "").split(" (")[0]) for f in causes}
+    out: dict = {}
+    for g in analyse(diagnosis.facts or {}):
+        idx = g["rec"].get("index")
+        procs: dict = {}
+        slowing: list = []
+        for fig in g["figs"]:
+            smp = (fig.get("test") or {}).get("samples") or {}
+            for p in smp.get("procs") or []:
+                procs.setdefault(p.get("pid"), p)
+            slowing += [r for r in smp.get("reasons") or [] if r in SLOWING and r not in slowing]
+        if procs and ("fabric.deep.contention", f"GPU {idx}") not in named:
+            out[f"during-procs[{idx}]"] = (f"GPU {idx}: another process used the GPU during the measurement: "
+                                           + ", ".join(f"pid {p.get('pid')} ({p.get('name') or '?'}, "
+                                                       f"{p.get('used_mib')} MiB)" for p in procs.values()))
+        if slowing and ("fabric.deep.clocks", f"GPU {idx}") not in named:
+            out[f"during-clocks[{idx}]"] = (f"GPU {idx}: clocks held down by {', '.join(slowing)} during the "
+                                            "measurement")
+    return out
 
 
 # --- the serving step -----------------------------------------------------------------------------------------------
@@ -370,15 +418,115 @@ def judge_deep(diagnosis) -> tuple[str, str]:
 def _serving_apply(target, policy: VerifyPolicy) -> str | None:
     if policy.serving == "off":
         return "serving smoke off (policy.verify.serving)"
-    return None if policy.serving == "on" else "serving smoke: not in this build yet"
+    if policy.serving == "on" or getattr(target.entry, "serving", None) is not None:
+        return None
+    return "no serving endpoint in the inventory entry (serving: {url, model})"
 
 
-def _not_built(target, policy, budget_s, say):
-    return FAIL, "not built"
+def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[str], None]) -> tuple[str, str]:
+    """A short `bench load` through the bench client (gpudoctor.bench.client: its readiness probe, dialect
+    detection, request bodies, stream parser and level runner): smoke_requests requests at once, smoke_max_tokens
+    each (exactly, where the server takes ignore_eos), every one ok, the largest TTFT under smoke_ttft_ms_max. Runs
+    in its own thread and event loop (the caller may have one), bounded by the time left."""
+    import asyncio
+
+    serving = getattr(target.entry, "serving", None)
+    if serving is None:
+        return FAIL, ("policy.verify.serving is on, but the inventory entry names no serving endpoint "
+                      "(hosts.NAME.serving: {url, model})")
+    loop = _loopback_from_afar(target, serving.url)
+    if loop:
+        return FAIL, loop
+    box: dict = {}
+
+    def work():
+        try:
+            box["result"] = asyncio.run(_smoke(serving, policy, budget_s, say))
+        except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=work, name="gpudoctor-verify-serving", daemon=True)
+    th.start()
+    th.join(budget_s + 5.0)  # the level has its own timeout (budget_s): this is the backstop
+    if th.is_alive():
+        return FAIL, f"{serving.url}: the smoke did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _loopback_from_afar(target, url: str) -> str | None:
+    """The smoke's requests go from where gpudoctor runs: a loopback URL of a host reached over SSH would test this
+    machine instead (a wrong pass or a wrong fail), so it is refused with what to write instead."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    if not target.remote:
+        return None
+    host = (urlsplit(url).hostname or "").lower()
+    try:
+        loop = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loop = host == "localhost" or host.endswith(".localhost")
+    if not loop:
+        return None
+    return (f"serving.url {url} is this machine's loopback, but {target.name} is reached over SSH: the smoke would "
+            f"test this machine; give {target.name}'s address (or run the daemon on {target.name})")
+
+
+async def _smoke(serving, policy: VerifyPolicy, budget_s: float, say) -> tuple[str, str]:
+    from gpudoctor.bench.client.levels import dialect, ready_probe
+    from gpudoctor.bench.client.load import LevelSpec, new_session, run_level
+    from gpudoctor.bench.client.openai import EXTENDED, NATIVE, SGLANG
+    from gpudoctor.bench.client.prompts import build, load_source
+    from gpudoctor.bench.client.tokens import Counter
+    from gpudoctor.bench.records.results import OK
+
+    t0 = time.monotonic()
+    url, api, k = serving.url, serving.api, policy.smoke_requests
+    say(f"readiness of {url}")
+    why = await ready_probe(url, max(1.0, min(30.0, budget_s / 3)), api, serving.model)
+    if why:
+        return FAIL, f"{url} is not serving {serving.model}: {why}"
+    spec = LevelSpec(label="verify", workload=f"verify-smoke:out{policy.smoke_max_tokens}", concurrency=k,
+                     max_tokens=policy.smoke_max_tokens, num_prompts=k, api=api,
+                     model=None if api == NATIVE else serving.model, server_kind=SGLANG if api == NATIVE else None)
+    if api != NATIVE:
+        await dialect(url, [spec], lambda *a, **kw: None)
+    prompts = build(k, load_source("builtin"), Counter(), None, seed=31)
+    left = max(1.0, budget_s - (time.monotonic() - t0))
+    results: list = []
+    say(f"{k} requests of {policy.smoke_max_tokens} tokens to {url}")
+    async with new_session(k) as session:
+        rec = await run_level(session, url, spec, prompts, stall_s=min(left, 120.0), level_timeout_s=left,
+                              on_request=results.append)
+    where = f"{url} ({serving.model}, {api})"
+    if rec.get("status") != OK or rec.get("error"):
+        return FAIL, f"{where}: {rec.get('error') or rec.get('status')}"
+    good = [r for r in results if r.ok]
+    if len(good) != k:
+        return FAIL, f"{where}: {len(good)} of {k} requests completed"
+    exact = api == NATIVE or spec.server_kind in EXTENDED
+    short = [r.output_tokens for r in good if r.output_tokens != policy.smoke_max_tokens]
+    if exact and short:
+        return FAIL, (f"{where}: {len(short)} of {k} requests produced {sorted(set(short))} tokens, not the "
+                      f"{policy.smoke_max_tokens} asked for (ignore_eos)")
+    ttft = [r.ttft_s * 1000 for r in good if r.ttft_s is not None]
+    if len(ttft) != k:
+        return FAIL, f"{where}: {k - len(ttft)} of {k} requests have no first-token time"
+    worst = max(ttft)
+    if worst > policy.smoke_ttft_ms_max:
+        return FAIL, (f"{where}: TTFT max {worst:.0f} ms above the ceiling {policy.smoke_ttft_ms_max:g} ms "
+                      f"(policy.verify.smoke_ttft_ms_max; p50 {sorted(ttft)[len(ttft) // 2]:.0f} ms)")
+    tokens = sum(r.output_tokens for r in good)
+    note = "" if exact or not short else (f"; {len(short)} ended before max_tokens (the server does not take "
+                                           "ignore_eos)")
+    return PASS, (f"{where}: {k} requests ok, {tokens} tokens ({rec.get('output_tokens_source') or 'exact'}), "
+                  f"TTFT max {worst:.0f} ms of {policy.smoke_ttft_ms_max:g}{note}")
 
 
 _STEPS = (
     ("deep", _deep_apply, run_deep),
-    ("serving", _serving_apply, _not_built),
+    ("serving", _serving_apply, run_serving),
     ("commands", _commands_apply, run_commands),
 )

@@ -99,3 +99,19 @@ def test_results_round_trip_through_json(local):
     assert again.to_json() == v.to_json()
     assert isinstance(again.steps[2], StepResult) and again.steps[2].status == "fail"
     assert Verification.from_json({}).passed is False
+
+
+def test_each_step_and_the_result_are_logged_under_stable_event_names(local):
+    from structlog.testing import capture_logs
+
+    from gpudoctor import log as glog
+
+    glog.configure(verbosity=1)  # info events pass the level filter
+    try:
+        with capture_logs() as logs:
+            run_verification(local, only_commands(["false"]))
+    finally:
+        glog.configure(**glog._settings)
+    events = [(e["event"], e.get("step"), e.get("status"), e.get("passed")) for e in logs]
+    assert events == [("verify.step", "commands", "fail", None), ("verify.finished", None, None, False)], logs
+    assert all(e.get("host") == local.name for e in logs)

@@ -16,7 +16,7 @@ import pytest
 from gpudoctor.recovery.verify import VerifyPolicy, judge_deep, run_verification
 from gpudoctor.target import open_target
 
-SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
+SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "h200-2026-12-03"
 DEEP_ONLY = VerifyPolicy(deep="on", serving="off", timeout_s=120.0)
 
 
@@ -92,3 +92,59 @@ def test_deep_on_a_host_without_nvidia_fails_closed():
         assert not v.passed and v.steps[0].status == "fail" and v.reason.startswith("deep: "), v.reason
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("what, sample, words", [
+    ("procs", [{"pid": 31337, "name": "python3", "used_mib": 4096}],
+     "GPU 0: another process used the GPU during the measurement: pid 31337 (python3, 4096 MiB)"),
+    ("reasons", ["hw_thermal_slowdown"], "GPU 0: clocks held down by hw_thermal_slowdown during the measurement"),
+])
+def test_a_contender_or_clock_event_fails_even_when_every_figure_met_its_floor(what, sample, words):
+    """The healthy H200's own record with a process (or a clock event) added to its GEMM's samples: every figure
+    is still above its floor, so the checks name no cause; the verification fails all the same."""
+    doc = replayable("healthy")
+    gemm = next(t for t in doc["facts"]["deep"]["gpus"][0]["result"]["tests"] if t["kind"] == "gemm")
+    gemm["samples"][what] = sample
+    t = open_target(snapshot=doc, search=False)
+    v = run_verification(t, DEEP_ONLY)
+    assert not v.passed and v.reason == f"deep: {words}", v.reason
+
+
+def test_a_deep_run_past_its_deadline_fails_and_is_never_doubled():
+    """This machine's real pipeline with deep on, given 50 ms: the run outlives its verification (fail), and a
+    verification started while it still measures does not start a second one on the same host (fail, said why)."""
+    import time
+
+    from gpudoctor.recovery import verify as vmod
+
+    t = open_target(None, search=False)
+    try:
+        short = VerifyPolicy(deep="on", serving="off", timeout_s=0.05)
+        v = run_verification(t, short)
+        assert not v.passed and "the deep tier did not finish in 0.05 s" in v.reason, v.reason
+        again = run_verification(t, VerifyPolicy(deep="on", serving="off", timeout_s=30))
+        assert not again.passed and "is still measuring: not started again" in again.reason, again.reason
+        th = vmod._DEEP_RUNS[t.name][0]
+        th.join(60)
+        assert not th.is_alive()
+    finally:
+        t.close()
+
+
+def test_a_required_figure_reported_as_not_measured_fails_once():
+    """At the interface (the findings): a GEMM the deep tier reports as 'not measured' (info, no floor: what it says
+    without torch) fails the step, said once; a GEMM with no finding at all fails as missing."""
+    from gpudoctor.diagnose import Diagnosis
+    from gpudoctor.findings import Finding, Status
+
+    def fig(kind, status=Status.OK, summary=None, floor=0.7):
+        return Finding("fabric.deep.figure", status, summary or f"GPU 0: {kind} ok", subject=f"GPU 0 {kind}",
+                       data={"gpu": 0, "kind": kind, "floor": floor, "backend": "ctypes"})
+
+    ok = [fig(k) for k in ("h2d", "d2h", "d2d")]
+    status, detail = judge_deep(Diagnosis("h", ok + [fig("gemm", Status.INFO, "GPU 0: gemm: not measured: no python "
+                                                                              "with torch", floor=None)]))
+    assert status == "fail" and detail.count("not measured") == 1 and "no python with torch" in detail, detail
+    status, detail = judge_deep(Diagnosis("h", ok))
+    assert status == "fail" and detail.startswith("GPU 0: bf16 GEMM not measured (backend ctypes)"), detail
+    assert judge_deep(Diagnosis("h", ok + [fig("gemm")]))[0] == "pass"
