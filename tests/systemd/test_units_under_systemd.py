@@ -294,7 +294,11 @@ def test_the_recovery_arc_of_the_shipped_daemon_unit(sdlab):
         cycles = _state(lab)["cycles"]
         _wait_cycles(lab, cycles + 2)
         assert lab.sh(f"test -e {MODEL}/config.json", check=False).returncode != 0  # no unattended heal
-        assert "needs_inspection" in lab.journal(DAEMON)
+        body = lab.sh(f"{sys.executable} -c \"import urllib.request as u; "
+                      f"print(u.urlopen('http://127.0.0.1:9835/metrics', timeout=10).read().decode())\"").stdout
+        assert re.search(r'gpudoctor_remedies_skipped_total\{[^}]*reason="needs_inspection"[^}]*\} [1-9]', body), body
+        assert re.search(r'gpudoctor_recovery_state\{[^}]*state="needs-inspection"[^}]*\} 1\.0', body)
+        assert re.search(r'gpudoctor_ready\{[^}]*\} 0\.0', body)
         assert _ladder(lab)["state"] == "needs-inspection"
 
         # a person restages and releases: the release verifies first
