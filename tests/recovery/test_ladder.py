@@ -216,7 +216,10 @@ def test_a_reboot_sends_a_ready_host_back_to_verifying():
     assert (step.before, step.after, h.since) == (L.READY, L.VERIFYING, T + 50)
     assert h.reason == "verifying: rebooted since it was last verified, verification due"
     assert L.verification_due(h, P, T + 50)
-    verified(h, T + 60)
+    assert (h.clean_cycles, h.clean_since, h.verify_failures, h.next_verify_at) == (1, T + 50, 0, None)
+    verified(h, T + 55, passed=False, reason="x")  # the first failure of this episode: the first backoff step
+    assert h.reason == "verifying: verification failed (x); retry in 300 s" and h.verify_failures == 1
+    verified(h, T + 355)
     assert h.state == L.READY and h.verified_boot == "b2"
 
 
@@ -451,3 +454,14 @@ def test_move_sets_since_when_missing():
     assert h.since is None
     bad(h, T)
     assert h.since == T
+
+
+def test_a_new_record_as_persisted():
+    assert HostLadder().to_json() == {
+        "state": "failing", "since": None, "reason": "never verified: waiting for a passing check",
+        "failing_now": False, "roots": [], "clean_cycles": 0, "clean_since": None, "verify_failures": 0,
+        "next_verify_at": None, "last_verification": None, "verified_at": None, "verified_boot": None,
+        "verified_driver": None, "boot_id": None, "driver": None, "onsets": [], "last_failure_at": None,
+        "inspect_count": 0}
+    assert L.HISTORY == 64  # failure onsets kept per host: the file stays small
+    assert L.STATES == ("failing", "healing", "verifying", "ready", "needs-inspection")
