@@ -35,7 +35,7 @@ class LadderVerdict:
     reason: str
     ready: bool
     since: float | None
-    moved_by: str  # "gate" (no daemon here) or "daemon" (read only)
+    moved_by: str  # "gate" (no daemon here), "daemon" (read only) or "nobody" (the gate could not check)
     verification: dict | None = None  # what this gate's own verification said, when it ran one
 
     def to_json(self) -> dict:
@@ -115,10 +115,14 @@ def judge(target, result, store, *, clock=time.time, wait_s: float = 0.0) -> Lad
         from gpudoctor.daemon.loop import read_boot_id
 
         name, boot, driver = socket.gethostname(), read_boot_id(), None
+    if result.error is not None:  # the gate could not check: closed anyway, and it records nothing it did not see
+        lad = store.get(name)
+        state, reason, ready = view(lad, boot)
+        return LadderVerdict(name, state, reason, False, lad.since if lad else None, "nobody")
     if daemon_pid(store.path.parent) is not None:
         lad, state, reason, ready = _read(store, name, boot, wait_s if result.passed else 0.0)
         return LadderVerdict(name, state, reason, ready, lad.since if lad else None, "daemon")
-    roots = [b.key for b in result.blockers if not b.symptom_of] or (["host.error"] if result.error else [])
+    roots = [b.key for b in result.blockers if not b.symptom_of]
     adv = recovery.advance(store, name, policy, clock(), passed=result.passed, roots=roots,
                            summary=result.headline, boot_id=boot, driver=driver, verify=_verifier(target),
                            clock=clock)

@@ -76,7 +76,10 @@ class RecoveryStore:
         return {}
 
     def load(self) -> dict:
-        """Every host's ladder, read under the lock (a reader never sees a half-moved ladder)."""
+        """Every host's ladder, read under the lock (a reader never sees a half-moved ladder); no file is no record,
+        and reading it creates nothing."""
+        if not self.path.exists():
+            return {}
         with self._locked():
             return self._read()
 

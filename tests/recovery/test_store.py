@@ -241,3 +241,8 @@ def test_a_reading_gate_waits_only_while_the_daemon_has_something_to_do(tmp_path
     assert ready and slept == [1.0, 1.0]
     lad, state, reason, ready = _read(store, "x", "b1", 2.5, sleep=sleep, clock=lambda: now[0])
     assert not ready and state == L.FAILING and sum(slept) == 4.5  # gave up after 2.5 s
+
+
+def test_reading_a_missing_store_creates_nothing(tmp_path):
+    store = RecoveryStore(tmp_path / "no" / "recovery.json")
+    assert store.load() == {} and not (tmp_path / "no").exists()
