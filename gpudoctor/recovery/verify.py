@@ -383,10 +383,11 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     for gpu, g in sorted(gpus.items(), key=lambda kv: str(kv[0])):
         missing = [k for k in REQUIRED_KINDS if k not in g["measured"] | g["said"]]
         if missing:
-            why = (" (the ctypes backend has no GEMM: give the deep tier a python with torch, "
-                   "policy.verify.deep_python)" if "gemm" in missing and g["backend"] == "ctypes" else "")
             problems[f"missing[{gpu}]"] = (f"GPU {gpu}: {', '.join(KIND_WORDS[k] for k in missing)} not measured"
-                                           f" (backend {g['backend'] or '?'}){why}")
+                                           f" (backend {g['backend'] or '?'})")
+    if any(g["backend"] == "ctypes" and "gemm" not in g["measured"] for g in gpus.values()):
+        problems["hint"] = ("the ctypes backend measures no GEMM: policy.verify.deep_python names a python with "
+                            "torch")
     if not problems:
         judged = [f for f in figures if f.status == Status.OK]
         return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"
