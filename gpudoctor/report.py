@@ -258,6 +258,11 @@ def daemon_cycle_lines(found: dict) -> list[str]:
                 lines.append(f"          fix: {f.hint}")
         for remedy, what in r.get("actions") or []:
             lines.append(f"  remedy {remedy}: {what}")
+        if r.get("verification"):
+            lines.append(f"  verification {r['verification']}")
+        lad = r.get("ladder")
+        if lad is not None:
+            lines.append(f"  recovery: {lad.state}" + (f" ({lad.reason})" if lad.reason else ""))
     return lines
 
 

@@ -279,12 +279,14 @@ class Daemon:
             verify = lambda: Crashed("this engine cannot verify a host (no verify())")  # noqa: E731
         adv = recovery.verify_if_due(self.recovery_store, name, self.recovery_policy, verify, clock=self.clock.now)
         self.pinger.beat()
+        for step in adv.steps:
+            if step.moved:
+                self.log.warning("recovery.moved", host=name, before=step.before, after=step.after, reason=step.reason)
         if adv.verification is not None:
             v = adv.verification
             self.log.warning("recovery.verified" if v.passed else "recovery.verification_failed", host=name,
                              reason=v.reason, state=adv.ladder.state)
-            self.found.get(name, {}).setdefault("actions", []).append(
-                ("verification", "passed" if v.passed else f"failed: {v.reason}"))
+            self.found.get(name, {})["verification"] = "passed" if v.passed else f"failed: {v.reason}"
         elif adv.busy:
             self.log.info("recovery.verification_busy", host=name)
         self._observe_ladder(name, adv.ladder)
@@ -356,7 +358,10 @@ class Daemon:
             except Exception as exc:
                 out = Outcome(False, exc.one_line() if isinstance(exc, GpudoctorError) else repr(exc))
             if out.ok and self.recovery_store is not None:
-                recovery.record_heal(self.recovery_store, name, now, action.remedy)
+                step = recovery.record_heal(self.recovery_store, name, now, action.remedy)
+                if step.moved:
+                    self.log.warning("recovery.moved", host=name, before=step.before, after=step.after,
+                                     reason=step.reason)
             with self._lock:
                 if out.ok:
                     hs.pending_verify[action.remedy] = action.finding

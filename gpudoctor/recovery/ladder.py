@@ -141,7 +141,7 @@ def observe_check(h: HostLadder, policy: RecoveryPolicy, now: float, *, passed: 
     else:
         why = None
     if h.clean_since is None:
-        h.clean_since, h.clean_cycles = now, 0
+        h.clean_since = now
     h.clean_cycles += 1
     if not window_done(h, policy, now):
         _move(h, VERIFYING, now, _clean_reason(h, policy, now))
@@ -201,7 +201,7 @@ def observe_heal(h: HostLadder, now: float, remedy: str) -> Step:
 
 def verification_due(h: HostLadder, policy: RecoveryPolicy, now: float) -> bool:
     """Whether the active verification should run now: verifying, the clean window passed, no backoff pending."""
-    return (h.state == VERIFYING and not h.failing_now and window_done(h, policy, now)
+    return (h.state == VERIFYING and window_done(h, policy, now)
             and (h.next_verify_at is None or now >= h.next_verify_at))
 
 

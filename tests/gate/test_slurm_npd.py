@@ -237,3 +237,39 @@ def test_an_unreadable_ladder_file_is_set_aside_and_the_gate_verifies_again(slur
     r = gate_slurm(slurm, tmp_path, GOOD)
     assert r.returncode == 2 and "state=resume" not in sum(slurm.updates(), [])
     assert [p.name for p in (tmp_path / "state").iterdir() if p.name.startswith("recovery.json.corrupt-")]
+
+
+def test_the_execstartpre_gate_passes_only_once_verified_on_this_boot(tmp_path, verified):
+    """`gate --recovery` (the shipped ExecStartPre= and gpudoctor-gate.service): blocked until the verification
+    passed since the last failure and on this boot; a plain gate (a campaign's, a look at a snapshot) is not."""
+    import json
+
+    def recovery_gate(snap):
+        return run_gate("--snapshot", snap, "--recovery", cwd=tmp_path)
+
+    verified.unlink()
+    assert run_gate("--snapshot", GOOD, cwd=tmp_path).returncode == 0  # no --recovery: the checks only
+    r = recovery_gate(GOOD)
+    assert r.returncode == 2 and r.stdout.startswith("BLOCK recovery.ladder: verifying: verification failed"), r.stdout
+    verified.touch()
+    path = tmp_path / "state" / "recovery.json"
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["next_verify_at"] = 0
+    path.write_text(json.dumps(doc))
+    assert recovery_gate(GOOD).returncode == 0
+    r = recovery_gate(BAD)  # a failure: blocked by the failure itself
+    assert r.returncode == 2 and ROOT_CAUSE in r.stdout
+    verified.unlink()
+    r = recovery_gate(GOOD)  # the checks pass again, the verification has not: blocked
+    assert r.returncode == 2 and "BLOCK recovery.ladder: verifying: verification failed" in r.stdout
+    verified.touch()
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()].update(next_verify_at=0)
+    path.write_text(json.dumps(doc))
+    assert recovery_gate(GOOD).returncode == 0
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["verified_boot"] = "an-earlier-boot"  # as after a reboot
+    path.write_text(json.dumps(doc))
+    verified.unlink()
+    r = recovery_gate(GOOD)
+    assert r.returncode == 2 and "BLOCK recovery.ladder: verifying: verification failed" in r.stdout

@@ -329,6 +329,15 @@ def test_recurrence_counts_only_within_the_window():
     assert h2.state == L.INSPECT
 
 
+def test_recurrence_of_one_root_among_several():
+    h = ready_host()
+    _episode(h, T + 100, roots=["a"])
+    _episode(h, T + 200, roots=["a"])
+    step = bad(h, T + 300, roots=["b", "a", "c"], summary="A and B and C")
+    assert step.after == L.INSPECT and h.inspect_count == 3
+    assert h.reason.startswith("needs inspection: came back 2 times (3 failures)")
+
+
 def test_recurrences_policy_of_one():
     pol = RecoveryPolicy(recurrences=1)
     h = ready_host()
@@ -384,6 +393,7 @@ def test_release_with_a_passing_verification():
     step = L.release(h, T + 400, passed=True, record={"passed": True}, boot_id="b1", driver="570")
     assert (step.before, step.after, h.since, h.reason) == (L.INSPECT, L.READY, T + 400, "")
     assert (h.onsets, h.inspect_count, h.verified_at, h.verified_boot) == ([], 0, T + 400, "b1")
+    assert (h.clean_cycles, h.clean_since, h.verify_failures, h.next_verify_at) == (0, None, 0, None)
     assert h.last_verification == {"passed": True}
     bad(h, T + 500)  # the history is forgotten: one failure is just failing
     assert h.state == L.FAILING
