@@ -155,3 +155,23 @@ def test_a_required_figure_reported_as_not_measured_fails_once():
     assert status == "fail" and detail.startswith("GPU 0: bf16 GEMM not measured (backend ctypes); the ctypes "
                                                   "backend measures no GEMM"), detail
     assert judge_deep(Diagnosis("h", ok + [fig("gemm")]))[0] == "pass"
+
+
+def test_through_the_ladder_the_contended_card_stays_not_ready_and_the_healthy_one_is_ready(tmp_path):
+    """The ladder's own sequence (recovery.advance) with this verification: the H200 while a contender ran keeps
+    the host verifying with the PID in its reason; the same card measured healthy makes it ready."""
+    from gpudoctor.recovery.advance import advance
+    from gpudoctor.recovery.ladder import RecoveryPolicy
+    from gpudoctor.recovery.store import RecoveryStore
+
+    store, pol = RecoveryStore(tmp_path / "recovery.json"), RecoveryPolicy(retry_s=0.0)
+
+    def check(now, snap):
+        t = open_target(snapshot=replayable(snap), search=False)
+        return advance(store, "vm", pol, now, passed=True, boot_id="b", driver="580.159.04",
+                       verify=lambda: run_verification(t, DEEP_ONLY), clock=lambda: now)
+
+    adv = check(100.0, "contended")
+    assert not adv.ready and adv.ladder.state == "verifying" and "pid 4461" in adv.ladder.reason, adv.ladder.reason
+    adv = check(200.0, "healthy")
+    assert adv.ready and adv.ladder.state == "ready" and adv.verification.passed, adv.ladder.reason
