@@ -18,14 +18,6 @@ def _default_state() -> str:
     return str(state_dir() / "daemon.json")
 
 
-def _pid_is_daemon(pid) -> bool:
-    try:
-        cmd = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError, TypeError):
-        return False
-    return any(b"gpudoctor" in part for part in cmd) and b"daemon" in cmd
-
-
 def _reset_breaker(state_path: str) -> int:
     """Close the breakers: signal the running daemon (SIGUSR2), or edit the state file when none runs."""
     from gpudoctor.daemon.state import StateStore, read_state_file
@@ -35,7 +27,9 @@ def _reset_breaker(state_path: str) -> int:
         click.echo(f"no daemon state at {state_path}: nothing to reset")
         return EXIT_OK
     pid = raw.get("pid")
-    if pid and _pid_is_daemon(pid):
+    from gpudoctor.recovery.gates import pid_is_daemon
+
+    if pid and pid_is_daemon(pid):
         os.kill(int(pid), signal.SIGUSR2)
         click.echo(f"asked the running daemon (pid {pid}) to close its circuit breakers")
         return EXIT_OK
