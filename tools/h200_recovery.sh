@@ -132,11 +132,25 @@ PY
   return "${PIPESTATUS[0]}"
 }
 step() { say ""; say "## $*"; STEP_T0=$(date +%s.%N); }
+verification() {  # the last verification the ladder recorded: each step's status and wall time
+  python3 - "$W/state/recovery.json" <<'PY' | tee -a "$O/summary.txt"
+import json, sys
+try:
+    v = (json.load(open(sys.argv[1]))["hosts"]["h200"].get("last_verification") or {})
+except (OSError, ValueError, KeyError) as exc:
+    print(f"  (no verification recorded: {exc})"); raise SystemExit
+print(f"  last verification: {'passed' if v.get('passed') else 'FAILED'} in {v.get('seconds', 0):.1f} s"
+      + (f": {v['reason'][:300]}" if v.get("reason") else ""))
+for s in v.get("steps") or []:
+    print(f"    {s['name']:<9} {s['status']:<8} {s['seconds']:6.1f} s  {s['detail'][:200]}")
+PY
+}
 expect() { local label=$1; shift; if wait_for "$label" "$@"; then :; else FAILED=1; fi; }
 
 step "A  the daemon starts: never verified -> ready only after the deep tier passed"
 if [ "$HAVE_GPU" = 1 ]; then
   expect "A ready" "$(left 150)" 'r["state"] == "ready" and r["ready"]'
+  verification
 else  # the CPU path: the passive checks fail (no driver), so the ladder never gets to verify
   expect "A not ready without a GPU (the CPU path)" "$(left 60)" \
     'r["state"] == "failing" and not r["ready"] and "NVIDIA" in r["reason"]'
@@ -148,6 +162,7 @@ kill -USR1 "$DAEMON"
 if [ "$HAVE_GPU" = 1 ]; then
   expect "B noticed and healing" "$(left 60)" 'not r["ready"] and r["state"] in ("failing", "healing")'
   expect "B ready" "$(left 150)" 'r["state"] == "ready" and r["ready"]'
+  verification
 else  # still failing for the driver; the model's own fault is healed all the same
   for _ in $(seq 120); do cmp -s "$SHARD" "$W/model-src/$(basename "$SHARD")" && break; sleep 0.5; done
   if cmp -s "$SHARD" "$W/model-src/$(basename "$SHARD")"; then
@@ -172,6 +187,7 @@ if [ "$HAVE_GPU" = 1 ]; then
   kill -USR1 "$DAEMON"
   expect "C verification failed naming a process" "$(left 150)" \
     'r["state"] == "verifying" and not r["ready"] and "deep:" in r["reason"] and "pid " in r["reason"]'
+  verification
   if grep -q "pid $BUSYPID\b" "$O/last-recovery.json" 2>/dev/null; then
     say "  the reason names the contender's PID $BUSYPID"
   else
@@ -180,6 +196,7 @@ if [ "$HAVE_GPU" = 1 ]; then
   step "C' the contender ends -> the next verification passes -> ready"
   kill "$BUSY"; wait "$BUSY" 2>/dev/null; BUSY=
   expect "C' ready" "$(left 150)" 'r["state"] == "ready" and r["ready"]'
+  verification
 fi
 
 # --- the daemon's own account, and the metrics -----------------------------------------------------------------

@@ -178,7 +178,11 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
     steps: list[StepResult] = []
     unconfigured: list[str] = []
     for name, applies, run in _STEPS:
-        why_not = applies(target, policy)
+        try:
+            why_not = applies(target, policy)
+        except Exception as exc:  # noqa: BLE001 - e.g. the host unreachable while looking for GPUs: fail closed
+            steps.append(StepResult(name, FAIL, _could_not_judge(exc)))
+            continue
         if why_not:
             steps.append(StepResult(name, NOT_RUN, why_not))
             unconfigured.append(why_not)
@@ -193,11 +197,7 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
         try:
             status, detail = run(target, policy, left, lambda what, _n=name: say(_n, what))
         except Exception as exc:  # noqa: BLE001 - a step that crashed has not judged: fail closed
-            from gpudoctor.errors import GpudoctorError, _short
-
-            status = FAIL
-            detail = exc.one_line() if isinstance(exc, GpudoctorError) else _short(
-                f"could not judge: {type(exc).__name__}: {exc}")
+            status, detail = FAIL, _could_not_judge(exc)
         steps.append(StepResult(name, status, detail, time.monotonic() - t0))
         log.info("verify.step", step=name, status=status, seconds=round(steps[-1].seconds, 3), detail=detail)
         say(name, status)
@@ -215,6 +215,14 @@ def run_verification(target, policy: VerifyPolicy, *, progress: Progress | None 
                      seconds=time.time() - started)
     log.info("verify.finished", passed=v.passed, reason=v.reason, seconds=round(v.seconds, 3))
     return v
+
+
+def _could_not_judge(exc: Exception) -> str:
+    from gpudoctor.errors import GpudoctorError, _short
+
+    if isinstance(exc, GpudoctorError):
+        return exc.one_line()
+    return _short(f"could not judge: {type(exc).__name__}: {exc}")
 
 
 # --- the commands step --------------------------------------------------------------------------------------------
@@ -375,10 +383,11 @@ def judge_deep(diagnosis) -> tuple[str, str]:
     for gpu, g in sorted(gpus.items(), key=lambda kv: str(kv[0])):
         missing = [k for k in REQUIRED_KINDS if k not in g["measured"] | g["said"]]
         if missing:
-            why = (" (the ctypes backend has no GEMM: give the deep tier a python with torch, "
-                   "policy.verify.deep_python)" if "gemm" in missing and g["backend"] == "ctypes" else "")
             problems[f"missing[{gpu}]"] = (f"GPU {gpu}: {', '.join(KIND_WORDS[k] for k in missing)} not measured"
-                                           f" (backend {g['backend'] or '?'}){why}")
+                                           f" (backend {g['backend'] or '?'})")
+    if any(g["backend"] == "ctypes" and "gemm" not in g["measured"] for g in gpus.values()):
+        problems["hint"] = ("the ctypes backend measures no GEMM: policy.verify.deep_python names a python with "
+                            "torch")
     if not problems:
         judged = [f for f in figures if f.status == Status.OK]
         return PASS, f"{len(judged)} figures on {len(gpus)} GPU(s) at or above their floors"

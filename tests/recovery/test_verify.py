@@ -115,3 +115,17 @@ def test_each_step_and_the_result_are_logged_under_stable_event_names(local):
     events = [(e["event"], e.get("step"), e.get("status"), e.get("passed")) for e in logs]
     assert events == [("verify.step", "commands", "fail", None), ("verify.finished", None, None, False)], logs
     assert all(e.get("host") == local.name for e in logs)
+
+
+def test_an_unreachable_host_fails_the_steps_that_need_it():
+    """192.0.2.1 (TEST-NET-1) answers nothing: looking for its GPUs fails closed, never 'not applicable'."""
+    from gpudoctor.inventory import parse_inventory
+
+    inv = parse_inventory("hosts:\n  gone:\n    address: 192.0.2.1\n    connect_timeout: 1\n", path="inv.yaml")
+    t = open_target("gone", inv)
+    try:
+        v = run_verification(t, VerifyPolicy(serving="off", timeout_s=30))
+    finally:
+        t.close()
+    assert not v.passed and v.steps[0].name == "deep" and v.steps[0].status == "fail", v
+    assert v.reason.startswith("deep: ") and "192.0.2.1" in v.reason, v.reason

@@ -69,16 +69,34 @@ def test_a_model_the_server_does_not_serve_fails_with_the_servers_words(tfserve)
     assert "HTTP" in v.reason
 
 
-def test_the_server_stopped_fails_and_names_it(tfserve):
-    """Last in the module: it stops the shared server."""
+def test_the_ladder_is_ready_while_it_serves_and_stays_not_ready_when_it_stopped(tfserve, tmp_path):
+    """Last in the module: it stops the shared server. The ladder's own sequence (recovery.advance: what the daemon,
+    the gates and release run) with this verification: the passing smoke makes the host ready; after a failure the
+    checks pass again, but with the server stopped the smoke fails, naming it, and the host stays not ready."""
+    from gpudoctor.recovery.advance import advance
+    from gpudoctor.recovery.ladder import READY, VERIFYING, RecoveryPolicy
+    from gpudoctor.recovery.store import RecoveryStore
+
     url = tfserve.url
-    tfserve.stop()
     t = target_for(url, str(tfserve.model))
-    v = run_verification(t, SMOKE)
-    assert not v.passed
-    assert v.reason.startswith(f"serving: {url} is not serving {tfserve.model}: "), v.reason
-    assert "connect" in v.reason.lower(), v.reason
-    assert v.seconds < 60
+    store, pol = RecoveryStore(tmp_path / "recovery.json"), RecoveryPolicy(retry_s=0.0)
+
+    def check(now, passed):
+        return advance(store, "tf", pol, now, passed=passed, roots=[] if passed else ["workload.model.complete[m]"],
+                       summary="" if passed else "model incomplete", boot_id="boot-1", driver="580.159.04",
+                       verify=lambda: run_verification(t, SMOKE), clock=lambda: now)
+
+    adv = check(1000.0, True)
+    assert adv.ready and adv.verification.passed, adv.verification and adv.verification.reason
+    assert check(1010.0, False).ladder.state == "failing"
+    tfserve.stop()
+    adv = check(1020.0, True)
+    assert not adv.ready and adv.ladder.state == VERIFYING
+    v = adv.verification
+    assert not v.passed and v.reason.startswith(f"serving: {url} is not serving {tfserve.model}: "), v.reason
+    assert "connect" in v.reason.lower() and v.seconds < 60, v.reason
+    assert v.reason in adv.ladder.reason  # the one line every surface shows
+    assert store.get("tf").state != READY
 
 
 def test_no_endpoint_is_not_applicable_and_on_without_one_fails():
