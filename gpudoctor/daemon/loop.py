@@ -214,8 +214,11 @@ class Daemon:
         boot, driver = recovery.identity(getattr(diag, "facts", None))
         if boot is None and name == self.engine.local_host:
             boot = read_boot_id()
+        # the ladder's passive check is the default gate's rule: a failure blocks, an unknown beside checks that
+        # judged does not (the verification is the strong evidence); nothing judged at all is not a pass
+        judged = any(f.status.value in ("ok", "info", "warn") for f in findings)
+        passed = verdict != "fail" and judged
         bad_roots = [f for f in root if f.bad] or [f for f in findings if f.status.value in ("fail", "unknown")]
-        passed = verdict not in ("fail", "unknown")
         self._ladder_check(name, now, passed, [f.key for f in bad_roots],
                            bad_roots[0].summary if bad_roots else f"verdict {verdict}", boot, driver)
         if verdict in BAD and self.policy.allow:

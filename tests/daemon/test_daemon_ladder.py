@@ -188,3 +188,19 @@ def test_where_the_daemon_runs_a_gate_only_reads_its_ladder(daemon_factory, tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["recovery"] == {**json.loads(r.stdout)["recovery"], "state": "ready", "ready": True,
                                                 "moved_by": "daemon"}
+
+
+def test_an_unknown_beside_judged_checks_does_not_block_but_nothing_judged_does(daemon_factory, tmp_path):
+    """The ladder's passive check is the default gate's rule (docs/recovery.md): a failure blocks, an unknown finding
+    beside checks that judged does not, and a host with nothing judged never verifies."""
+    flag = tmp_path / "verify-passes"
+    flag.touch()
+    unknown = {"id": "driver.xid", "status": "unknown", "summary": "the kernel log is not readable"}
+    sc = scenario(flag, clean_cycles=1)
+    sc["findings"] = {"ct200": [unknown]}
+    d = daemon_factory(sc).start()
+    s = ladder(d)
+    assert (s["state"], s["ready"]) == ("failing", 0) and "the kernel log is not readable" in s["reason"]
+    d.write_scenario(findings={"ct200": [OK, unknown]})
+    d.step()
+    assert ladder(d)["ready"] == 1
