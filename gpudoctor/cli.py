@@ -21,6 +21,8 @@ COMMANDS = {
     "model": ("gpudoctor.commands.model:model", "Verify and stage model weights (tmpfs, Hugging Face cache)."),
     "gate": ("gpudoctor.commands.gate:gate", "Pre-flight gate: exit 0 only when the host is ready for a campaign."),
     "daemon": ("gpudoctor.commands.daemon:daemon", "Watch the host and heal it after reboots, within budgets."),
+    "release": ("gpudoctor.commands.recovery:release", "Verify a host, then return it to service (after an inspection)."),
+    "recovery": ("gpudoctor.commands.recovery:recovery", "Where each host stands on the recovery ladder."),
     "bench": ("gpudoctor.commands.bench:bench", "The benchmark stage: load generator, campaigns, reports."),
     "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang arguments before a long model load; explain a failed server log."),
     "inventory": ("gpudoctor.commands.inventory:inventory", "Show the inventory and test SSH to every host."),

@@ -127,6 +127,7 @@ class GateResult:
     profile: str
     blockers: list[Blocker] = field(default_factory=list)
     error: str | None = None  # the host could not be checked at all
+    facts: dict | None = field(default=None, repr=False, compare=False)  # the diagnosis' (boot id, driver: the ladder)
 
     @property
     def passed(self) -> bool:
@@ -217,7 +218,7 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
     if not getattr(diagnosis, "judged", True):  # a diagnosis of nothing: no check could decide anything
         return GateResult(host=host, profile=profile.name, blockers=ranked,
                           error="no check could judge this host (every finding is unknown or there are none)")
-    return GateResult(host=host, profile=profile.name, blockers=ranked)
+    return GateResult(host=host, profile=profile.name, blockers=ranked, facts=getattr(diagnosis, "facts", None))
 
 
 def _deep_floor_blockers(findings: list[Finding], profile: Profile, blockers: dict) -> None:

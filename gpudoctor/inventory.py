@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.errors import InventoryError
+from gpudoctor.errors import ConfigError, InventoryError
 
 ENV_VAR = "GPUDOCTOR_INVENTORY"
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -29,10 +29,11 @@ PATTERN_RE = re.compile(r"!?[A-Za-z0-9_.*?\[\]-]+")
 # Keys that describe how to reach a machine; `defaults:` may set any of them.
 SSH_KEYS = ("port", "user", "identity_file", "known_hosts", "host_key_policy", "python", "connect_timeout",
             "ssh_config")
-HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description")
+HOST_KEYS = ("address", *SSH_KEYS, "lxc", "expect", "groups", "description", "serving")
+SERVING_APIS = ("completions", "chat", "native")  # gpudoctor.bench.client.openai.APIS
 PROXMOX_KEYS = ("address", *SSH_KEYS, "config_dir", "pct", "description")
 TOP_KEYS = ("version", "example", "defaults", "hosts", "proxmox", "profiles", "policy")
-POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks")
+POLICY_KEYS = ("auto_apply", "never_apply", "budgets", "checks", "recovery", "verify")
 
 
 def default_locations() -> list[Path]:
@@ -96,6 +97,16 @@ class Expect:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """The host's inference server: the active verification's serving smoke sends its requests there (reached from
+    where gpudoctor runs)."""
+
+    url: str  # http://127.0.0.1:30000
+    model: str  # the served model name requests carry
+    api: str = "completions"  # completions | chat | native (SGLang's /generate)
+
+
+@dataclass(frozen=True)
 class HostEntry:
     name: str
     ssh: SSHSettings
@@ -106,6 +117,7 @@ class HostEntry:
     line: int = 0
     source: str = ""  # the inventory file, for messages
     lines: dict = field(default_factory=dict, compare=False, repr=False)  # key -> line, for later errors
+    serving: Serving | None = None  # the serving endpoint and model (the verification's serving smoke)
 
 
 @dataclass(frozen=True)
@@ -127,10 +139,18 @@ class Policy:
     never_apply: tuple[str, ...] = ()  # patterns that are never applied automatically (wins over auto_apply)
     budgets: dict = field(default_factory=dict)  # e.g. max_changes_per_hour: 3, max_reboots_per_day: 1
     checks: dict = field(default_factory=dict)  # check id -> {threshold: value}, e.g. pcie.mrrs: {expect: 512}
+    recovery: dict = field(default_factory=dict)  # the recovery ladder's keys (gpudoctor.recovery.policy), validated
+    verify: dict | None = None  # the active verification's section as plain values (gpudoctor.recovery.verify)
+    verify_lines: dict = field(default_factory=dict)  # verify key -> its line in the file, for error messages
 
     def as_dict(self) -> dict:
-        return {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
-                "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()}}
+        out = {"auto_apply": list(self.auto_apply), "never_apply": list(self.never_apply),
+               "budgets": dict(self.budgets), "checks": {k: dict(v) for k, v in self.checks.items()}}
+        if self.recovery:
+            out["recovery"] = dict(self.recovery)
+        if self.verify is not None:
+            out["verify"] = self.verify
+        return out
 
 
 @dataclass
@@ -196,7 +216,9 @@ class Inventory:
             "path": self.path,
             "hosts": {n: {**ssh(h.ssh), "groups": list(h.groups), "description": h.description,
                           "lxc": None if h.lxc is None else {"proxmox": h.lxc.proxmox.name, "vmid": h.lxc.vmid},
-                          "expect": {"gpus": h.expect.gpus, "model_paths": list(h.expect.model_paths)}}
+                          "expect": {"gpus": h.expect.gpus, "model_paths": list(h.expect.model_paths)},
+                          "serving": None if h.serving is None else {"url": h.serving.url, "model": h.serving.model,
+                                                                     "api": h.serving.api}}
                       for n, h in self.hosts.items()},
             "proxmox": {n: {**ssh(p.ssh), "config_dir": p.config_dir, "pct": list(p.pct), "description": p.description}
                         for n, p in self.proxmox.items()},
@@ -522,7 +544,30 @@ class _Loader:
                                  (gnode.value if isinstance(gnode, self.yaml.SequenceNode) else [gnode]))
         if "description" in items:
             kw["description"] = self.string(items["description"][1], f"{what}: description", allow_empty=True)
+        if "serving" in items:
+            kw["serving"] = self.serving(items["serving"][1], what)
         return HostEntry(name, ssh, line=knode.start_mark.line + 1, source=self.path, lines=lines, **kw)
+
+    def serving(self, node, what: str) -> Serving:
+        from gpudoctor.files.inputs import http_url
+
+        items = self.mapping(node, f"{what}: serving")
+        self.check_keys(items, ("url", "model", "api"), f"{what}: serving")
+        for key in ("url", "model"):
+            if key not in items:
+                raise self.err(node, f"{what}: serving needs {key}: (the server's URL and the served model's name, "
+                                     "e.g. {url: http://127.0.0.1:30000, model: Qwen/Qwen3-8B})")
+        unode = items["url"][1]
+        url = http_url(self.string(unode, f"{what}: serving.url"), f"{what}: serving.url",
+                       error=lambda message: self.err(unode, message))
+        kw = {}
+        if "api" in items:
+            anode = items["api"][1]
+            api = self.string(anode, f"{what}: serving.api")
+            if api not in SERVING_APIS:
+                raise self.err(anode, f"{what}: serving.api must be one of {', '.join(SERVING_APIS)}, got {api!r}")
+            kw["api"] = api
+        return Serving(url.rstrip("/"), self.string(items["model"][1], f"{what}: serving.model"), **kw)
 
     def lxc(self, node, what: str, proxmox: dict) -> LxcRef:
         items = self.mapping(node, f"{what}: lxc")
@@ -601,7 +646,33 @@ class _Loader:
                     settings[sname] = val
                 checks[cid] = settings
             kw["checks"] = checks
+        if "recovery" in items:
+            from gpudoctor.recovery.policy import parse_recovery_policy
+
+            rec = {}
+            for rname, (k, v) in self.mapping(items["recovery"][1], "policy.recovery").items():
+                val = self.value(v)
+                try:
+                    parse_recovery_policy({rname: val})
+                except ConfigError as exc:
+                    raise self.err(v if exc.message.startswith(f"policy.recovery.{rname} ") else k, exc.message) from None
+                rec[rname] = val
+            kw["recovery"] = rec
+        if "verify" in items:
+            node = items["verify"][1]
+            kw["verify"] = self.plain(node)
+            if isinstance(node, self.yaml.MappingNode):
+                kw["verify_lines"] = {k: kn.start_mark.line + 1
+                                      for k, (kn, _) in self.mapping(node, "policy.verify").items()}
         return Policy(**kw)
+
+    def plain(self, node):
+        """A YAML node as plain values (mappings, lists, scalars), for a section another module validates."""
+        if isinstance(node, self.yaml.MappingNode):
+            return {k: self.plain(v) for k, (_, v) in self.mapping(node, "policy").items()}
+        if isinstance(node, self.yaml.SequenceNode):
+            return [self.plain(x) for x in node.value]
+        return self.value(node)
 
 
 def _valid_address(address: str) -> bool:

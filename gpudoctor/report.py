@@ -258,6 +258,11 @@ def daemon_cycle_lines(found: dict) -> list[str]:
                 lines.append(f"          fix: {f.hint}")
         for remedy, what in r.get("actions") or []:
             lines.append(f"  remedy {remedy}: {what}")
+        if r.get("verification"):
+            lines.append(f"  verification {r['verification']}")
+        lad = r.get("ladder")
+        if lad is not None:
+            lines.append(f"  recovery: {lad.state}" + (f" ({lad.reason})" if lad.reason else ""))
     return lines
 
 
@@ -307,12 +312,14 @@ def fleet_table(result, console) -> None:
     console.print(f"summary: {counts}")
 
 
-def gate_lines(result, action=None) -> list[tuple[str, bool]]:
-    """`gpudoctor gate`: only what blocks, one line each; (line, to_stderr)."""
+def gate_lines(result, action=None, verdict=None) -> list[tuple[str, bool]]:
+    """`gpudoctor gate`: only what blocks, one line each; (line, to_stderr). A ready ladder is one stderr line."""
     lines = []
     if result.error:
         lines.append((f"BLOCK {result.host}: could not check: {result.error}", False))
     lines += [(f"BLOCK {b.line()}", False) for b in result.blockers]
+    if verdict is not None and verdict.ready:
+        lines.append((f"recovery: {verdict.host} ready (verified; ladder moved by the {verdict.moved_by})", True))
     if action is not None and action.action != "none":
         lines.append((f"slurm: {action.detail}", action.action != "failed"))
     return [(line(text), err) for text, err in lines]  # the rendering rule: one line each, input escaped

@@ -13,21 +13,9 @@ from gpudoctor.files.inputs import seconds
 
 
 def _default_state() -> str:
-    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0]  # set by systemd's StateDirectory=
-    if base:
-        return str(Path(base) / "daemon.json")
-    if os.geteuid() == 0:
-        return "/var/lib/gpudoctor/daemon.json"
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return str(Path(xdg) / "gpudoctor" / "daemon.json")
+    from gpudoctor.recovery.store import state_dir
 
-
-def _pid_is_daemon(pid) -> bool:
-    try:
-        cmd = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError, TypeError):
-        return False
-    return any(b"gpudoctor" in part for part in cmd) and b"daemon" in cmd
+    return str(state_dir() / "daemon.json")
 
 
 def _reset_breaker(state_path: str) -> int:
@@ -39,7 +27,9 @@ def _reset_breaker(state_path: str) -> int:
         click.echo(f"no daemon state at {state_path}: nothing to reset")
         return EXIT_OK
     pid = raw.get("pid")
-    if pid and _pid_is_daemon(pid):
+    from gpudoctor.recovery.gates import pid_is_daemon
+
+    if pid and pid_is_daemon(pid):
         os.kill(int(pid), signal.SIGUSR2)
         click.echo(f"asked the running daemon (pid {pid}) to close its circuit breakers")
         return EXIT_OK
@@ -64,6 +54,9 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP.")
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Inventory host(s) to watch (default: this machine).")
+@click.option("--model", "models", multiple=True, metavar="PATH",
+              help="Also check this model directory on every host each cycle (e.g. a tmpfs model that the model.stage "
+                   "remedy restages when allowed).")
 @click.option("--heal", multiple=True, metavar="REMEDY",
               help="Also allow this remedy id (fnmatch pattern) to be applied unattended.")
 @click.option("--observe", is_flag=True, help="Never heal, whatever the policy says: only check and report.")
@@ -76,7 +69,7 @@ def _reset_breaker(state_path: str) -> int:
               help="Tests: module:factory of the engine.")
 @click.option("--stall", "stall_s", hidden=True, type=seconds(1.0, 7 * 86400), default=900.0,
               help="Seconds one step may run before the watchdog pings stop.")
-def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, observe, no_xid, reset_breaker,
+def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, heal, observe, no_xid, reset_breaker,
            timeout, clock_file, engine_spec, stall_s):
     """Watch GPU hosts, heal them within budgets, and export their health.
 
@@ -85,6 +78,11 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
     hour with exponential backoff after failures, container reboots at most once per hour, and a circuit breaker
     that stops all healing of a host after repeated failures until a cool-down passes or it is reset.
     A remedy only counts as a success once the next check shows its finding cleared.
+
+    Each host also climbs the recovery ladder (docs/recovery.md): failing -> healing -> verifying -> ready, or
+    needs-inspection when the same root cause keeps coming back (then no unattended heals). It is ready only after
+    its checks pass for the policy's clean window and the active verification (policy verify:) passes; the ladder
+    lives in recovery.json beside the state file, where the gates and `gpudoctor release` read it.
 
     \b
     Examples:
@@ -118,15 +116,18 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, heal, obs
         parse_addr(metrics_addr)  # bad input fails before anything starts
     cfg = DaemonConfig(interval=interval, heal=tuple(heal), observe_only=observe, once=once, stall_s=stall_s,
                        engine=EngineConfig(inventory=inventory, hosts=tuple(hosts), timeout=timeout,
-                                           state_dir=str(Path(state_path).parent)))
+                                           state_dir=str(Path(state_path).parent), models=tuple(models)))
     metrics = DaemonMetrics() if serve else None
     xid_factory = None
     if not no_xid and not once:
         from gpudoctor.daemon.xid import XidWatcher as xid_factory
 
     notifier = Notifier(take_protocol_env())  # from here on, children inherit no NOTIFY_SOCKET (sdnotify.py)
+    from gpudoctor.recovery.store import FILE, RecoveryStore
+
     d = Daemon(cfg, engine_factory=load_factory(engine_spec), clock=make_clock(clock_file),
-               store=StateStore(state_path), notifier=notifier, metrics=metrics, xid_watcher_factory=xid_factory)
+               store=StateStore(state_path), notifier=notifier, metrics=metrics, xid_watcher_factory=xid_factory,
+               recovery_store=RecoveryStore(Path(state_path).parent / FILE))
     d.load()
     if once:
         code = d.run_once()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import click
 
+from gpudoctor.files.inputs import seconds
+
 from gpudoctor.commands.check import common, open_check_target
 from gpudoctor.errors import GpudoctorError, HostError
 
@@ -21,8 +23,18 @@ from gpudoctor.errors import GpudoctorError, HostError
 @click.option("--npd", is_flag=True, help="node-problem-detector plugin: one line, exit 0 ok / 1 problem / 2 unknown.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema gpudoctor.gate/1).")
 @click.option("--deep", is_flag=True, help="Also run the deep tier (check --deep), for a profile with deep_floors: true.")
+@click.option("--recovery", "use_ladder", is_flag=True,
+              help="Pass only when the recovery ladder says ready: verified since the host's last failure, reboot or "
+                   "driver change (docs/recovery.md). Use it where the gate returns a host to service (ExecStartPre=); "
+                   "--slurm and --npd always do.")
+@click.option("--recovery-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The ladder's file (default: $STATE_DIRECTORY/recovery.json, /var/lib/gpudoctor/recovery.json "
+                   "as root): the one the daemon keeps.")
+@click.option("--recovery-wait", type=seconds(0, 3600), default=0.0, show_default=True, metavar="SECONDS",
+              help="Where the daemon moves the ladder: wait up to this long while it has not yet judged this boot "
+                   "or its verification is running (e.g. an ExecStartPre= at boot).")
 def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, slurm, node, npd,
-         as_json, deep=False):
+         as_json, deep=False, use_ladder=False, recovery_file=None, recovery_wait=0.0):
     """Pre-flight gate: exit 0 only when every required check passes; print only what blocks.
 
     Profiles choose what is required. `default` blocks on any failure; `serve` also requires the driver, the
@@ -39,14 +51,23 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
       gpudoctor gate --npd                                                 (node-problem-detector custom plugin)
 
     \b
-    Exit codes: 0 ready; 2 blocked (a failure, or a required check missing or not ok);
+    With --recovery, --slurm and --npd the host must also be `ready` on the recovery ladder: a host that failed,
+    rebooted or changed driver since it was last verified is blocked (BLOCK recovery.ladder: the reason) until its
+    checks pass, a clean window passes and the active verification (policy verify:) passes. Where no gpudoctor
+    daemon runs here, the gate moves the ladder itself and runs the verification when it is due.
+
+    \b
+    Exit codes: 0 ready; 2 blocked (a failure, or a required check missing or not ok, or not ready on the ladder);
     3 could not decide (host unreachable, only unknowns, bad input).
     With --npd: 0 ok, 1 problem, 2 unknown, and exactly one line of output.
     """
     if npd:
-        raise SystemExit(_gate_npd(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
-                                   snapshot_path))
-    result = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep)
+        raise SystemExit(_gate_npd((host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
+                                    snapshot_path), recovery_file))
+    ladder = use_ladder or slurm
+    result, verdict = _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
+                                snapshot_path, deep, ladder=ladder, recovery_file=recovery_file,
+                                recovery_wait=recovery_wait)
     action = None
     if slurm:
         from gpudoctor.integrations import slurm as slurm_mode
@@ -57,32 +78,41 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
         import json
 
         doc = result.to_json()
+        if verdict is not None:
+            doc["recovery"] = verdict.to_json()
         if action is not None:
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
         from gpudoctor.report import gate_lines
 
-        for line, err in gate_lines(result, action):
+        for line, err in gate_lines(result, action, verdict):
             click.echo(line, err=err)
     raise SystemExit(result.exit_code)
 
 
 def _evaluate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile, snapshot_path, deep=False,
-              quiet=False):
-    """The gate's verdict on the target (gpudoctor.gate.gate_target)."""
+              quiet=False, ladder=False, recovery_file=None, recovery_wait=0.0):
+    """The gate's verdict on the target (gpudoctor.gate.gate_target) and, with `ladder`, the recovery ladder's
+    (gpudoctor.recovery.gates) folded into it."""
     from gpudoctor.gate import gate_target
 
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path,
                            deep=deep, quiet=quiet) as target:
-        return gate_target(target, profile)
+        result = gate_target(target, profile)
+        if not ladder:
+            return result, None
+        from gpudoctor.recovery import gates
+
+        verdict = gates.judge(target, result, gates.store_for(recovery_file), wait_s=recovery_wait)
+        return gates.apply(result, verdict), verdict
 
 
-def _gate_npd(*args) -> int:
+def _gate_npd(args, recovery_file=None) -> int:
     """NPD's contract: exactly one line on stdout and exit 0/1/2, whatever happens."""
     from gpudoctor.integrations import npd
     try:
-        code, line = npd.verdict(_evaluate(*args, quiet=True))
+        code, line = npd.verdict(_evaluate(*args, quiet=True, ladder=True, recovery_file=recovery_file)[0])
     except GpudoctorError as exc:
         code, line = npd.error_verdict(exc)
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback

@@ -49,6 +49,9 @@ class Engine(Protocol):
     def apply(self, host: str, action: Action) -> Outcome:
         """Apply one planned remedy and verify it."""
 
+    def verify(self, host: str):
+        """The active verification (gpudoctor.recovery.verify.Verification) of the host, per policy verify:."""
+
     def close(self) -> None:
         ...
 
@@ -160,6 +163,14 @@ class PipelineEngine:
         ok = res.ok and (not action.reboot or (res.reboot is not None and res.reboot.done))
         msg = res.detail + (f"; {res.reboot.message}" if res.reboot is not None else "")
         return Outcome(ok=ok, message=msg)
+
+    def verify(self, host: str):
+        """The active verification on the host, through the same Target its checks use (policy verify:)."""
+        from gpudoctor.recovery.policy import verify_policy_of
+        from gpudoctor.recovery.verify import run_verification
+
+        policy = verify_policy_of(self.policy or None, path=self.cfg.inventory)
+        return run_verification(self._target(host), policy)
 
     def _drop(self, name: str) -> None:
         target = self._targets.pop(name, None)

@@ -5,6 +5,10 @@ SIGUSR1 runs a cycle now; SIGUSR2 closes every circuit breaker.
 
 A remedy is credited as a success only when the next check shows its finding cleared; a remedy that reports
 success while the fault persists counts as a failure ("ineffective") for backoff and for the breaker.
+
+Every cycle moves each host's recovery ladder (gpudoctor.recovery, docs/recovery.md): the passive check, then the
+heals (none in needs-inspection), then — once the checks have been clean for the policy's window — the active
+verification. Only a passing verification makes a host ready; /metrics and /healthz show the ladder.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from gpudoctor.daemon.xid import XidEvent, xid_findings
 from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError, HostError
 from gpudoctor.findings import Status, exit_code, worst
 from gpudoctor.log import get_logger
+from gpudoctor.recovery import advance as recovery
+from gpudoctor.recovery.ladder import RecoveryPolicy, may_heal, view
 
 BAD = {"fail", "warn", "unknown"}
 
@@ -50,7 +56,8 @@ class Daemon:
     """One daemon: engine + policy + state + metrics + notifier, driven by a clock."""
 
     def __init__(self, config: DaemonConfig, *, engine_factory, clock, store: StateStore,
-                 notifier: Notifier | None = None, metrics=None, xid_watcher_factory=None):
+                 notifier: Notifier | None = None, metrics=None, xid_watcher_factory=None, recovery_store=None,
+                 verifier=None):
         self.config = config
         self.engine_factory = engine_factory
         self.clock = clock
@@ -60,6 +67,10 @@ class Daemon:
         self.metrics = metrics
         self.xid_watcher_factory = xid_watcher_factory
         self.xid_watcher = None
+        self.recovery_store = recovery_store  # gpudoctor.recovery.store.RecoveryStore; None: no ladder (tests only)
+        self.verifier = verifier  # (host name) -> Verification; None: the engine's verify()
+        self.recovery_policy = RecoveryPolicy()
+        self.ladders: dict = {}  # host -> HostLadder as last moved by this daemon (for /healthz and the status)
         self.log = get_logger("gpudoctor.daemon")
         self.state: DaemonState = store.load()
         self.engine = None
@@ -78,6 +89,10 @@ class Daemon:
         """Build the engine and policy; raises GpudoctorError on bad input (the first load must succeed)."""
         engine = self.engine_factory(self.config.engine)
         policy = parse_policy(getattr(engine, "policy", None) or {}, path=self.config.engine.inventory)
+        from gpudoctor.recovery.policy import from_policy, verify_policy_of
+
+        self.recovery_policy = from_policy(getattr(engine, "policy", None), path=self.config.engine.inventory)
+        verify_policy_of(getattr(engine, "policy", None) or None, path=self.config.engine.inventory)  # bad: fail now
         policy = policy.with_allowed(self.config.heal)
         if self.config.observe_only:
             policy = replace(policy, allow=())
@@ -196,17 +211,95 @@ class Daemon:
         log.info("daemon.checked", verdict=verdict, root_cause=hs.root_cause, duration_s=round(duration, 3))
         self.found[name] = {"verdict": verdict, "root_causes": [f for f in root if f.bad], "error": None,
                             "actions": []}
+        boot, driver = recovery.identity(getattr(diag, "facts", None))
+        if boot is None and name == self.engine.local_host:
+            boot = read_boot_id()
+        # the ladder's passive check is the default gate's rule: a failure blocks, an unknown beside checks that
+        # judged does not (the verification is the strong evidence); nothing judged at all is not a pass
+        judged = any(f.status.value in ("ok", "info", "warn") for f in findings)
+        passed = verdict != "fail" and judged
+        bad_roots = [f for f in root if f.bad] or [f for f in findings if f.status.value in ("fail", "unknown")]
+        self._ladder_check(name, now, passed, [f.key for f in bad_roots],
+                           bad_roots[0].summary if bad_roots else f"verdict {verdict}", boot, driver)
         if verdict in BAD and self.policy.allow:
-            self._heal(name, hs, diag, now)
+            if self._may_heal(name):
+                self._heal(name, hs, diag, now)
+            else:
+                for action in self._plan(name, diag):
+                    self._skip(name, action, "needs_inspection")
         if self.metrics is not None:
             self.metrics.observe_breaker(name, hs.breaker.state, hs.breaker.times_opened)
+        self._verify(name)
+        self.found[name]["ladder"] = self.ladders.get(name)
         return exit_code(Status(verdict))
+
+    # --- the recovery ladder ------------------------------------------------------------------------------
+    def _observe_ladder(self, name, h, boot=None) -> None:
+        with self._lock:
+            self.ladders[name] = h
+        if self.metrics is not None:
+            self.metrics.observe_ladder(name, h, boot if boot is not None else h.boot_id)
+
+    def _ladder_check(self, name, now, passed, roots, summary, boot, driver) -> None:
+        """Record the passive check on the ladder (no verification yet: heals come first)."""
+        if self.recovery_store is None:
+            return
+        adv = recovery.advance(self.recovery_store, name, self.recovery_policy, now, passed=passed, roots=roots,
+                               summary=summary, boot_id=boot, driver=driver)
+        step = adv.steps[0]
+        if step.between_failures_s is not None and self.metrics is not None:
+            self.metrics.between_failures.labels(name).observe(step.between_failures_s)
+        if step.moved:
+            self.log.warning("recovery.moved", host=name, before=step.before, after=step.after, reason=step.reason)
+        self._observe_ladder(name, adv.ladder)
+
+    def _may_heal(self, name) -> bool:
+        h = self.ladders.get(name)
+        return h is None or may_heal(h)
+
+    def _plan(self, name, diag) -> list:
+        try:
+            return self.engine.plan(name, diag)
+        except Exception as exc:
+            self.log.error("remedy.plan_failed", host=name, error=repr(exc))
+            return []
+
+    def _verifier(self, name):
+        if self.verifier is not None:
+            return lambda: self.verifier(name)
+        verify = getattr(self.engine, "verify", None)
+        return (lambda: verify(name)) if verify is not None else None
+
+    def _verify(self, name) -> None:
+        """The active verification, when the ladder says it is due (clean window passed, no backoff pending)."""
+        if self.recovery_store is None or self._stop:
+            return
+        self.pinger.beat()
+        verify = self._verifier(name)
+        if verify is None:
+            from gpudoctor.recovery.advance import Crashed
+
+            verify = lambda: Crashed("this engine cannot verify a host (no verify())")  # noqa: E731
+        adv = recovery.verify_if_due(self.recovery_store, name, self.recovery_policy, verify, clock=self.clock.now)
+        self.pinger.beat()
+        for step in adv.steps:
+            if step.moved:
+                self.log.warning("recovery.moved", host=name, before=step.before, after=step.after, reason=step.reason)
+        if adv.verification is not None:
+            v = adv.verification
+            self.log.warning("recovery.verified" if v.passed else "recovery.verification_failed", host=name,
+                             reason=v.reason, state=adv.ladder.state)
+            self.found.get(name, {})["verification"] = "passed" if v.passed else f"failed: {v.reason}"
+        elif adv.busy:
+            self.log.info("recovery.verification_busy", host=name)
+        self._observe_ladder(name, adv.ladder)
 
     def _unreachable(self, name, status, exc, now, t0) -> int:
         hs = self.state.host(name)
         msg = exc.one_line() if isinstance(exc, GpudoctorError) else f"{type(exc).__name__}: {exc}"
         with self._lock:
             hs.last_run, hs.verdict, hs.root_cause = now, status, msg
+        self._ladder_check(name, now, False, [f"host.{status}"], f"could not check: {msg}", None, None)
         if self.metrics is not None:
             self.metrics.observe_host(name, status, [], now, time.monotonic() - t0)
             self.metrics.observe_breaker(name, hs.breaker.state, hs.breaker.times_opened)
@@ -234,11 +327,7 @@ class Daemon:
         self.found.get(name, {}).setdefault("actions", []).append((action.remedy, f"skipped ({reason})"))
 
     def _heal(self, name, hs, diag, now) -> None:
-        try:
-            actions = self.engine.plan(name, diag)
-        except Exception as exc:
-            self.log.error("remedy.plan_failed", host=name, error=repr(exc))
-            return
+        actions = self._plan(name, diag)
         p = self.policy
         for action in actions:
             if self._stop:
@@ -271,6 +360,11 @@ class Daemon:
                 out = self.engine.apply(name, action)
             except Exception as exc:
                 out = Outcome(False, exc.one_line() if isinstance(exc, GpudoctorError) else repr(exc))
+            if out.ok and self.recovery_store is not None:
+                step = recovery.record_heal(self.recovery_store, name, now, action.remedy)
+                if step.moved:
+                    self.log.warning("recovery.moved", host=name, before=step.before, after=step.after,
+                                     reason=step.reason)
             with self._lock:
                 if out.ok:
                     hs.pending_verify[action.remedy] = action.finding
@@ -296,6 +390,10 @@ class Daemon:
         with self._lock:
             hosts = {n: {"verdict": h.verdict, "last_run": h.last_run, "breaker": h.breaker.state}
                      for n, h in self.state.hosts.items()}
+            for n, lad in self.ladders.items():
+                state, reason, ready = view(lad, lad.boot_id)
+                hosts.setdefault(n, {})["recovery"] = {"state": state, "ready": ready, "since": lad.since,
+                                                       "reason": reason}
             cycles = self.state.cycles
         stalled = self.pinger.stalled
         body = {"status": "stalled" if stalled else "ok", "cycles": cycles, "hosts": hosts,
@@ -311,6 +409,9 @@ class Daemon:
                 s = f"{n} {h.verdict or 'pending'}"
                 if h.verdict in BAD | {"unreachable", "error"} and h.root_cause:
                     s += f" ({h.root_cause[:80]})"
+                lad = self.ladders.get(n)
+                if lad is not None:
+                    s += f", {lad.state}" + (f" ({lad.reason[:80]})" if lad.reason and h.verdict not in BAD else "")
                 if h.breaker.state != "closed":
                     s += f" breaker {h.breaker.state}"
                 parts.append(s)
@@ -345,6 +446,11 @@ class Daemon:
                 if self.metrics is not None:
                     self.metrics.observe_breaker(n, h.breaker.state, h.breaker.times_opened)
             self.store.save(self.state)
+        if self.recovery_store is not None:  # what the ladder said before this run: a reader sees it from the start
+            for n, lad in self.recovery_store.load().items():
+                if self.engine is None or n in self.engine.hosts:
+                    local = self.engine is not None and n == self.engine.local_host
+                    self._observe_ladder(n, lad, boot if local else None)
 
     def run_once(self) -> int:
         self.prepare(None)

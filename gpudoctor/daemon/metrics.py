@@ -10,13 +10,15 @@ from gpudoctor.errors import ConfigError
 from gpudoctor.integrations.promfile import _finding_rows, status_value
 
 BREAKER_VALUE = {"closed": 0, "open": 1, "half_open": 2}
+# 1 min to 30 days: a flapping fault, an hourly one, a daily one, a monthly one (NVSentinel's MTBI spans 15 min-30 d)
+BETWEEN_FAILURES_BUCKETS = (60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
 
 
 class DaemonMetrics:
     """Every metric the daemon exports. Names match promfile.render where they overlap."""
 
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 
         disable_created_metrics()  # no *_created series beside each counter: docs/daemon.md lists every series
         r = self.registry = CollectorRegistry()
@@ -43,6 +45,16 @@ class DaemonMetrics:
         self.xid = Counter("gpudoctor_xid_events", "NVML XID events seen since the daemon started.",
                            ["gpu", "xid"], registry=r)
         self.xid_watch = Gauge("gpudoctor_xid_watcher_up", "1 while the NVML XID watcher runs.", registry=r)
+        self.ready = Gauge("gpudoctor_ready", "1 when the host may serve: its recovery ladder is ready (verified since "
+                           "its last failure, reboot and driver change); 0 otherwise.", ["host"], registry=r)
+        self.recovery_state = Gauge("gpudoctor_recovery_state", "The host's recovery ladder state: 1 for the current "
+                                    "state, 0 for the others.", ["host", "state"], registry=r)
+        self.recovery_since = Gauge("gpudoctor_recovery_transition_timestamp_seconds",
+                                    "When the host entered its current recovery state (Unix time).", ["host"],
+                                    registry=r)
+        self.between_failures = Histogram("gpudoctor_time_between_failures_seconds",
+                                          "Time from one failure's onset on a host to the next one's.", ["host"],
+                                          buckets=BETWEEN_FAILURES_BUCKETS, registry=r)
         self._check_keys: dict[str, set] = {}
         self._lock = threading.Lock()
 
@@ -69,6 +81,19 @@ class DaemonMetrics:
     def observe_breaker(self, host: str, state: str, trips: int) -> None:
         self.breaker.labels(host).set(BREAKER_VALUE.get(state, 1))
         self.breaker_trips.labels(host).set(trips)
+
+    def observe_ladder(self, host: str, ladder, boot_id) -> None:
+        """gpudoctor_ready, the one-hot state and its transition time, as a reader sees the ladder (recovery.view)."""
+        from gpudoctor.recovery.ladder import STATES, view
+
+        state, _, ready = view(ladder, boot_id)
+        with self._lock:
+            self.ready.labels(host).set(1 if ready else 0)
+            for s in STATES:
+                self.recovery_state.labels(host, s).set(1 if s == state else 0)
+            if ladder.since is not None:
+                self.recovery_since.labels(host).set(ladder.since)
+            self.between_failures.labels(host)  # the series exists (count 0) before the first interval
 
     def render(self) -> bytes:
         from prometheus_client.exposition import generate_latest

@@ -40,7 +40,7 @@ class DaemonProc:
         self._write_clock()
         self.scenario_path = tmp / "scenario.json"
         self.log = tmp / "applied.jsonl"
-        self.state = tmp / "state.json"
+        self.state = tmp / "daemon.json"  # beside recovery.json, where a gate looks for a running daemon
         self.stderr_path = tmp / "daemon.stderr"
         self.interval = interval
         self.scenario = dict(scenario, log=str(self.log), clock=str(self.clock))

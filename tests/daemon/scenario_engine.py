@@ -7,6 +7,7 @@ to the scenario's `log` file with the fake clock's time, so tests can count rebo
     {"hosts": ["ct200"], "local_host": null, "policy": {"daemon": {...}},
      "findings": {"ct200": [{"id": "cuda.init", "status": "fail", "summary": "...", "remedy": "lxc.reboot"}]},
      "unreachable": [], "remedies": {"lxc.reboot": {"reboot": true, "result": "ok"}},
+     "facts": {"ct200": {"host": {"boot_id": "b1"}}},   optional: the diagnosis' facts (boot id, driver version)
      "log": "/tmp/.../applied.jsonl", "clock": "/tmp/.../clock",
      "child": ["/path/to/python", "child.py"]}   optional: run on every check through gpudoctor's LocalHost, as a
                                                  check runs its probes (a daemon child)
@@ -26,6 +27,7 @@ from gpudoctor.findings import Finding, worst
 @dataclass
 class Diagnosis:
     findings: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # e.g. {"host": {"boot_id": ...}, "driver": {"driver_version": ...}}
 
     @property
     def root_causes(self):
@@ -58,7 +60,8 @@ class ScenarioEngine:
             from gpudoctor.host.local import LocalHost
 
             LocalHost().run(sc["child"], timeout=10)
-        return Diagnosis([Finding(**f) for f in sc.get("findings", {}).get(host, [])])
+        return Diagnosis([Finding(**f) for f in sc.get("findings", {}).get(host, [])],
+                         dict(sc.get("facts", {}).get(host, {})))
 
     def plan(self, host, diagnosis):
         sc = self._sc()
@@ -79,6 +82,20 @@ class ScenarioEngine:
         if spec.get("result") == "raise":
             raise RuntimeError("remedy crashed (scenario)")
         return Outcome(ok=spec.get("result", "ok") == "ok", message=spec.get("message", ""))
+
+    def verify(self, host):
+        """The real verification (policy verify: from the scenario, re-read now) on this machine: its site commands
+        run through gpudoctor's LocalHost, so a test makes it pass or fail with a flag file."""
+        from gpudoctor.recovery.policy import verify_policy_of
+        from gpudoctor.recovery.verify import run_verification
+        from gpudoctor.target import open_target
+
+        policy = verify_policy_of(self._sc().get("policy") or None, path=str(self.path))
+        target = open_target(None, None, search=False)
+        try:
+            return run_verification(target, policy)
+        finally:
+            target.close()
 
     def close(self):
         pass

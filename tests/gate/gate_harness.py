@@ -74,6 +74,7 @@ def run_gate(*args, cwd, env=None, path_prepend=None) -> subprocess.CompletedPro
     e = dict(os.environ)
     e.pop("GPUDOCTOR_INVENTORY", None)
     e["HOME"] = str(cwd)
+    e["STATE_DIRECTORY"] = str(Path(cwd) / "state")  # the recovery ladder's file: this test's, never /var/lib's
     e["PYTHONPATH"] = pythonpath(env=e)
     if path_prepend:
         e["PATH"] = f"{path_prepend}{os.pathsep}{e['PATH']}"

@@ -23,9 +23,27 @@ ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
 GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")  # the installed console script, as a user runs it
 
 
+INVENTORY = """hosts:
+  {node}: {{address: 127.0.0.1}}
+policy:
+  verify: {{deep: "off", serving: "off", commands: [[test, -e, "{flag}"]]}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def verified(tmp_path, node):
+    """An inventory whose verification (policy verify: commands) passes while the flag file exists, and the ladder's
+    file in this test's directory: the gate resumes a node only after a passing verification (docs/recovery.md)."""
+    flag = tmp_path / "verify-passes"
+    flag.touch()
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.format(node=node.node, flag=flag))
+    return flag
+
+
 def gate(lab, tmp_path, snap, *extra):
     """`gpudoctor gate --slurm` inside the lab's namespace, as slurmd's node would run it."""
-    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", *extra], cwd=tmp_path,
+    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", "--inventory", str(tmp_path / "inventory.yaml"),
+                    "--recovery-file", str(tmp_path / "recovery.json"), *extra], cwd=tmp_path,
                    env={"HOME": str(tmp_path), "SLURMD_NODENAME": lab.node, "GPUDOCTOR_INVENTORY": ""})
 
 
@@ -123,7 +141,8 @@ def _wrapper(lab, tmp_path, snapshot_file: Path) -> Path:
     text = re.search(r"```sh\n(#!/bin/sh\n.*?)```", doc, re.S).group(1)
     assert "export PATH" in text and "/usr/local/bin/gpudoctor gate --slurm" in text
     shim = tmp_path / "gpudoctor-under-test"
-    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})"\n')
+    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})" '
+                    f'--inventory {tmp_path / "inventory.yaml"} --recovery-file {tmp_path / "recovery.json"}\n')
     shim.chmod(0o755)
     text = text.replace("/usr/local/bin/gpudoctor", str(shim), 1)
     text = text.replace("#!/bin/sh\n", f"#!/bin/sh\nSLURM_CONF={lab.conf}; export SLURM_CONF\n", 1)
@@ -169,3 +188,59 @@ def test_a_failing_prolog_drains_and_the_job_is_requeued_held(node, tmp_path):
     finally:
         node.write_conf(Prolog=None)
         node.scontrol("reconfigure")
+
+
+def test_the_recovery_ladder_in_real_slurm(node, tmp_path, verified):
+    """The arc through the real slurmctld: drained with a gpudoctor: reason -> checks pass but the verification
+    fails (still drained, Slurm's reason says why) -> passes -> resumed; the same fault three times ->
+    needs-inspection (not resumed by passing checks); `gpudoctor release` verifies (fails, then passes) and the next
+    gate resumes. An admin's drain over ours at the end is never resumed."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(inv.read_text() + "  recovery: {retry_s: 0}\n")  # a failed verification is retried at once
+
+    def release():
+        return node.run([str(GPUDOCTOR), "release", "local", "--inventory", str(inv), "--recovery-file",
+                         str(tmp_path / "recovery.json")], cwd=tmp_path, env={"HOME": str(tmp_path)})
+
+    assert gate(node, tmp_path, BAD).returncode == 2
+    assert info(node).state == "IDLE+DRAIN" and info(node).reason == make_reason(ROOT_CAUSE)
+    verified.unlink()
+    r = gate(node, tmp_path, GOOD)
+    assert r.returncode == 2, r.stdout + r.stderr
+    i = info(node)
+    assert i.state == "IDLE+DRAIN" and i.reason.startswith("gpudoctor: verifying: verification failed (commands: "
+                                                           "test -e "), i.reason
+    verified.touch()
+    r = gate(node, tmp_path, GOOD)
+    assert r.returncode == 0 and "resumed (gpudoctor had drained it: gpudoctor: verifying:" in r.stderr, r.stderr
+    node.wait_state(lambda s: s == "IDLE", 10)
+
+    for _ in range(2):  # the fault comes back: twice more is three times
+        assert gate(node, tmp_path, BAD).returncode == 2
+        if info(node).reason.startswith("gpudoctor: needs inspection"):
+            break
+        assert gate(node, tmp_path, GOOD).returncode == 0
+        node.wait_state(lambda s: s == "IDLE", 10)
+    i = info(node)
+    assert i.state == "IDLE+DRAIN", node.show()
+    assert i.reason.startswith("gpudoctor: needs inspection: came back 2 times (3 failures) within the window"), i.reason
+    r = gate(node, tmp_path, GOOD)  # the checks pass: still drained, the reason says a person must look
+    assert r.returncode == 2 and info(node).state == "IDLE+DRAIN"
+    assert info(node).reason.startswith("gpudoctor: needs inspection")
+
+    verified.unlink()
+    r = release()
+    assert r.returncode == 1 and "not released" in r.stderr and "verification failed" in r.stderr, r.stderr
+    assert gate(node, tmp_path, GOOD).returncode == 2 and info(node).state == "IDLE+DRAIN"
+    verified.touch()
+    r = release()
+    assert r.returncode == 0 and r.stdout.startswith("released "), r.stdout + r.stderr
+    r = gate(node, tmp_path, GOOD)
+    assert r.returncode == 0, r.stdout + r.stderr
+    node.wait_state(lambda s: s == "IDLE", 10)
+
+    # an admin drains the node: the ladder says ready, the gate passes, and the admin's drain stays
+    _drain(node)
+    r = gate(node, tmp_path, GOOD)
+    assert r.returncode == 0 and "drained by someone else" in r.stderr
+    assert info(node).reason == "bad DIMM, ticket 4711"

@@ -14,6 +14,32 @@ GOOD = str(SNAPS / "h200-healthy.json")
 ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
 
 
+VERIFY_INVENTORY = """hosts:
+  gpu01: {{address: 127.0.0.1}}
+policy:
+  verify:
+    deep: "off"
+    serving: "off"
+    commands: [[test, -e, "{flag}"]]
+"""
+
+
+@pytest.fixture(autouse=True)
+def verified(tmp_path):
+    """An inventory (./inventory.yaml, as the gate finds it) whose verification passes while the flag file exists:
+    --slurm and --npd pass only after a passing verification (docs/recovery.md)."""
+    flag = tmp_path / "verify-passes"
+    flag.touch()
+    (tmp_path / "inventory.yaml").write_text(VERIFY_INVENTORY.format(flag=flag))
+    return flag
+
+
+def ladder(tmp_path) -> dict:
+    import json
+
+    return json.loads((tmp_path / "state" / "recovery.json").read_text())["hosts"]
+
+
 def gate_slurm(slurm, tmp_path, snap, *extra, env=None):
     return run_gate("--snapshot", snap, "--slurm", *extra, cwd=tmp_path, path_prepend=slurm.bin,
                     env={**slurm.env, "SLURMD_NODENAME": "gpu01", **(env or {})})
@@ -131,3 +157,119 @@ def test_npd_unreachable_host_is_unknown(tmp_path):
     # --host names no inventory host: the gate cannot check it, NPD hears "unknown" in one line
     r = npd(tmp_path, "--host", "ct999", "--inventory", str(tmp_path / "inv.yaml"))
     assert r.returncode == 2 and r.stdout.count("\n") == 1
+
+
+# --- the recovery ladder on these paths: no release without a passing verification ---------------------------------
+def test_slurm_keeps_its_drain_until_the_verification_passes(slurm, tmp_path, verified):
+    verified.unlink()
+    assert gate_slurm(slurm, tmp_path, BAD).returncode == 2
+    slurm.node("gpu01", "IDLE+DRAIN", f"gpudoctor: {ROOT_CAUSE}")
+    r = gate_slurm(slurm, tmp_path, GOOD)  # the checks pass; the verification fails: still drained, reason updated
+    assert r.returncode == 2, r.stderr
+    reason = slurm.updates()[-1][-1]
+    assert reason.startswith("reason=gpudoctor: verifying: verification failed (commands: test -e ")
+    assert "retry in 300 s" in reason and "state=resume" not in sum(slurm.updates(), [])
+    assert "BLOCK recovery.ladder: verifying: verification failed" in r.stdout
+    rec = ladder(tmp_path)[socket.gethostname()]
+    assert rec["state"] == "verifying" and rec["verify_failures"] == 1
+    slurm.node("gpu01", "IDLE+DRAIN", reason[len("reason="):])
+    verified.touch()
+    r = gate_slurm(slurm, tmp_path, GOOD)  # within the backoff: not retried yet, still drained, nothing changed
+    assert r.returncode == 2 and "already drained by gpudoctor for this reason" in r.stderr
+    import json  # the backoff has passed:
+
+    path = tmp_path / "state" / "recovery.json"
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["next_verify_at"] = 0
+    path.write_text(json.dumps(doc))
+    r = gate_slurm(slurm, tmp_path, GOOD)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert slurm.updates()[-1] == ["update", "nodename=gpu01", "state=resume"]
+    assert f"recovery: {socket.gethostname()} ready (verified; ladder moved by the gate)" in r.stderr
+    assert ladder(tmp_path)[socket.gethostname()]["state"] == "ready"
+
+
+def test_a_reboot_since_the_last_verification_blocks_slurm_and_npd(slurm, tmp_path, verified):
+    assert gate_slurm(slurm, tmp_path, GOOD).returncode == 0  # verified on the snapshot's boot
+    import json
+
+    path = tmp_path / "state" / "recovery.json"
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["verified_boot"] = "an-earlier-boot"
+    path.write_text(json.dumps(doc))
+    verified.unlink()
+    slurm.node("gpu01", "IDLE", None)
+    r = gate_slurm(slurm, tmp_path, GOOD)
+    assert r.returncode == 2
+    assert slurm.updates()[-1][-1].startswith("reason=gpudoctor: verifying: verification failed")
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert r.returncode == 1 and _npd_line(r).startswith("verifying: verification failed"), r.stdout
+    assert r.stdout.count("\n") == 1 and len(_npd_line(r).encode()) <= 80
+
+
+def test_npd_passes_only_once_verified(tmp_path, verified):
+    verified.unlink()
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert r.returncode == 1 and _npd_line(r).startswith("verifying: verification failed (commands: test -e")
+    (tmp_path / "state" / "recovery.json").unlink()  # a lost file: never verified, so verify again (and pass)
+    verified.touch()
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert (r.returncode, _npd_line(r)) == (0, "ok (gpudoctor gate, profile default)")
+
+
+def test_npd_in_needs_inspection_says_so_even_when_the_checks_pass(tmp_path):
+    import json
+
+    assert npd(tmp_path, "--snapshot", GOOD).returncode == 0
+    path = tmp_path / "state" / "recovery.json"
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()].update(state="needs-inspection", reason="needs inspection: came back 2 times (3 failures)")
+    path.write_text(json.dumps(doc))
+    r = npd(tmp_path, "--snapshot", GOOD)
+    assert r.returncode == 1 and _npd_line(r).startswith("needs inspection: came back 2 times"), r.stdout
+
+
+def test_an_unreadable_ladder_file_is_set_aside_and_the_gate_verifies_again(slurm, tmp_path, verified):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "recovery.json").write_text("{garbage")
+    verified.unlink()
+    slurm.node("gpu01", "IDLE+DRAIN", f"gpudoctor: {ROOT_CAUSE}")
+    r = gate_slurm(slurm, tmp_path, GOOD)
+    assert r.returncode == 2 and "state=resume" not in sum(slurm.updates(), [])
+    assert [p.name for p in (tmp_path / "state").iterdir() if p.name.startswith("recovery.json.corrupt-")]
+
+
+def test_the_execstartpre_gate_passes_only_once_verified_on_this_boot(tmp_path, verified):
+    """`gate --recovery` (the shipped ExecStartPre= and gpudoctor-gate.service): blocked until the verification
+    passed since the last failure and on this boot; a plain gate (a campaign's, a look at a snapshot) is not."""
+    import json
+
+    def recovery_gate(snap):
+        return run_gate("--snapshot", snap, "--recovery", cwd=tmp_path)
+
+    verified.unlink()
+    assert run_gate("--snapshot", GOOD, cwd=tmp_path).returncode == 0  # no --recovery: the checks only
+    r = recovery_gate(GOOD)
+    assert r.returncode == 2 and r.stdout.startswith("BLOCK recovery.ladder: verifying: verification failed"), r.stdout
+    verified.touch()
+    path = tmp_path / "state" / "recovery.json"
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["next_verify_at"] = 0
+    path.write_text(json.dumps(doc))
+    assert recovery_gate(GOOD).returncode == 0
+    r = recovery_gate(BAD)  # a failure: blocked by the failure itself
+    assert r.returncode == 2 and ROOT_CAUSE in r.stdout
+    verified.unlink()
+    r = recovery_gate(GOOD)  # the checks pass again, the verification has not: blocked
+    assert r.returncode == 2 and "BLOCK recovery.ladder: verifying: verification failed" in r.stdout
+    verified.touch()
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()].update(next_verify_at=0)
+    path.write_text(json.dumps(doc))
+    assert recovery_gate(GOOD).returncode == 0
+    doc = json.loads(path.read_text())
+    doc["hosts"][socket.gethostname()]["verified_boot"] = "an-earlier-boot"  # as after a reboot
+    path.write_text(json.dumps(doc))
+    verified.unlink()
+    r = recovery_gate(GOOD)
+    assert r.returncode == 2 and "BLOCK recovery.ladder: verifying: verification failed" in r.stdout

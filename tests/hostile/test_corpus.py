@@ -145,6 +145,7 @@ def _tree(root: Path) -> dict[str, str]:
 def _env(t: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDOCTOR_")}
     env.update(HOME=str(t), XDG_CONFIG_HOME=str(t / ".config"), PYTHONPATH=pythonpath(env={}), COLUMNS="120",
+               STATE_DIRECTORY=str(t / ".state"),  # gate --slurm/--npd keep their recovery ladder here
                PATH="/usr/bin:/bin")  # no scontrol, no nvidia-smi: nothing outside the case answers
     return env
 

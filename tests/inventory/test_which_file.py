@@ -27,6 +27,7 @@ def where(tmp_path):
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("GPUDOCTOR_INVENTORY", "XDG_CONFIG_HOME")}
     env["HOME"] = str(home)
+    env["STATE_DIRECTORY"] = str(home / "state")  # a gate --npd keeps its recovery ladder here, never in /var/lib
 
     def run(*args, **kw):
         return gpudoctor(*args, cwd=cwd, env={**env, **kw.pop("env", {})}, **kw)

@@ -19,6 +19,8 @@ import time
 
 DAEMON = "gpudoctor.service"
 STATE = "/var/lib/gpudoctor/daemon.json"
+RECOVERY = "/var/lib/gpudoctor/recovery.json"
+GATE_INVENTORY = "/etc/gpudoctor/gate-lab.yaml"
 DROPIN_DIR = "/run/systemd/system/gpudoctor.service.d"  # runtime drop-ins the tests add and remove
 REJECTED = re.compile(r"Got notification message from PID \d+, but reception only permitted for main PID")
 
@@ -182,10 +184,15 @@ def test_the_gate_in_execstartpre_blocks_the_server_until_the_host_is_ready(sdla
     from tests.systemdlab import MODEL, REPO
 
     lab, unit = sdlab, "sglang.service"
+    lab.systemctl("stop", DAEMON)  # no daemon: the gate moves the recovery ladder itself (docs/recovery.md)
+    lab.sh(f"rm -f {RECOVERY}")
     lab.write(f"/etc/systemd/system/{unit}.d/gpudoctor.conf",
               (REPO / "systemd/examples/sglang.service.d/gpudoctor.conf").read_text())
+    lab.write(GATE_INVENTORY, "hosts:\n  lab: {address: 127.0.0.1}\npolicy:\n  verify: {deep: 'off', serving: 'off', "
+                              "commands: [['true']]}\n")
     for u in (unit, "gpudoctor-gate.service"):
-        lab.write(f"/etc/systemd/system/{u}.d/lab-standins.conf", lab.standin_dropin())
+        lab.write(f"/etc/systemd/system/{u}.d/lab-standins.conf",
+                  lab.standin_dropin() + f"Environment=GPUDOCTOR_INVENTORY={GATE_INVENTORY}\n")
     lab.systemctl("daemon-reload")
     lab.sh(f"rm -rf {MODEL}")
     served = lab.journal(unit).count("serving: /dev/nvidia-uvm opened")
@@ -200,7 +207,8 @@ def test_the_gate_in_execstartpre_blocks_the_server_until_the_host_is_ready(sdla
         st = lab.run_unit(["gpudoctor", "model", "stage", "--from", lab.model_source(), "--to", MODEL, "--apply"],
                           env=lab.standin_env())
         assert st.returncode == 0, st.stdout + st.stderr
-        lab.systemctl("start", unit)
+        started = lab.systemctl("start", unit, check=False)
+        assert started.returncode == 0, lab.journal(unit)[-3000:] + lab.journal("gpudoctor-gate.service")[-2000:]
         _wait(lambda: lab.journal(unit).count("serving: /dev/nvidia-uvm opened") == served + 1, 20, "the server")
         assert lab.show(unit, "ActiveState")["ActiveState"] == "active"
     finally:
@@ -218,3 +226,102 @@ def test_the_daemon_starts_at_boot_after_a_reboot(sdlab):
         lab.show(DAEMON, "ActiveState", "MainPID", "UnitFileState")), 90, "gpudoctor.service active after boot")
     assert s["UnitFileState"] == "enabled" and s["MainPID"] != old
     assert "Startup finished" in lab.journal()  # the journal of the new boot
+
+
+def _ladder(lab) -> dict:
+    r = lab.sh(f"cat {RECOVERY}", check=False)
+    hosts = json.loads(r.stdout)["hosts"] if r.returncode == 0 and r.stdout.strip() else {}
+    return next(iter(hosts.values())) if hosts else {}
+
+
+def _moves(lab) -> list[tuple[str, str]]:
+    """The ladder's transitions the daemon logged (recovery.moved), in order, this boot."""
+    out = []
+    for line in lab.journal(DAEMON).splitlines():
+        if '"event": "recovery.moved"' in line:
+            ev = json.loads(line[line.index("{"):])
+            out.append((ev["before"], ev["after"]))
+    return out
+
+
+def test_the_recovery_arc_of_the_shipped_daemon_unit(sdlab):
+    """The shipped gpudoctor.service under systemd 252 (a drop-in adds the inventory, a 2 s interval and the tmpfs
+    model): the model wiped -> the daemon restages it (model.stage) -> verifying -> the verification (policy verify:
+    commands, a flag file) fails, then passes -> ready; the same fault three times -> needs-inspection, no heal;
+    a person restages and `gpudoctor release` verifies and releases; a daemon restart in verifying neither releases
+    early nor forgets."""
+    from tests.systemdlab import MODEL
+
+    lab = sdlab
+    inv, flag = "/etc/gpudoctor/recovery-lab.yaml", "/var/lib/gpudoctor-lab/verify-passes"
+    lab.sh(f"mkdir -p /var/lib/gpudoctor-lab && rm -f {flag} {RECOVERY}")
+    lab.write(inv, "hosts:\n  lab: {address: 127.0.0.1}\npolicy:\n  auto_apply: [model.stage]\n"
+                   "  budgets: {backoff_s: 0, max_changes_per_hour: 100}\n"
+                   "  recovery: {clean_cycles: 1, retry_s: 0}\n"
+                   f"  verify: {{deep: 'off', serving: 'off', commands: [[test, -e, {flag}]]}}\n")
+    stage = ["gpudoctor", "model", "stage", "--from", lab.model_source(), "--to", MODEL, "--apply"]
+    st = lab.run_unit(stage, env=lab.standin_env())
+    assert st.returncode == 0, st.stdout + st.stderr
+    env = " ".join(f'"{k}={v}"' for k, v in lab.standin_env().items())
+    _restart_with(lab, f"[Service]\nEnvironment={env}\nExecStart=\nExecStart=/usr/local/bin/gpudoctor daemon "
+                       f"-i {inv} --interval 2 --model {MODEL} --no-xid\n")
+    try:
+        led = _wait(lambda: (lambda d: d if d.get("last_verification") else None)(_ladder(lab)), 60,
+                    "the first verification")
+        assert led["state"] == "verifying" and "verification failed (commands: test -e" in led["reason"], led
+        lab.sh(f"touch {flag}")
+        _wait(lambda: _ladder(lab).get("state") == "ready", 60, "ready")
+
+        # the fault: the tmpfs model wiped; the verification fails once after the heal, then passes
+        lab.sh(f"rm -f {flag} && rm -rf {MODEL}")
+        led = _wait(lambda: (lambda d: d if d.get("state") == "verifying" and d.get("verify_failures") else None)(
+            _ladder(lab)), 60, "a failed verification after the heal")
+        assert "verification failed" in led["reason"]
+        assert lab.sh(f"test -e {MODEL}/config.json", check=False).returncode == 0  # restaged by the daemon
+        lab.sh(f"touch {flag}")
+        _wait(lambda: _ladder(lab).get("state") == "ready", 60, "ready after the heal")
+        moves = _moves(lab)
+        assert ("ready", "failing") in moves and ("failing", "healing") in moves and ("healing", "verifying") in moves
+        assert moves[-1] == ("verifying", "ready")
+
+        # twice more: the third time is needs-inspection, and the daemon stops healing it
+        lab.sh(f"rm -rf {MODEL}")
+        _wait(lambda: _ladder(lab).get("state") == "ready" and len(_ladder(lab)["onsets"]) == 2, 60, "healed again")
+        lab.sh(f"rm -rf {MODEL}")
+        led = _wait(lambda: (lambda d: d if d.get("state") == "needs-inspection" else None)(_ladder(lab)), 60,
+                    "needs-inspection")
+        assert led["reason"].startswith("needs inspection: came back 2 times (3 failures)")
+        cycles = _state(lab)["cycles"]
+        _wait_cycles(lab, cycles + 2)
+        assert lab.sh(f"test -e {MODEL}/config.json", check=False).returncode != 0  # no unattended heal
+        body = lab.sh(f"{sys.executable} -c \"import urllib.request as u; "
+                      f"print(u.urlopen('http://127.0.0.1:9835/metrics', timeout=10).read().decode())\"").stdout
+        assert re.search(r'gpudoctor_remedies_skipped_total\{[^}]*reason="needs_inspection"[^}]*\} [1-9]', body), body
+        assert re.search(r'gpudoctor_recovery_state\{[^}]*state="needs-inspection"[^}]*\} 1\.0', body)
+        assert re.search(r'gpudoctor_ready\{[^}]*\} 0\.0', body)
+        assert _ladder(lab)["state"] == "needs-inspection"
+
+        # a person restages and releases: the release verifies first
+        assert lab.run_unit(stage, env=lab.standin_env()).returncode == 0
+        _wait(lambda: not _ladder(lab).get("failing_now"), 60, "a passing check")
+        lab.sh(f"rm -f {flag}")
+        rel = lab.run_unit(["gpudoctor", "release", "local", "-i", inv], env=lab.standin_env())
+        assert rel.returncode == 1 and "verification failed" in rel.stderr, rel.stdout + rel.stderr
+        assert _ladder(lab)["state"] == "needs-inspection"
+        lab.sh(f"touch {flag}")
+        rel = lab.run_unit(["gpudoctor", "release", "local", "-i", inv, "--json"], env=lab.standin_env())
+        assert rel.returncode == 0 and json.loads(rel.stdout)["released"], rel.stdout + rel.stderr
+        assert _ladder(lab)["state"] == "ready"
+
+        # a restart in the middle of verifying: not ready after it, same transition time, then verified
+        lab.sh(f"rm -f {flag} && rm -rf {MODEL}")
+        led = _wait(lambda: (lambda d: d if d.get("state") == "verifying" and d.get("verify_failures") else None)(
+            _ladder(lab)), 60, "verifying again")
+        lab.systemctl("restart", DAEMON)
+        after = _ladder(lab)
+        assert after["state"] == "verifying" and after["since"] == led["since"], (led, after)
+        lab.sh(f"touch {flag}")
+        _wait(lambda: _ladder(lab).get("state") == "ready", 60, "ready after the restart")
+    finally:
+        _restart_with(lab, None)
+        lab.sh(f"rm -f {RECOVERY}")
