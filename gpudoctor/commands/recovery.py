@@ -59,19 +59,20 @@ def release(host, inventory, recovery_file, timeout, as_json):
         verify = gates._verifier(target)
         adv = advance.release(store, target.name, verify, boot_id=read_boot_id() if local else None, driver=None)
     v = adv.verification
-    doc = {"schema": "gpudoctor.release/1", "host": adv.host, "released": adv.ready, "busy": adv.busy,
+    released = adv.ready and v is not None and bool(v.passed)  # never on a verification that failed
+    doc = {"schema": "gpudoctor.release/1", "host": adv.host, "released": released, "busy": adv.busy,
            "state": adv.ladder.state, "reason": adv.ladder.reason, "since": adv.ladder.since,
            "verification": v.to_json() if v is not None else None}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
-    elif adv.ready:
+    elif released:
         click.echo(f"released {adv.host}: verification passed; ready since {_when(adv.ladder.since)}")
     elif adv.busy:
         click.echo(f"not released {adv.host}: a verification is running in another process; try again", err=True)
     else:
         why = f"verification failed: {v.reason}" if v is not None and not v.passed else adv.ladder.reason
         click.echo(f"not released {adv.host} ({adv.ladder.state}): {why}", err=True)
-    raise SystemExit(0 if adv.ready else 1)
+    raise SystemExit(0 if released else 1)
 
 
 @click.group("recovery")

@@ -239,6 +239,9 @@ def release(h: HostLadder, now: float, *, passed: bool, reason: str = "", record
     if not passed:
         if h.state == INSPECT:
             h.reason = f"{h.reason.split('; release refused')[0]}; release refused: verification failed ({reason})"
+        elif h.state == READY:  # a failed verification is evidence: a ready host that fails one is not ready
+            h.verify_failures += 1
+            _move(h, VERIFYING, now, f"verifying: verification failed at release ({reason or 'no reason given'})")
         return _step(h, before)
     if h.failing_now:
         h.reason = f"{h.reason.split('; release refused')[0]}; release refused: the passive check still fails"

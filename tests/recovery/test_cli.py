@@ -57,6 +57,12 @@ def test_release_verifies_first(tmp_path):
     assert r.returncode == 0
     shown = json.loads(r.stdout)["hosts"]
     assert [(h["host"], h["state"], h["ready"]) for h in shown] == [(HERE, "ready", True)]
+    flag.unlink()  # a release of a ready host whose verification now fails: not released, and not ready any more
+    r = cli(tmp_path, "release", "local", "-i", str(inv))
+    assert r.returncode == 1 and "released" not in r.stdout, r.stdout
+    assert f"not released {HERE} (verifying): verification failed: commands: test -e {flag}" in r.stderr
+    r = cli(tmp_path, "recovery", "show", "--json")
+    assert [(h["state"], h["ready"]) for h in json.loads(r.stdout)["hosts"]] == [("verifying", False)]
 
 
 def test_release_bad_input_is_one_line_exit_3(tmp_path):

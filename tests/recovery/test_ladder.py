@@ -437,6 +437,17 @@ def test_release_of_a_verifying_host_makes_it_ready_and_keeps_boot_and_driver_wh
     assert (h.boot_id, h.driver, h.verified_boot, h.verified_driver) == ("b9", "580", "b9", "580")
 
 
+def test_release_of_a_ready_host_whose_verification_fails_takes_it_out_of_ready():
+    h = HostLadder(since=T)
+    ok(h, T)
+    L.observe_verification(h, RecoveryPolicy(), T + 1, passed=True)
+    assert h.state == L.READY
+    step = L.release(h, T + 2, passed=False, reason="GEMM 400 TFLOP/s under its floor")
+    assert (step.before, step.after, h.since) == (L.READY, L.VERIFYING, T + 2)
+    assert h.reason == "verifying: verification failed at release (GEMM 400 TFLOP/s under its floor)"
+    assert h.verify_failures == 1
+
+
 # --- persistence -----------------------------------------------------------------------------------------------
 def test_round_trip_and_bad_records():
     h = _inspected()
