@@ -128,6 +128,31 @@ def test_healing_disallowed_stops_with_one_line_naming_the_cause_and_the_command
         ("eagle-tp1", 1, "ok"), ("eagle-tp1", 2, "crashed")]
 
 
+def test_a_target_the_ladder_holds_for_inspection_is_not_healed_by_a_campaign(tmp_path, monkeypatch):
+    """Recovery ladder (docs/recovery.md): no unattended heal in needs-inspection — a campaign's healer neither."""
+    from gpudoctor.recovery.ladder import INSPECT, HostLadder
+    from gpudoctor.recovery.store import RecoveryStore, default_path
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    with RecoveryStore(default_path()).edit() as hosts:
+        hosts["gpu1"] = HostLadder(state=INSPECT, since=100.0, reason="needs inspection: came back 2 times")
+    fault = tmp_path / "gpu-gone"
+    fault.write_text("")
+    path = campaign(tmp_path, fault, "heal: {allow: [devices.node.create], wait_s: 30, profile: default}\n")
+    out = tmp_path / "out"
+    model = HostModel(fault, down=0)
+    with pytest.raises(CampaignStopped) as e:
+        run_campaign(str(path), str(out), heal_engine_factory=lambda cfg: model)
+    line = e.value.one_line()
+    assert model.applied == [] and fault.exists()  # nothing was healed
+    assert "\n" not in line and "gpudoctor release gpu1" in line, line
+    with RecoveryStore(default_path()).edit() as hosts:  # a released host heals as before
+        hosts["gpu1"] = HostLadder(state="ready", since=200.0, reason="")
+    model = HostModel(fault, down=0)
+    run_campaign(str(path), str(tmp_path / "out2"), heal_engine_factory=lambda cfg: model)
+    assert model.applied == ["devices.node.create"]
+
+
 def test_a_crash_on_a_healthy_target_is_the_methods_own_and_stays_a_result(tmp_path):
     fault = tmp_path / "armed"  # the server is armed to die, but the host model shows nothing wrong
     fault.write_text("")

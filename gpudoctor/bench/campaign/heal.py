@@ -8,7 +8,8 @@ When a server crashes or the target stops answering (a container reboot, SSH dro
     heal      while it is not ready, the daemon's own machinery acts (gpudoctor.daemon.loop.Daemon with the
               PipelineEngine): only remedies `heal.allow` (or the inventory's policy.auto_apply) names, within the
               daemon's budgets and circuit breaker, its state kept in DIR/heal/state.json so budgets hold across
-              --resume; a remedy that restarts the container waits for the target again;
+              --resume; a remedy that restarts the container waits for the target again; never while this
+              machine's recovery ladder holds the target in needs-inspection (docs/recovery.md);
     verdict   an Incident: healed (the runner retracts the records the broken target produced and reruns them), or
               not, with the root cause and the command to run.
 
@@ -100,7 +101,7 @@ class Healer:
     def __init__(self, spec: HealSpec, *, target: str | None, inventory: str | None, models: tuple[str, ...],
                  out_dir: str | Path, emit: Callable[..., None], resume_hint: str, timeout: float = 30.0,
                  engine_factory=None, sleep: Callable[[float], None] = time.sleep,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, recovery_path=None):
         from gpudoctor.daemon.clock import SystemClock
         from gpudoctor.daemon.engine import EngineConfig, PipelineEngine
         from gpudoctor.daemon.loop import Daemon, DaemonConfig
@@ -111,6 +112,7 @@ class Healer:
         self.dir = Path(out_dir)
         self.remote = target is not None
         self.resume_hint = resume_hint
+        self.recovery_path = recovery_path  # the machine's ladder (recovery.store.default_path() when None)
         cfg = EngineConfig(inventory=inventory, hosts=(target,) if target else (), timeout=timeout,
                            state_dir=str(self.dir / "heal"), models=models)
         self.engine = _Recording((engine_factory or PipelineEngine)(cfg))
@@ -216,6 +218,12 @@ class Healer:
             inc.command = self._command(diag, gate)
             if rnd == self.spec.rounds or not self.daemon.policy.allow:
                 break
+            held = self._inspection()
+            if held:  # the recovery ladder holds the host for a person: no unattended heal, here either
+                self.emit("note", text=f"{self.name} {held}")
+                inc.command = (f"inspect {self.name}, then `gpudoctor release {self.name}` (it verifies first), "
+                               f"then {self.resume_hint}")
+                break
             before = len(self.engine.applied)
             self.emit("note", text=f"{self.name} is not ready: {inc.root_cause}; healing (round {rnd + 1})")
             try:
@@ -238,6 +246,18 @@ class Healer:
             self.emit("note", text=f"{self.name} healed ({', '.join(a['remedy'] for a in inc.actions if a['ok'])}); "
                                    "the campaign goes on")
         return inc
+
+    def _inspection(self) -> str | None:
+        """The ladder's reason when this machine's recovery ladder (docs/recovery.md) holds the target in
+        needs-inspection, else None; read only, and a missing or unreadable ladder holds nothing here."""
+        from gpudoctor.recovery.ladder import may_heal
+        from gpudoctor.recovery.store import RecoveryStore
+
+        try:
+            h = RecoveryStore(self.recovery_path).get(self.name)
+        except (OSError, ValueError):
+            return None
+        return None if h is None or may_heal(h) else h.reason
 
     def close(self) -> None:
         self.engine.close()
