@@ -237,7 +237,13 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
                                  slo_ttft_ms, slo_itl_ms)
     from gpudoctor.bench.cell.watch import CellWatch
 
-    watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
+    import shlex
+    import socket
+
+    watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None,
+                      base={"host": {"name": socket.gethostname(), "remote": False},
+                            "client": {"command": "gpudoctor bench " + shlex.join(sys.argv[2:])[:1000]},
+                            "check": {"status": "not run", "why": "bench load runs no gate (a campaign does)"}})
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; "
