@@ -227,6 +227,12 @@ def compare(a: dict, b: dict, *, effect: float = 0.05, min_effect: float = 0.01)
             "warnings": provenance_warnings(ra, rb, set(varied))}
 
 
+def compare_with(ra: list[dict], rb: list[dict], name_a: str, name_b: str, **kw) -> dict:
+    """compare() on two lists of records (a campaign's methods, for its report)."""
+    return compare({"arg": name_a, "dir": "", "select": {"method": name_a.split("=", 1)[-1]}, "records": ra},
+                   {"arg": name_b, "dir": "", "select": {"method": name_b.split("=", 1)[-1]}, "records": rb}, **kw)
+
+
 def _sort_key(k: tuple):
     return tuple((1, v[1]) if isinstance(v, tuple) else (0, str(v) if not isinstance(v, (int, float)) else "",
                                                          v if isinstance(v, (int, float)) else 0) for v in k)
