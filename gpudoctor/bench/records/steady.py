@@ -89,7 +89,7 @@ def window(good: list) -> dict:
     d = mser_cut(means) * b
     if d and sum(xs[:d]) / d <= (sum(xs[d:]) / (n - d)) * (1 + WARMUP_MARGIN):
         d = 0  # what MSER would cut is not slower than the rest: noise, not a warm-up
-    if d >= (len(means) // 2) * b and d > 0 and still_settling(means[d // b:]):
+    if d >= (len(means) // 2) * b and d > 0 and still_settling(xs[d:]):
         return {"status": TOO_SHORT, "requests": n, "cut": d,
                 "why": f"the time per token was still changing after half the level (MSER cut at request {d} of "
                        f"{n}, its limit, and the rest still trends): no steady state reached; run more requests "
