@@ -164,12 +164,15 @@ def bench():
               help="Seconds between host-health samples of this host's GPUs (NVML) during each level.")
 @click.option("--kernel-log", default="/dev/kmsg", show_default=True,
               help="Where Xid lines are read from during each level ('' for none).")
+@click.option("--server-pid", type=Count(1, 2**22), default=None,
+              help="The server's process id (on this host): its process tree is the server's for the host-health "
+                   "sampler (any other process on the GPUs is foreign) and the record's provenance (NUMA placement).")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, api, model, server_kind, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
          num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
          ready_timeout, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
-         health_interval, kernel_log, out_dir, json_out):
+         health_interval, kernel_log, server_pid, out_dir, json_out):
     """Drive a running server with streamed requests, one level per concurrency or request rate.
 
     \b
@@ -240,7 +243,17 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     import shlex
     import socket
 
+    pids = None
+    if server_pid is not None:
+        import os
+
+        from gpudoctor.bench.cell.health import process_tree
+
+        if not os.path.exists(f"/proc/{server_pid}"):
+            raise InputError(f"--server-pid {server_pid}: no such process on this host")
+        pids = lambda: process_tree(server_pid)  # noqa: E731
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None,
+                      server_pids=pids,
                       base={"host": {"name": socket.gethostname(), "remote": False},
                             "client": {"command": "gpudoctor bench " + shlex.join(sys.argv[2:])[:1000]},
                             "check": {"status": "not run", "why": "bench load runs no gate (a campaign does)"}})
