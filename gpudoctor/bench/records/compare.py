@@ -402,7 +402,14 @@ def render_text(result: dict, verdict_of_gate: dict | None = None) -> list[str]:
         lines.append(f"{cell_text(c['cell'])}: {c['verdict'].upper()}" + (f" ({c['why']})" if c.get("why") else ""))
         for n in c["notes"]:
             lines.append(f"  note: {n}")
-        for name, m in (c.get("metrics") or {}).items():
+        ms = c.get("metrics") or {}
+        whys = {m.get("why") for m in ms.values()}
+        if ms and all(m["verdict"] == NOT_ENOUGH for m in ms.values()) and len(whys) == 1:
+            t = ms["output_tok_per_s"]
+            vals = f"tok/s A {t['a']:.4g} B {t['b']:.4g}; " if t.get("a") is not None else ""
+            lines.append(f"  {vals}every metric: {whys.pop()}")
+            continue
+        for name, m in ms.items():
             label = METRICS[name][0]
             if m.get("a") is None:
                 lines.append(f"  {label}: {m['verdict']} ({m.get('why', '')})")
