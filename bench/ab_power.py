@@ -73,7 +73,7 @@ async def pairs(args) -> dict:
         prompts = build(args.prompts, load_source("builtin"), Counter(), None, seed=11)
         for url in (url_a, url_a2, url_b):  # one unrecorded level each: the first connections, imports
             await trial(url, "warm", 0, args, prompts)
-        out = {"aa": [], "ab": []}
+        out = {"aa": [], "ab": [], "aa_itl": [], "ab_itl": [], "load_before": os.getloadavg()[0]}
         t0 = time.monotonic()
         for i in range(args.pairs):
             for kind, other in (("aa", url_a2), ("ab", url_b)):
@@ -82,9 +82,10 @@ async def pairs(args) -> dict:
                     ra.append(await trial(url_a, "A", k, args, prompts))
                     rb.append(await trial(other, "B", k, args, prompts))
                 c = compare_cell({"pair": i}, ra, rb, effect=args.slowdown, min_effect=args.min_effect)
-                m = c["metrics"]["output_tok_per_s"]
-                out[kind].append(m)
+                out[kind].append(c["metrics"]["output_tok_per_s"])
+                out[kind + "_itl"].append(c["metrics"]["itl_ms_p50"])
         out["seconds"] = time.monotonic() - t0
+        out["load_after"] = os.getloadavg()[0]
         return out
     finally:
         for p in procs:
@@ -125,6 +126,12 @@ def main() -> int:
           f"called faster: {len(wrong)}")
     aarel = sorted(abs(m["rel"]) for m in aa if m.get("rel") is not None)
     print(f"A/A |change| median {aarel[len(aarel) // 2]:.2%}, max {aarel[-1]:.2%}")
+    fp_itl = sum(1 for m in res["aa_itl"] if m["verdict"] in (FASTER, SLOWER))
+    hit_itl = sum(1 for m in res["ab_itl"] if m["verdict"] == SLOWER)
+    print(f"ITL p50 (the decoding the slowdown is in): A/A false positives {fp_itl}/{len(aa)}, power "
+          f"{hit_itl}/{len(ab)}")
+    print(f"load average (1 min) on this machine: {res['load_before']:.1f} before, {res['load_after']:.1f} after, "
+          f"{os.cpu_count()} CPUs")
     ok = fpr <= 0.05 and power >= 0.80
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
