@@ -185,9 +185,11 @@ def compare_metric(ra: list[dict], rb: list[dict], metric: str, *, effect: float
         pa, pb = f(xa), f(xb)
         lo, hi = stats.bootstrap_diff(xa, xb, f)
         mw = stats.mann_whitney(xa, xb)
-        scale = out["a"] / pa if pa else 1.0  # intervals on the per-request statistic, scaled to the metric
+        # The change is the per-request statistic's, relative to A's, expressed in the metric's unit (so the
+        # difference and its interval come from the same estimator): diff / a = (pb - pa) / pa.
+        scale = out["a"] / pa if pa else 1.0
         out.update(test=f"bootstrap of the per-request {statname} ({len(xa)} vs {len(xb)} requests) + Mann-Whitney U",
-                   diff=out["b"] - out["a"], lo=lo * scale, hi=hi * scale, p=mw["p"], per_request=[pa, pb])
+                   diff=(pb - pa) * scale, lo=lo * scale, hi=hi * scale, p=mw["p"], per_request=[pa, pb])
         sd = math.sqrt((stats._mean_var(xa)[1] + stats._mean_var(xb)[1]) / 2) if len(xa) > 1 < len(xb) else 0
         need = stats.trials_needed(sd, effect * abs(pa)) if pa else None
         out["need"] = None if need is None else {"requests_per_side": need, "effect": effect}
