@@ -87,8 +87,8 @@ measure cb "${CB[@]}" || exit 1
 say "== bench compare nocb cb"
 { $GPUDOCTOR bench compare "$W/nocb" "$W/cb"; echo "# rc=$?"
   echo "== the gate on it: cb must not be 5 % slower than nocb"
-  $GPUDOCTOR bench compare "$W/nocb" "$W/cb" --fail-if "output_tok_per_s < -5%" --fail-if "ttft_ms_p99 > +50%" | tail -4
-  echo "# rc=${PIPESTATUS[0]}"; } > "$O/verdicts.txt" 2>&1
+  $GPUDOCTOR bench compare "$W/nocb" "$W/cb" --fail-if "output_tok_per_s < -5%" --fail-if "ttft_ms_p99 > +50%" \
+    > "$W/gate.txt" 2>&1; echo "# rc=$?"; grep -E "^GATE|^gate:|^gpudoctor:" "$W/gate.txt"; } > "$O/verdicts.txt" 2>&1
 $GPUDOCTOR bench compare "$W/nocb" "$W/cb" --json > "$O/compare.json" 2>/dev/null
 cat "$O/verdicts.txt"
 python3 - "$W" >> "$S" <<'PY'

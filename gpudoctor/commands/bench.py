@@ -252,11 +252,15 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
         if not os.path.exists(f"/proc/{server_pid}"):
             raise InputError(f"--server-pid {server_pid}: no such process on this host")
         pids = lambda: process_tree(server_pid)  # noqa: E731
+    from gpudoctor.bench.cell.provenance import command_of
+
+    launched = command_of(server_pid) if server_pid is not None else None
     watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None,
                       server_pids=pids,
                       base={"host": {"name": socket.gethostname(), "remote": False},
                             "client": {"command": "gpudoctor bench " + shlex.join(sys.argv[2:])[:1000]},
-                            "check": {"status": "not run", "why": "bench load runs no gate (a campaign does)"}})
+                            "check": {"status": "not run", "why": "bench load runs no gate (a campaign does)"},
+                            **({"server": {"command": launched}} if launched else {})})
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; "

@@ -78,7 +78,7 @@ def load_level(url: str, out, label: str, *extra: str):
 def test_standin_records_carry_counters_provenance_and_the_gate_judges_them(standin, tmp_path):
     a = standin("--decode-tok-s", "300", "--ttft-ms", "5", "--prefix-cache")
     slow = standin("--decode-tok-s", "200", "--ttft-ms", "5", "--prefix-cache")  # the same server, a third slower
-    ra = load_level(a.url, tmp_path / "a1", "cfg")
+    ra = load_level(a.url, tmp_path / "a1", "cfg", "--server-pid", str(a.proc.pid))
     load_level(a.url, tmp_path / "a2", "cfg")
     load_level(slow.url, tmp_path / "b", "cfg")
     r = ra[0]
@@ -91,6 +91,7 @@ def test_standin_records_carry_counters_provenance_and_the_gate_judges_them(stan
     pv = r["provenance"]
     assert pv["server"]["engine"] == "sglang" and pv["server"]["version"].startswith("0.5.23")
     assert pv["check"]["status"] == "not run" and "bench load" in pv["client"]["command"]
+    assert "gpudoctor.bench.standin" in " ".join(pv["server"]["command"])  # --server-pid: its /proc cmdline
     assert pv["gpu"]["status"] in ("read", "unknown") and pv["numa"]["status"] in ("read", "unknown")
     assert r["steady"]["status"] in ("steady", "too_short") and len(r["per_request"]["rows"]) == 24
     gate = ("--fail-if", "output_tok_per_s < -5%")

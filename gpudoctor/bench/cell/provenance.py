@@ -66,6 +66,25 @@ async def server(base_url: str, timeout: float = 5.0) -> dict:
     return out
 
 
+def command_of(pid: int) -> list[str] | None:
+    """A local process's command line (/proc/PID/cmdline): the server's launch flags for `bench load --server-pid`."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return None
+    return argv[:200] or None
+
+
+def engine_from_command(argv) -> str | None:
+    """The engine a launch command names: sglang, vllm or transformers (serve)."""
+    text = " ".join(str(a) for a in argv or [])
+    for name, marks in (("sglang", ("sglang",)), ("vllm", ("vllm",)), ("transformers", ("transformers", " serve"))):
+        if all(m in text for m in marks):
+            return name
+    return None
+
+
 def numa(pids) -> dict:
     """The NUMA node(s) the server's processes may run on (their CPU affinity, against
     /sys/devices/system/node/node*/cpulist); "unknown" where it cannot be read from here."""

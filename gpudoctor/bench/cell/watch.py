@@ -66,7 +66,11 @@ class CellWatch:
         else:
             h = healthlib.unavailable(self.unavailable or "host health sampling is off (health.sample: false)")
         pids = self.server_pids() if callable(self.server_pids) else self.server_pids
-        prov = {**self.base, "server": {**(self.base.get("server") or {}), **(self._server or {})},
+        server = {**(self.base.get("server") or {}), **(self._server or {})}
+        if server.get("engine") in (None, "unknown") and provlib.engine_from_command(server.get("command")):
+            server["engine"] = provlib.engine_from_command(server["command"])
+            server["engine_from"] = "the launch command (the server names itself on none of its endpoints)"
+        prov = {**self.base, "server": server,
                 "gpu": provlib.gpu(h), "numa": provlib.numa(pids),
                 "gpudoctor": {"version": provlib.gpudoctor_version()}}
         return {**rec, "cache": self._cache, "host_health": h, "suspect": suspectlib.judge(h, self.thresholds),

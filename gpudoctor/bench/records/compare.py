@@ -184,11 +184,12 @@ def compare_metric(ra: list[dict], rb: list[dict], metric: str, *, effect: float
         f = _stat(statname)
         pa, pb = f(xa), f(xb)
         lo, hi = stats.bootstrap_diff(xa, xb, f)
-        mw = stats.mann_whitney(xa, xb)
+        mw = stats.mann_whitney(xa, xb) if statname != "p99" else {"p": None}  # M-W tests location, not a tail
         # The change is the per-request statistic's, relative to A's, expressed in the metric's unit (so the
         # difference and its interval come from the same estimator): diff / a = (pb - pa) / pa.
         scale = out["a"] / pa if pa else 1.0
-        out.update(test=f"bootstrap of the per-request {statname} ({len(xa)} vs {len(xb)} requests) + Mann-Whitney U",
+        out.update(test=f"bootstrap of the per-request {statname} ({len(xa)} vs {len(xb)} requests)"
+                        + (" + Mann-Whitney U" if mw["p"] is not None else ""),
                    diff=(pb - pa) * scale, lo=lo * scale, hi=hi * scale, p=mw["p"], per_request=[pa, pb])
         sd = math.sqrt((stats._mean_var(xa)[1] + stats._mean_var(xb)[1]) / 2) if len(xa) > 1 < len(xb) else 0
         need = stats.trials_needed(sd, effect * abs(pa)) if pa else None
@@ -369,7 +370,8 @@ def cell_text(cell: dict) -> str:
         if k == "load":
             parts.append(f"{v[1]:g} req/s" if isinstance(v, tuple) else f"c={v}")
         elif k == "tp":
-            parts.append(f"TP{v}")
+            if v is not None:
+                parts.append(f"TP{v}")
         else:
             parts.append(str(v))
     return " ".join(parts) or "all"
@@ -416,11 +418,14 @@ def render_text(result: dict, verdict_of_gate: dict | None = None) -> list[str]:
             if m.get("a") is None:
                 lines.append(f"  {label}: {m['verdict']} ({m.get('why', '')})")
                 continue
-            tail = f"p={m['p']:.3g}, {m['test']}, {m['basis']}" if "p" in m else m.get("why", "")
+            if "test" in m:
+                tail = (f"p={m['p']:.3g}, " if m.get("p") is not None else "") + f"{m['test']}, {m['basis']}"
+            else:
+                tail = m.get("why", "")
             extra = ""
             if m["verdict"] == SAME and need_text(m):
                 extra = f"; {need_text(m)}"
-            if m.get("why") and "p" in m:
+            if m.get("why") and "test" in m:
                 extra += f"; {m['why']}"
             lines.append(f"  {label}: A {m['a']:.4g} B {m['b']:.4g} {fmt_diff(m)} → {m['verdict']} ({tail}{extra})")
     for side, cells in (("A", result["only_a"]), ("B", result["only_b"])):
@@ -431,7 +436,8 @@ def render_text(result: dict, verdict_of_gate: dict | None = None) -> list[str]:
         g = verdict_of_gate
         lines.append("")
         for f in g["failed"]:
-            lines.append(f"GATE FAIL {f['rule']}: {cell_text(f['cell'])} changed {f['rel_pct']:+.1f}% (p={f['p']:.3g})")
+            pv = f" (p={f['p']:.3g})" if f.get("p") is not None else " (95 % interval excludes 0)"
+            lines.append(f"GATE FAIL {f['rule']}: {cell_text(f['cell'])} changed {f['rel_pct']:+.1f}%{pv}")
         for u in g["unjudged"]:
             lines.append(f"GATE COULD NOT JUDGE {u['rule']}: {cell_text(u['cell'])}: {u['why']}")
         lines.append(f"gate: {g['outcome']} ({len(g['failed'])} failed, {len(g['passed'])} passed, "

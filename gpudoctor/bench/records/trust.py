@@ -199,7 +199,9 @@ def render_provenance(records: list[dict]) -> list[str]:
 
 def _prov_line(p: dict) -> str:
     s, g = p.get("server") or {}, p.get("gpu") or {}
-    parts = [f"engine {s.get('engine', '?')} {s.get('version') or ''}".strip(), f"model {s.get('model') or '?'}"]
+    parts = [f"engine {s.get('engine', '?')} {s.get('version') or ''}".strip()
+             + (f" (from {s['engine_from']})" if s.get("engine_from") else f" ({s['why']})" if s.get("why") else ""),
+             f"model {s.get('model') or '?'}"]
     if s.get("command"):
         parts.append("launched as `" + " ".join(str(x) for x in s["command"])[:300].replace("|", "\\|") + "`")
     elif s.get("flags"):
