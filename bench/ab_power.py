@@ -124,6 +124,10 @@ def main() -> int:
     print(f"A vs B ({args.slowdown:.0%} slower decoding): power {len(hit)}/{len(ab)} = {power:.1%} (target >= 80 %); "
           f"measured change median {rel[len(rel) // 2]:+.2%}, range {rel[0]:+.2%} .. {rel[-1]:+.2%}; "
           f"called faster: {len(wrong)}")
+    need = sorted((m.get("need") or {}).get("trials_per_side") or 0 for m in ab)
+    if need and need[-1]:
+        print(f"trials per side compare said would detect {args.slowdown:.0%} (80 % power), over the A/B pairs: "
+              f"median {need[len(need) // 2]}, range {need[0]}..{need[-1]}")
     aarel = sorted(abs(m["rel"]) for m in aa if m.get("rel") is not None)
     print(f"A/A |change| median {aarel[len(aarel) // 2]:.2%}, max {aarel[-1]:.2%}")
     fp_itl = sum(1 for m in res["aa_itl"] if m["verdict"] in (FASTER, SLOWER))
