@@ -15,7 +15,8 @@ import hashlib
 import os
 
 _SGLANG_FLAGS = ("model_path", "tp_size", "dp_size", "speculative_algorithm", "speculative_num_draft_tokens",
-                 "max_running_requests", "context_length", "enable_metrics", "mem_fraction_static", "chunked_prefill_size",
+                 "max_running_requests", "context_length", "enable_metrics", "mem_fraction_static",
+                 "chunked_prefill_size",
                  "attention_backend", "kv_cache_dtype", "dtype", "quantization")
 
 
@@ -89,7 +90,8 @@ def numa(pids) -> dict:
     """The NUMA node(s) the server's processes may run on (their CPU affinity, against
     /sys/devices/system/node/node*/cpulist); "unknown" where it cannot be read from here."""
     if not pids:
-        return {"status": "unknown", "why": "the server's processes are not known here (bench load, or a remote target)"}
+        return {"status": "unknown",
+                "why": "the server's processes are not known here (bench load without --server-pid, or a remote target)"}
     nodes = _node_cpus()
     if not nodes:
         return {"status": "unknown", "why": "no /sys/devices/system/node here"}

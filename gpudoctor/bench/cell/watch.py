@@ -3,7 +3,8 @@ the host's GPUs sampled during it (gpudoctor.bench.cell.health), and the verdict
 
 The record gets `cache`, `host_health` and `suspect`, `server_counters` (the server's Prometheus counters over the
 level: gpudoctor.bench.cell.counters) and `provenance` (what produced it: gpudoctor.bench.cell.provenance; `base`
-holds what the caller knows — the campaign's hash and launch command, its gate verdict). A target this process cannot sample (a remote one without a
+holds what the caller knows — the campaign's hash and launch command, its gate verdict).
+A target this process cannot sample (a remote one without a
 sampler, NVML missing) gets `host_health: {status: unavailable, reason}` — a level is never recorded without one.
 """
 

@@ -458,7 +458,9 @@ def render_markdown_table(result: dict, title: str) -> list[str]:
             return "—" if v is None else f"{v:.1f}"
 
         def rel(m):
-            return "—" if not m or m.get("rel") is None else (f"{m['rel']:+.1%}" + ("*" if m.get("significant") else ""))
+            if not m or m.get("rel") is None:
+                return "—"
+            return f"{m['rel']:+.1%}" + ("*" if m.get("significant") else "")
 
         why = c.get("why") or t.get("why") or ""
         verdict = c["verdict"] + (f" ({why})" if why and c["verdict"] in (NOT_COMPARED, NOT_ENOUGH) else "")

@@ -4,7 +4,8 @@ The warm-up (the server's first requests of a level, a cold cache, clocks rampin
 requests taking longer per token. The series is each ok request's time per output token (e2e / output tokens) in the
 order the requests were sent, averaged in batches of b consecutive requests (batch_size: MSER-5 from 50 requests);
 the cut is MSER (White 1997, the Marginal Standard Error Rule): drop the first d batches where d minimises the squared
-standard error of the remaining mean, sum((x - mean)^2) / (n - d)^2, with d searched up to half the series. The window is every request from the cut to the last one sent; the record says which (`first`,
+standard error of the remaining mean, sum((x - mean)^2) / (n - d)^2, with d searched up to half the series.
+The window is every request from the cut to the last one sent; the record says which (`first`,
 `last`: indexes into `per_request.rows`), how many were cut, and why.
 
 A cut is kept only when the requests it removes are at least WARMUP_MARGIN slower per token than the rest (else it

@@ -143,7 +143,8 @@ def render_steady(records: list[dict]) -> list[str]:
         win = (f"{s['first']}..{s['last']} ({s['counted']} of {s['requests']})" if s.get("status") == "steady"
                else s.get("status", "—").replace("_", " "))
         lines.append(f"| {r['label']} | {r['workload']} | {_load(r)} | {r.get('trial', 0)} | {win} | "
-                     f"{_num(m.get('output_tok_per_s'))} | {_num(m.get('ttft_ms_p50'))} | {_esc(s.get('why') or '')[:200]} |")
+                     f"{_num(m.get('output_tok_per_s'))} | {_num(m.get('ttft_ms_p50'))} | "
+                     f"{_esc(s.get('why') or '')[:200]} |")
     return lines + [""]
 
 
