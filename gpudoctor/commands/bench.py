@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
+from gpudoctor.errors import EXIT_FAIL, EXIT_OK, CannotJudge, InputError
 from gpudoctor.files.inputs import finite, http_url, output_dir, seconds
 from gpudoctor.options import Count, NumberList
 
@@ -168,12 +168,15 @@ def bench():
               help="Seconds between host-health samples of this host's GPUs (NVML) during each level.")
 @click.option("--kernel-log", default="/dev/kmsg", show_default=True,
               help="Where Xid lines are read from during each level ('' for none).")
+@click.option("--server-pid", type=Count(1, 2**22), default=None,
+              help="The server's process id (on this host): its process tree is the server's for the host-health "
+                   "sampler (any other process on the GPUs is foreign) and the record's provenance (NUMA placement).")
 @click.option("--out", "out_dir", required=True, help="Directory for results.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="Print the records written as JSON lines on stdout.")
 def load(server_url, api, model, server_kind, concurrency, request_rate, arrival, max_error_rate, slo_ttft_ms, slo_itl_ms, max_tokens,
          num_prompts, context_len, prompt_set, tokenizer_dir, context_limit, label, server_log, stall_timeout,
-         ready_timeout, wait_through_5xx, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens, cache_policy,
-         health_interval, kernel_log, out_dir, json_out):
+         ready_timeout, wait_through_5xx, warmup, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
+         cache_policy, health_interval, kernel_log, server_pid, out_dir, json_out):
     """Drive a running server with streamed requests, one level per concurrency or request rate.
 
     \b
@@ -241,7 +244,27 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
                                  slo_ttft_ms, slo_itl_ms, model, server_kind)
     from gpudoctor.bench.cell.watch import CellWatch
 
-    watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None)
+    import shlex
+    import socket
+
+    pids = None
+    if server_pid is not None:
+        import os
+
+        from gpudoctor.bench.cell.health import process_tree
+
+        if not os.path.exists(f"/proc/{server_pid}"):
+            raise InputError(f"--server-pid {server_pid}: no such process on this host")
+        pids = lambda: process_tree(server_pid)  # noqa: E731
+    from gpudoctor.bench.cell.provenance import command_of
+
+    launched = command_of(server_pid) if server_pid is not None else None
+    watch = CellWatch(cache_policy=cache_policy, interval_s=health_interval, kernel_log=kernel_log or None,
+                      server_pids=pids,
+                      base={"host": {"name": socket.gethostname(), "remote": False},
+                            "client": {"command": "gpudoctor bench " + shlex.join(sys.argv[2:])[:1000]},
+                            "check": {"status": "not run", "why": "bench load runs no gate (a campaign does)"},
+                            **({"server": {"command": launched}} if launched else {})})
     store = ResultStore(out_dir)
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; "
@@ -362,6 +385,60 @@ def report(out_dir, baseline, no_plots):
         click.echo(p)
     if written.get("plots_skipped"):
         click.echo(written["plots_skipped"], err=True)
+    raise SystemExit(EXIT_OK)
+
+
+@bench.command("compare")
+@click.argument("a")
+@click.argument("b")
+@click.option("--fail-if", "fail_if", multiple=True, metavar="EXPR",
+              help="Regression gate, repeatable: 'output_tok_per_s < -5%', 'ttft_ms_p99 > +10%'. Exit 1 when a cell's "
+                   "change is beyond the threshold and significant.")
+@click.option("--effect", type=finite(0.001, 10), default=0.05, show_default=True,
+              help="The change (a fraction) that \"how many more trials\" is computed for.")
+@click.option("--min-effect", type=finite(0, 10), default=0.01, show_default=True,
+              help="A significant change smaller than this fraction is called no difference.")
+@click.option("--json", "json_out", is_flag=True, help="The comparison (and the gate's outcome) as JSON on stdout.")
+def compare(a, b, fail_if, effect, min_effect, json_out):
+    """Compare two benchmark results cell by cell: is B faster or slower than A, and is it significant?
+
+    \b
+    A and B are result directories (holding results.jsonl), or one directory twice with a selector:
+      gpudoctor bench compare runs/base runs/new
+      gpudoctor bench compare runs/c1:method=autoregressive runs/c1:method=eagle3
+      gpudoctor bench compare runs/c1:tp=1 runs/c1:tp=4
+      gpudoctor bench compare runs/base runs/new --fail-if "output_tok_per_s < -5%" --fail-if "ttft_ms_p99 > +10%"
+    Selector fields: method, label, tp, host. Per cell (workload x concurrency or rate) and metric (tok/s, TTFT
+    p50/p99, ITL p50, e2e p50): A, B, the change with its 95 % interval, the test used (Welch t on trials with 2+
+    trials per side, else a bootstrap + Mann-Whitney U on per-request values) and a verdict: faster, slower, no
+    difference detectable (with how many trials would detect --effect), not enough data, or not compared (suspect or
+    failed levels). A warning names anything else that differs between A and B (engine, driver, power limit, ...).
+    See docs/bench.md "Comparing results".
+    Exit codes: 0 compared (and every gate rule passed), 1 a --fail-if rule failed, 3 bad input, or a gate that
+    could not judge a cell.
+    """
+    import json
+
+    from gpudoctor.bench.records import compare as cmp
+
+    rules = [cmp.parse_rule(t) for t in fail_if]
+    result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect)
+    verdict = cmp.gate(result, rules) if rules else None
+    if json_out:
+        click.echo(json.dumps({**result, "gate": verdict}, default=str, sort_keys=True))
+    else:
+        for line in cmp.render_text(result, verdict):
+            click.echo(line)
+    if verdict is None:
+        if not result["cells"]:
+            raise InputError("bench compare: A and B have no cell in common (nothing to compare)")
+        raise SystemExit(EXIT_OK)
+    if verdict["outcome"] == "fail":
+        raise SystemExit(1)
+    if verdict["outcome"] == "unknown":
+        first = verdict["unjudged"][0]
+        raise CannotJudge(f"bench compare: the gate could not judge {len(verdict['unjudged'])} cell(s), first "
+                          f"{cmp.cell_text(first['cell'])}: {first['why']}")
     raise SystemExit(EXIT_OK)
 
 

@@ -62,6 +62,11 @@ class _GPU:
         self.rows = (_num(g("remapped_rows/remapped_row_corr")), _num(g("remapped_rows/remapped_row_unc")),
                      g("remapped_rows/remapped_row_pending") == "Yes", g("remapped_rows/remapped_row_failure") == "Yes")
         self.replay = _num(g("pci/replay_counter"))
+        self.name = g("product_name")
+        self.pcie = (_num(g("pci/pci_gpu_link_info/pcie_gen/current_link_gen")),
+                     _num(g("pci/pci_gpu_link_info/link_widths/current_link_width")),
+                     _num(g("pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
+                     _num(g("pci/pci_gpu_link_info/link_widths/max_link_width")))
         self.procs = [SimpleNamespace(pid=int(p.findtext("pid")), usedGpuMemory=_num(p.findtext("used_memory")) << 20)
                       for p in el.findall("processes/process_info")]
 
@@ -81,6 +86,9 @@ class FakeNVML:
         root = ET.parse(capture).getroot()
         els = root.findall("gpu")
         self.gpus = [_GPU(els[i % len(els)], i) for i in range(max(copies, len(els)))]
+        self.driver = root.findtext("driver_version")
+        cuda = (root.findtext("cuda_version") or "0.0").split(".")
+        self.cuda = int(cuda[0]) * 1000 + int(cuda[1]) * 10  # NVML's integer form: 13.0 -> 13000
         self.lock = threading.Lock()
         self.xids: list[tuple[int, int]] = []
         self.calls = 0
@@ -130,6 +138,27 @@ class FakeNVML:
 
     def nvmlDeviceGetIndex(self, h):
         return h.index
+
+    def nvmlDeviceGetName(self, h):
+        return self._h(h).name
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return self._h(h).pcie[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return self._h(h).pcie[1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return self._h(h).pcie[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return self._h(h).pcie[3]
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return self.cuda
 
     def nvmlDeviceGetPciInfo(self, h):
         return SimpleNamespace(busId=self._h(h).bus_id)

@@ -62,7 +62,7 @@ def test_injected_host_change_makes_exactly_that_level_suspect_and_rerun_measure
     p = run_cli("bench", "run", str(path), "--out", str(out), timeout=240)
     assert p.returncode == 0, p.stderr
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert len(recs) == 6 and all(r["status"] == "ok" and r["schema"] == "gpudoctor.bench/2" for r in recs)
+    assert len(recs) == 6 and all(r["status"] == "ok" and r["schema"] == "gpudoctor.bench/3" for r in recs)
     sus = [r for r in recs if r["suspect"]]
     assert [(r["trial"], r["concurrency"]) for r in sus] == [(1, 1)], [r["suspect"] for r in recs]
     (why,) = sus[0]["suspect"]

@@ -93,17 +93,20 @@ def build_model(venv: Path, out: Path, hf_home: Path) -> None:
 class Server:
     """`transformers serve MODEL_DIR --continuous-batching` on a free loopback port, in its own process group."""
 
-    def __init__(self, venv: Path, model: Path, hf_home: Path, log: Path):
+    def __init__(self, venv: Path, model: Path, hf_home: Path, log: Path, *, max_batch_tokens: int = 512,
+                 continuous_batching: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model, self.log = model, log
         (hf_home / "hub").mkdir(parents=True, exist_ok=True)  # an empty cache: GET /v1/models lists nothing
         argv = [str(venv / "bin" / "transformers"), "serve", str(model), "--host", "127.0.0.1",
-                "--port", str(self.port), "--device", "cpu", "--dtype", "float32", "--continuous-batching",
-                "--cb-num-blocks", "128", "--cb-block-size", "32", "--log-level", "warning",
-                # without a cap transformers sizes each batch's buffers from the machine's free memory: 21.6 GiB of
-                # RSS on a 24 GiB CI machine for a 2-layer model (measured); capped, 0.4 GiB
-                "--cb-max-batch-tokens", "512"]
+                "--port", str(self.port), "--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+        if continuous_batching:
+            argv += ["--continuous-batching", "--cb-num-blocks", "128", "--cb-block-size", "32",
+                     # without a cap transformers sizes each batch's buffers from the machine's free memory: 21.6 GiB
+                     # of RSS on a 24 GiB CI machine for a 2-layer model (measured); capped, 0.4 GiB
+                     "--cb-max-batch-tokens", str(max_batch_tokens)]
+        self.argv = argv
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                          env=offline_env(hf_home), start_new_session=True)

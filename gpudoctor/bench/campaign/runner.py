@@ -168,9 +168,10 @@ class Runner:
         self.healer = None  # gpudoctor.bench.campaign.heal.Healer when the campaign has `heal:`
         self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
         self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
+        self.last_gate: dict | None = None  # the gate's verdict before the current configuration (provenance)
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
-    def cell_watch(self, launcher: Launcher):
+    def cell_watch(self, launcher: Launcher, cfg: Config | None = None):
         """What runs around each level of this server (gpudoctor.bench.cell.watch): its cache flushed per the campaign,
         its GPUs sampled here (a local server: its session's processes are the server's)."""
         from gpudoctor.bench.cell.watch import CellWatch
@@ -187,9 +188,17 @@ class Runner:
                                            max_s=camp.timeouts["level_s"] + 60)
         proc = getattr(launcher, "proc", None)
         pids = (lambda: process_tree(proc.pid)) if proc is not None else None
+        from gpudoctor.bench.cell.provenance import file_sha256
+
+        base = {"campaign": {"path": str(camp.path), "sha256": file_sha256(str(camp.path)), "name": camp.name},
+                "host": {"name": camp.target if camp.is_remote else socket.gethostname(),
+                         "remote": bool(camp.is_remote)},
+                "check": self.last_gate or {"status": "not run", "why": "the campaign has no gate command"}}
+        if cfg is not None:
+            base["server"] = {"command": list(cfg.argv), "label": cfg.label}
         return CellWatch(cache_policy=camp.cache, sample=h.sample, nvml=self.health_nvml, gpus=h.gpus,
                          interval_s=h.interval_s, kernel_log=h.kernel_log, server_pids=pids,
-                         thresholds=camp.suspect, sampler=remote)
+                         thresholds=camp.suspect, sampler=remote, base=base)
 
     def retract_suspect(self) -> int:
         """--rerun-suspect: take the suspect records out (to retracted.jsonl, with their reasons) so exactly their
@@ -465,7 +474,7 @@ class Runner:
             written = asyncio.run(run_levels(
                 camp.base_url, self.store, todo, stall_s=t["stall_s"], level_timeout_s=t["level_s"],
                 warmup=camp.warmup, log_path=log_path, log_sync=launcher.sync_log, server_gone=launcher.gone,
-                record_skips=record_skips, on_event=self.emit, watch=self.cell_watch(launcher)))
+                record_skips=record_skips, on_event=self.emit, watch=self.cell_watch(launcher, cfg)))
             crashed = next((r for r in written if r["status"] == CRASHED), None)
             if crashed is not None and (len(written) < len(todo) or self.healer is not None):
                 broken = f"the server crashed during workload {crashed['workload']} at concurrency " \
@@ -587,6 +596,8 @@ class Runner:
         if not camp.gate_command:
             return
         ok, said = self.gate_once(cfg)
+        self.last_gate = {"status": "passed" if ok else "failed", "said": said[:400], "before": cfg.label,
+                          "at": time.time()}
         if ok:
             self.emit("note", text=f"gate passed: {said}")
             return
@@ -595,6 +606,8 @@ class Runner:
             heal = self.local.run(self.for_target(camp.heal_command), timeout=camp.timeouts["gate_s"])
             self.emit("note", text=f"gate failed; heal: {heal.describe()}")
             ok, said = self.gate_once(cfg)
+            self.last_gate = {"status": "passed after healing" if ok else "failed", "said": said[:400],
+                              "before": cfg.label, "at": time.time()}
             if ok:
                 self.emit("note", text="gate passed after healing")
                 return

@@ -124,6 +124,8 @@ class Sampler:
         self.reason: str | None = None
         self.samples: dict[int, list[dict]] = {}
         self.bus: dict[int, str | None] = {}
+        self.static: dict[int, dict] = {}  # per GPU: name, PCIe link (provenance)
+        self.versions: dict = {}  # driver and CUDA driver versions
         self.events: list[dict] = []
         self.klines: list[list] = []  # [t, at, kernel log line] of NVRM Xid lines
         self.t0 = 0.0
@@ -151,6 +153,13 @@ class Sampler:
             bus = getattr(pci, "busId", None)
             self.bus[i] = bus.decode() if isinstance(bus, bytes) else bus
             self.samples[i] = []
+            self.static[i] = {"name": _text(_call(getattr(nv, "nvmlDeviceGetName", None), h)),
+                              "pcie_gen": _call(getattr(nv, "nvmlDeviceGetCurrPcieLinkGeneration", None), h),
+                              "pcie_width": _call(getattr(nv, "nvmlDeviceGetCurrPcieLinkWidth", None), h),
+                              "pcie_gen_max": _call(getattr(nv, "nvmlDeviceGetMaxPcieLinkGeneration", None), h),
+                              "pcie_width_max": _call(getattr(nv, "nvmlDeviceGetMaxPcieLinkWidth", None), h)}
+        self.versions = {"driver": _text(_call(getattr(nv, "nvmlSystemGetDriverVersion", None))),
+                         "cuda": _cuda_text(_call(getattr(nv, "nvmlSystemGetCudaDriverVersion", None)))}
         try:
             self._evset = nv.nvmlEventSetCreate()
             for h in self._handles.values():
@@ -277,7 +286,9 @@ class Sampler:
         else:
             out = {"status": SAMPLED, "source": "nvml", "interval_s": self.interval_s, "duration_s": dur,
                    "samples": min((len(v) for v in self.samples.values()), default=0),
-                   "gpus": {str(i): summarize_gpu(ss, self.bus.get(i)) for i, ss in self.samples.items()},
+                   "gpus": {str(i): {**summarize_gpu(ss, self.bus.get(i)), **self.static.get(i, {})}
+                            for i, ss in self.samples.items()},
+                   **self.versions,
                    "events": events}
         out["kernel_log"] = self.klog.path if self.klog.reason is None else f"unavailable: {self.klog.reason}"
         out["sampler_cpu_s"] = round(self.cpu_s, 6)
@@ -314,9 +325,23 @@ def summarize_gpu(samples: list[dict], bus_id: str | None) -> dict:
         xs = [s[c] for s in samples if s.get(c) is not None]
         deltas[c] = (xs[-1] - xs[0]) if xs else None
     out["deltas"] = deltas
+    # provenance: the clocks, enforced power limit and clock-event reasons at the level's start and end
+    for name, s in (("start", samples[0] if samples else None), ("end", samples[-1] if samples else None)):
+        out[name] = None if s is None else {"sm_mhz": s.get("sm_mhz"), "mem_mhz": s.get("mem_mhz"),
+                                            "power_limit_w": s.get("power_limit_w"),
+                                            "reasons": reason_names(s.get("reasons"))}
     out["sm_mhz_series"] = [[s["t"], s["sm_mhz"], int(bool((s.get("reasons") or 0) & 0x1))]
                             for s in samples if s.get("sm_mhz") is not None]
     return out
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _cuda_text(v):
+    """NVML's CUDA driver version (12040) as "12.4"."""
+    return f"{v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v > 0 else None
 
 
 def _proc_name(pid: int) -> str | None:

@@ -241,7 +241,7 @@ async def run_levels(base_url: str, store: ResultStore, levels: list[Level], *, 
             except BaseException:
                 watch.abort()
                 raise
-            rec = watch.after(rec)
+            rec = await watch.finish(base_url, rec)
         put(rec)
         if rec["status"] == CRASHED:
             broken = f"the server crashed during {lv.spec.where}"

@@ -20,6 +20,7 @@ from gpudoctor.bench.client.openai import NATIVE, PATHS, SGLANG, parser_for, req
 from gpudoctor.bench.client.pacing import POISSON, arrival_offsets, best_pacer
 from gpudoctor.bench.client.prompts import Prompt, as_text
 from gpudoctor.bench.records.results import CRASHED, ERROR, OK, percentile
+from gpudoctor.bench.records.steady import sections as steady_sections
 from gpudoctor.bench.client.stream import (CONNECT, DISCONNECT, NativeParser, RequestResult, Watchdog, sent_trace,
                                     stream_request)
 
@@ -232,6 +233,7 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LevelSpec | Non
         "itl_source": None if not good else ("usage" if all(r.usage_per_chunk for r in good) else "per-chunk"),
         **output_length(good, spec),
         "transport_note": transport_note(good),
+        **steady_sections(results),  # per_request and steady (gpudoctor.bench.records.steady)
     }
     if late_s:
         rec["send_late_ms_p50"], rec["send_late_ms_p99"] = _ms(late_s, 50), _ms(late_s, 99)

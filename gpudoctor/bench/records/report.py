@@ -118,6 +118,37 @@ def render_heals(records: list[dict], heals: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def render_comparisons(records: list[dict], baseline: str | None, order: Order) -> list[str]:
+    """The seed's table: every method against the baseline at the same TP, per cell, with the change, its 95 %
+    interval, the test and the verdict (gpudoctor.bench.records.compare, as `bench compare` does)."""
+    from gpudoctor.bench.records.compare import compare_with
+
+    if not baseline:
+        return []
+    methods = sorted({r.get("method") or r["label"] for r in records}, key=order.method)
+    if baseline not in methods or len(methods) < 2:
+        return []
+    lines = ["## Comparisons", "", f"Each method against **{baseline}** at the same TP, workload and load "
+             "(`gpudoctor bench compare DIR:method=" + baseline + " DIR:method=M` prints the same with every metric). "
+             "Δ = (method − baseline) / baseline with its 95 % interval; * = significant. The test: Welch t on the "
+             "trials where both have two or more, else a bootstrap + Mann-Whitney U on per-request values; a verdict "
+             "needs a significant change of at least 1 %. Suspect levels are left out and named.", ""]
+    base = [r for r in records if (r.get("method") or r["label"]) == baseline]
+    for m in methods:
+        if m == baseline:
+            continue
+        mine = [r for r in records if (r.get("method") or r["label"]) == m]
+        result = compare_with(base, mine, f"method={baseline}", f"method={m}")
+        lines += render_comparison_table(result, f"{m} vs {baseline}")
+    return lines
+
+
+def render_comparison_table(result: dict, title: str) -> list[str]:
+    from gpudoctor.bench.records.compare import render_markdown_table
+
+    return render_markdown_table(result, title)
+
+
 def render_markdown(records: list[dict], baseline: str | None, title: str, plots: list[str],
                     order: Order | None = None, heals: list[dict] | None = None, plots_note: str | None = None) -> str:
     agg = aggregate(records)
@@ -176,6 +207,7 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
                              f"{rs[0]['label']} / {rs[0]['workload']} / {load_label(_load(rs[0]))}): "
                              f"{rs[0].get('diagnosis') or ''}. Fix: {rs[0].get('fix') or '—'}")
             lines.append("")
+    lines += render_comparisons(records, baseline, order)
     lines += render_trust(records, order)
     lines += render_heals(records, heals or [])
     if plots:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from gpudoctor.files.atomic import append_jsonl_atomic
 
-SCHEMA = "gpudoctor.bench/2"
-# /2 added host_health, suspect and cache (every level), multi_turn, trace and per_prompt (their workloads);
-# /1 records (without them) still load and report.
-SCHEMAS = ("gpudoctor.bench/1", SCHEMA)
+SCHEMA = "gpudoctor.bench/3"
+# /3 added per_request and steady (every level: the per-request series and its steady window), provenance (what
+# produced the record) and server_counters (the server's own Prometheus counters over the level); /2 added
+# host_health, suspect and cache (every level), multi_turn, trace and per_prompt (their workloads);
+# /1 and /2 records (without them) still load, report and compare.
+SCHEMAS = ("gpudoctor.bench/1", "gpudoctor.bench/2", SCHEMA)
 OK, CRASHED, ERROR, SKIPPED = "ok", "crashed", "error", "skipped"
 STATUSES = (OK, CRASHED, ERROR, SKIPPED)
 METRICS = ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "e2e_ms_p50", "accept_length",
@@ -75,7 +77,8 @@ def check_record(rec, path: str, line: int) -> None:
     if sus is not None and (not isinstance(sus, list) or not all(isinstance(x, dict) and isinstance(x.get("reason"), str)
                                                                  for x in sus)):
         bad("suspect must be null or a list of {reason, kind, t}")
-    for k in ("host_health", "cache", "multi_turn", "trace", "per_prompt"):
+    for k in ("host_health", "cache", "multi_turn", "trace", "per_prompt", "per_request", "steady", "provenance",
+              "server_counters"):
         if rec.get(k) is not None and not isinstance(rec[k], dict):
             bad(f"{k} must be an object or null, got {type(rec[k]).__name__}")
 
@@ -132,6 +135,8 @@ class ResultStore:
             for m in METRICS:
                 if m != "prompt_tokens_mean":
                     rec[m] = None
+            if isinstance(rec.get("steady"), dict):  # a failed level has no steady state to report
+                rec["steady"] = {"status": "not_measured", "why": f"the level is {rec['status']}"}
         append_jsonl_atomic(self.path, [rec])
         return rec
 

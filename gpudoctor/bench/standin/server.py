@@ -217,6 +217,11 @@ class StandIn:
         self.timing = open(args.timing_log, "a", buffering=1) if args.timing_log else None
         self.cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache else None
         self.xid_done = False
+        # /metrics: the counters SGLang and vLLM expose (gpudoctor.bench.cell.counters names them), since start
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def trip(self) -> None:
@@ -380,6 +385,11 @@ class StandIn:
                 if self.hung.is_set():
                     await asyncio.Event().wait()  # stop sending, keep the connection open
                 st.advance(n)
+                if st.rid != "HEALTH_CHECK":
+                    self.generation_tokens_total += n
+                    if st.steps == 1:  # prefilled: the prompt was queried against the prefix cache
+                        self.prompt_tokens_total += st.prompt_tokens
+                        self.cached_tokens_total += getattr(st, "cached", 0) or 0
                 if self.cache is not None and st.cache_key is not None:
                     if st.steps == 1:  # prefilled: the prompt is in the tree (cache_unfinished_req)
                         self.cache.insert(st.cache_key, st.prompt_tokens)
@@ -496,6 +506,36 @@ class StandIn:
             "standin": {"decode_tok_s": a.decode_tok_s, "accept_length": a.accept_length, "ttft_ms": a.ttft_ms,
                         "extra_args": self.extra},
         })
+
+    async def metrics(self, request):
+        """Prometheus text with SGLang's and vLLM's names for the same counters (their sources: SGLang
+        srt/metrics/collector.py, vLLM v1/metrics/loggers.py), so a test reads either engine's from one server."""
+        from aiohttp import web
+
+        model = (self.a.served_model_name or self.a.model_path or self.a.model or "standin").replace('"', "")
+        cap = self.a.max_running or 64
+        sg = f'model_name="{model}",tp_rank="0",dp_rank="0"'
+        vl = f'model_name="{model}",engine="0"'
+        lines = []
+        for name, kind, labels, value in (
+                ("sglang:prompt_tokens_total", "counter", sg, self.prompt_tokens_total),
+                ("sglang:cached_tokens_total", "counter", sg, self.cached_tokens_total),
+                ("sglang:generation_tokens_total", "counter", sg, self.generation_tokens_total),
+                ("sglang:num_retracted_requests_total", "counter", sg, self.preemptions_total),
+                ("sglang:token_usage", "gauge", sg, self.running / cap),
+                ("sglang:num_queue_reqs", "gauge", sg, self.waiting),
+                ("sglang:num_running_reqs", "gauge", sg, self.running),
+                ("vllm:prefix_cache_queries_total", "counter", vl, self.prompt_tokens_total),
+                ("vllm:prefix_cache_hits_total", "counter", vl, self.cached_tokens_total),
+                ("vllm:prompt_tokens_total", "counter", vl, self.prompt_tokens_total),
+                ("vllm:generation_tokens_total", "counter", vl, self.generation_tokens_total),
+                ("vllm:num_preemptions_total", "counter", vl, self.preemptions_total),
+                ("vllm:kv_cache_usage_perc", "gauge", vl, self.running / cap),
+                ("vllm:num_requests_waiting", "gauge", vl, self.waiting),
+                ("vllm:num_requests_running", "gauge", vl, self.running)):
+            base = name[:-6] if kind == "counter" else name
+            lines += [f"# HELP {base} stand-in", f"# TYPE {base} {kind}", f"{name}{{{labels}}} {float(value)}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def flush_cache(self, request):
         from aiohttp import web
@@ -762,6 +802,8 @@ def build_app(state: StandIn):
     r.add_get("/v1/models", state.models)
     r.add_post("/v1/completions", state.completions)
     r.add_post("/v1/chat/completions", state.chat)
+    if state.flavor != "openai":  # transformers serve has no /metrics
+        r.add_get("/metrics", state.metrics)
     if state.flavor in ("vllm", "openai"):
         return app
     r.add_get("/health_generate", state.health)
