@@ -94,12 +94,15 @@ def test_standin_records_carry_counters_provenance_and_the_gate_judges_them(stan
     assert "gpudoctor.bench.standin" in " ".join(pv["server"]["command"])  # --server-pid: its /proc cmdline
     assert pv["gpu"]["status"] in ("read", "unknown") and pv["numa"]["status"] in ("read", "unknown")
     assert r["steady"]["status"] in ("steady", "too_short") and len(r["per_request"]["rows"]) == 24
-    gate = ("--fail-if", "output_tok_per_s < -5%")
+    # one trial per side: the per-request test sees only the run's own noise, and two runs on a loaded 2-core machine
+    # differ by more than 5 % (measured: -5.9 %, p=3e-06, for A vs A); the threshold is above that, as in
+    # test_compare_transformers.py, and a third slower is far beyond it (docs/bench.md: trials are the stronger evidence)
+    gate = ("--fail-if", "output_tok_per_s < -15%")
     same = run_cli("bench", "compare", str(tmp_path / "a1"), str(tmp_path / "a2"), *gate)
     assert same.returncode == 0, same.stdout + same.stderr
     worse = run_cli("bench", "compare", str(tmp_path / "a1"), str(tmp_path / "b"), *gate)
     assert worse.returncode == 1, worse.stdout + worse.stderr
-    assert "GATE FAIL output_tok_per_s < -5%" in worse.stdout and "SLOWER" in worse.stdout
+    assert "GATE FAIL output_tok_per_s < -15%" in worse.stdout and "SLOWER" in worse.stdout
     assert "Mann-Whitney" in worse.stdout
     rep = run_cli("bench", "report", str(tmp_path / "a1"), "--no-plots")
     assert rep.returncode == 0, rep.stderr
