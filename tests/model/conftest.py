@@ -68,6 +68,31 @@ def shm_dir():
     shutil.rmtree(p, ignore_errors=True)
 
 
+@pytest.fixture
+def disk_dir():
+    """A fresh directory on a disk-backed filesystem (not tmpfs), wherever /tmp lives: /var/tmp, which the FHS keeps
+    across reboots (Debian 13 mounts /tmp as tmpfs, /var/tmp stays on disk). Removed afterwards."""
+    import shutil
+    import tempfile
+
+    from tests import needs
+
+    base = "/var/tmp"
+    fstype = None
+    best = ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            mnt, kind = line.split()[1:3]
+            mnt = mnt.replace("\\040", " ")
+            if (base == mnt or base.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, kind
+    if fstype in (None, "tmpfs", "ramfs"):
+        needs.unavailable(f"no disk-backed directory for this test: {base} is on {fstype}")
+    p = Path(tempfile.mkdtemp(prefix="gpudoctor-test-", dir=base))
+    yield p
+    shutil.rmtree(p, ignore_errors=True)
+
+
 def make_root(root: Path, *, mounts: str, cgroup: str = "0::/\n", boot_id: str = "b0000000-0000-0000-0000-000000000001",
               meminfo: str | None = None, cgroup_files: dict | None = None) -> Path:
     """A fake host tree for LocalHost(root=...): /proc/mounts, /proc/self/cgroup, boot_id, meminfo, cgroup files."""
