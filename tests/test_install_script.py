@@ -110,7 +110,9 @@ def test_an_ordinary_users_install_lands_in_local_bin_linked_to_its_own_venv(use
     (["--extras", "test;rm"], {}, "install.sh: --extras 'test;rm': only comma-separated extra names (test,plots)"),
     (["--wheels", "/nonexistent"], {}, "install.sh: --wheels /nonexistent: no such directory"),
     ([], {"PYTHON": "/nonexistent/python3"},
-     "install.sh: /nonexistent/python3: not found (Debian/Ubuntu: apt-get install python3; or set PYTHON=)"),
+     "install.sh: /nonexistent/python3: not found (Debian/Ubuntu, as root: apt-get update && apt-get install python3; "
+     "or set PYTHON=)"),
+    (["--run"], {}, "install.sh: --run needs a gpudoctor command (e.g. --run check)"),
 ])
 def test_bad_input_is_one_line_exit_3_and_nothing_is_made(user_home, args, env, line):
     home, src, _ = user_home
@@ -128,3 +130,30 @@ def test_a_directory_that_is_not_a_venv_is_left_alone(user_home):
     assert r.returncode == 3
     assert r.stderr == f"install.sh: {mine} exists and is not a virtual environment: move it away or set GPUDOCTOR_HOME\n"
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (home / ".local").exists()
+
+
+def test_run_uses_this_install_and_says_which_gpudoctor_the_shell_would_run(user_home):
+    """README line 1 (`./install.sh --run check`) as an ordinary user: ~/.local/bin is not on PATH yet, and root's
+    /usr/local/bin/gpudoctor (here a stand-in earlier on PATH) would answer `gpudoctor`. install.sh says so in one line
+    and runs its own install by full path, never the other one (#34)."""
+    home, src, _ = user_home
+    other = home.parent / "other-bin"
+    other.mkdir()
+    (other / "gpudoctor").write_text("#!/bin/sh\necho 'gpudoctor 0.0.9 (root)'; echo OTHER-INSTALL-RAN >&2\n")
+    (other / "gpudoctor").chmod(0o755)
+    link = home / ".local/bin/gpudoctor"
+    # --run's command: `--version` of this install's script (no dependencies are installed offline here; the
+    # trixie stage of .ci/debian runs the real `--run check` as a new user, exit 2)
+    r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{other}:/usr/bin:/bin"})
+    assert "OTHER-INSTALL-RAN" not in r.stderr  # the other install's --version was read, never its `--run` command
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("install.sh: note:")]
+    assert notes == [f"install.sh: note: `gpudoctor` in this shell is {other}/gpudoctor (another install: gpudoctor "
+                     f"0.0.9 (root)), not this one: run {link.parent}/gpudoctor, or put {link.parent} first on PATH"]
+    assert f"install.sh: running this install's {link} --version" in r.stderr
+    # nothing on PATH at all: the PATH line, and --run still runs this install
+    r = run_install(user_home, "--run", "--version")
+    assert f"{home}/.local/bin is not on your PATH yet" in r.stderr and "note:" not in r.stderr
+    assert f"install.sh: running this install's {link} --version" in r.stderr
+    # this install first on PATH: not a word about it
+    r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{link.parent}:{other}:/usr/bin:/bin"})
+    assert "note:" not in r.stderr and "running this install's" not in r.stderr and "not on your PATH" not in r.stderr
