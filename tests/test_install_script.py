@@ -28,6 +28,20 @@ SOURCES = ("pyproject.toml", "README.md", "install.sh", "gpudoctor", "checks", "
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEBIAN_WHEEL = "/usr/lib/python3/dist-packages/wheel"  # python3-wheel: setuptools 66 builds wheels with it
+DEBIAN_SETUPTOOLS = "/usr/lib/python3/dist-packages/setuptools"  # python3-setuptools (Python >= 3.12, below)
+
+
+def _venv_lacks_setuptools() -> bool:
+    """Python 3.12 stopped putting setuptools into new venvs (Debian 13's 3.13 too): the offline build of the checkout
+    then needs Debian's python3-setuptools beside Debian's wheel."""
+    v = subprocess.run([_system_python(), "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True,
+                       text=True).stdout.strip()
+    if v != "True":
+        return False
+    if not os.path.isdir(DEBIAN_SETUPTOOLS):
+        needs.unavailable(f"the user route of install.sh on Python >= 3.12 needs Debian's setuptools{needs.MARK}: "
+                          "apt-get install python3-setuptools")
+    return True
 
 
 def _system_python() -> str:
@@ -58,6 +72,11 @@ def user_home():
         build_path.mkdir()
         for p in Path(DEBIAN_WHEEL).parent.glob("wheel*"):  # the module and its metadata (the bdist_wheel command)
             (build_path / p.name).symlink_to(p)
+        if _venv_lacks_setuptools():  # Python >= 3.12: venvs get pip only; Debian's setuptools builds it then
+            for p in [*Path(DEBIAN_SETUPTOOLS).parent.glob("setuptools*"), *(Path(DEBIAN_SETUPTOOLS).parent / n
+                      for n in ("pkg_resources", "_distutils_hack"))]:
+                if p.exists():
+                    (build_path / p.name).symlink_to(p)
         if os.geteuid() == 0:
             if not shutil.which("setpriv"):
                 needs.missing("unshare", "setpriv (util-linux)")
