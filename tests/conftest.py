@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,7 @@ def _dev_mount(tmp_path_factory):
 def dev_tmp_path(request, _dev_mount, tmp_path_factory):
     """A fresh directory where device nodes work whatever /tmp's mount options (tests/devmount.py)."""
     if os.geteuid() != 0:  # no mknod anyway: those tests skip through needs.root()
-        yield tmp_path_factory.mktemp(request.node.name[:30], numbered=True)
+        yield tmp_path_factory.mktemp(re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:30], numbered=True)
         return
     d = _dev_mount.directory(request.node.name)
     yield d
