@@ -8,10 +8,14 @@
 # Where `python3 -m venv` does not work (Debian/Ubuntu without python3-venv) and we are root with apt, python3-venv
 # is installed first. Run it again to upgrade: the same venv is reused. docs/install.md explains the routes.
 #
-# usage: ./install.sh [--extras LIST] [--wheels DIR] [--where] [--help]
+# usage: ./install.sh [--extras LIST] [--wheels DIR] [--where] [--help] [--run GPUDOCTOR-ARGS...]
 #   --extras LIST  also install these extras of the package (comma-separated: test, plots, tokenizers)
 #   --wheels DIR   offline: install only from the wheels in DIR (pip --no-index --find-links DIR)
 #   --where        print the venv directory this install uses and exit
+#   --run ARGS...  then run THIS install's gpudoctor with the rest of the line (`--run check`: README line 1), by its
+#                  full path: it works before ~/.local/bin is on PATH, and never runs another install's gpudoctor
+# When `gpudoctor` in the calling shell is not this install's (not on PATH yet, or root's /usr/local/bin/gpudoctor
+# found first), install.sh says so in one line.
 # environment: PYTHON (default python3), GPUDOCTOR_HOME (the venv), GPUDOCTOR_BIN (where the command is linked)
 set -eu
 
@@ -26,6 +30,7 @@ while [ $# -gt 0 ]; do
     --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; wheels=$2; shift 2;;
     --wheels=*) wheels=${1#--wheels=}; shift;;
     --where) where=1; shift;;
+    --run) shift; [ $# -ge 1 ] || die "--run needs a gpudoctor command (e.g. --run check)"; run=1; break;;
     -h|--help) sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
     *) die "unknown option '$1' (see ./install.sh --help)";;
   esac
@@ -48,7 +53,7 @@ if [ -n "$wheels" ]; then
 fi
 
 py=${PYTHON:-python3}
-command -v "$py" >/dev/null 2>&1 || die "$py: not found (Debian/Ubuntu: apt-get install python3; or set PYTHON=)"
+command -v "$py" >/dev/null 2>&1 || die "$py: not found (Debian/Ubuntu, as root: apt-get update && apt-get install python3; or set PYTHON=)"
 ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "$py does not run"
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$py is Python $ver; gpudoctor needs Python >= 3.10"
 
@@ -69,7 +74,7 @@ if ! "$home/bin/python" -c 'import sys' >/dev/null 2>&1; then
       "$py" -m venv "$home" >"$log" 2>&1 || { cat "$log" >&2; rm -rf "$home" "$log"; die "$py -m venv $home failed"; }
     else
       rm -f "$log"
-      die "$py -m venv does not work here (Debian/Ubuntu: an administrator runs 'apt-get install python$ver-venv')"
+      die "$py -m venv does not work here (Debian/Ubuntu: an administrator runs 'apt-get update && apt-get install python$ver-venv')"
     fi
   fi
   rm -f "$log"
@@ -78,9 +83,10 @@ fi
 spec=$src
 [ -z "$extras" ] || spec="$src[$extras]"
 say "pip install $spec into $home${wheels:+ (offline, wheels from $wheels)}"
-set -- --disable-pip-version-check install -q
-[ -z "$wheels" ] || set -- "$@" --no-index --find-links "$wheels"
-if ! (cd "$src" && "$home/bin/python" -m pip "$@" "$spec"); then
+offline=''
+[ -z "$wheels" ] || offline="--no-index --find-links"
+# $offline unquoted on purpose: empty, or two words followed by the (quoted) directory; "$@" holds --run's arguments
+if ! (cd "$src" && "$home/bin/python" -m pip --disable-pip-version-check install -q $offline ${wheels:+"$wheels"} "$spec"); then
   [ -z "$fresh" ] || rm -rf "$home"
   die "pip install failed (above); nothing was linked"
 fi
@@ -92,7 +98,16 @@ fi
 ln -sfn "$home/bin/gpudoctor" "$bin/gpudoctor.new.$$" && mv -f "$bin/gpudoctor.new.$$" "$bin/gpudoctor"
 version=$("$bin/gpudoctor" --version 2>/dev/null || true)
 say "installed ${version:-gpudoctor}: $bin/gpudoctor -> $home/bin/gpudoctor"
-case ":$PATH:" in
-  *":$bin:"*) ;;
-  *) say "$bin is not on your PATH: run $bin/gpudoctor, or add $bin to PATH (Debian's ~/.profile adds ~/.local/bin at the next login once it exists)";;
-esac
+# What `gpudoctor` means in the calling shell: this install, nothing yet, or another install found first on PATH.
+found=$(command -v gpudoctor 2>/dev/null || true)
+mine=$(readlink -f "$bin/gpudoctor")
+if [ -z "$found" ]; then
+  say "$bin is not on your PATH yet: run $bin/gpudoctor, or log in again (Debian's ~/.profile adds ~/.local/bin once it exists)"
+elif [ "$(readlink -f "$found")" != "$mine" ]; then
+  other=$("$found" --version 2>/dev/null || true)
+  say "note: \`gpudoctor\` in this shell is $found (another install${other:+: $other}), not this one: run $bin/gpudoctor, or put $bin first on PATH"
+fi
+if [ -n "${run:-}" ]; then
+  [ -n "$found" ] && [ "$(readlink -f "$found")" = "$mine" ] || say "running this install's $bin/gpudoctor $*"
+  exec "$bin/gpudoctor" "$@"
+fi

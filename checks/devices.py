@@ -231,6 +231,16 @@ def _cap_role(facts, path: str, node: dict) -> tuple[str, str]:
     return "GPU capability", "use this capability (MIG instances)"
 
 
+def _eacces_why(facts, p: str, n: dict, access: str) -> str:
+    """EACCES names the file mode only where the mode refuses this user: where it grants the access (root, or 0666),
+    the refusal comes from the mount (`nodev`: no device node there ever opens) or a security module."""
+    ident = (facts.get("devices") or {}).get("identity")
+    if mode_grants(ident, n, access) is not True:
+        return ERRNO_MEANING["EACCES"]
+    return (f"not the file mode (mode {n.get('mode', 0):04o} grants {_who(ident)} {access}): the filesystem holding "
+            f"{p} is mounted nodev (no device node there opens), or a security module (AppArmor, SELinux) denies it")
+
+
 def _who(identity: dict | None) -> str:
     if not identity:
         return "this user"
@@ -259,7 +269,7 @@ def _capability_open(facts, p: str, n: dict) -> Finding:
         return Finding("devices.node.open", Status.INFO,
                        f"{p} is the {role} capability: {_who(ident)} {held} it (needed only to {needed_for})",
                        subject=p, evidence=ev, data={"errno": r, "access": acc, "by_design": True})
-    why = ERRNO_MEANING.get(r, "refused")
+    why = _eacces_why(facts, p, n, acc) if r == "EACCES" else ERRNO_MEANING.get(r, "refused")
     return Finding("devices.node.open", Status.WARN, f"open({p}) → {r}: {why} ({role} capability)", subject=p,
                    evidence=ev, data={"errno": r, "access": acc})
 
@@ -292,6 +302,8 @@ def opened(facts):
                                evidence=[f"open({p}, O_RDWR) → no answer within the deadline"]))
         elif r:
             why = ERRNO_MEANING.get(r, "refused")
+            if r == "EACCES":
+                why = _eacces_why(facts, p, n, "rw")
             extra = f" although its mode is {n.get('mode', 0):04o}" if r == "EPERM" else ""
             cg = _cgroup_proof(facts, r)
             ev = [f"open({p}, O_RDWR) → {r}{extra}", f"node {n.get('major')}:{n.get('minor')}", *cg["evidence"]]

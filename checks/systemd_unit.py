@@ -50,10 +50,14 @@ def device_allow(facts):
         if show is None:
             # The unit this probe runs in was found, not asked for: its own opens (devices.node.open) already show
             # what its policy does, so an unreadable policy is information there, and "could not probe" when named.
+            # Why systemctl could not answer is its own story (no systemctl, no systemd as PID 1), never the driver's:
+            # explained_by=() keeps it from being called a symptom of host.driver.loaded.
+            why = " (systemctl is not installed here)" if u.get("rc") == 127 else ""
             out.append(Finding("boundary.systemd.device_allow", Status.INFO if probe else Status.UNKNOWN,
-                               f"cannot read {unit}'s device policy" + (" (the unit this check runs in; its device "
-                                                                          "opens are checked directly)" if probe else ""),
-                               subject=unit, evidence=[u.get("error") or "systemctl show failed"]))
+                               f"cannot read {unit}'s device policy{why}" + (" (the unit this check runs in; its "
+                                                                             "device opens are checked directly)"
+                                                                             if probe else ""),
+                               subject=unit, evidence=[u.get("error") or "systemctl show failed"], explained_by=()))
             continue
         if show.get("LoadState") not in (None, "loaded"):
             out.append(Finding("boundary.systemd.device_allow", Status.WARN if not probe else Status.UNKNOWN,

@@ -36,6 +36,20 @@ def _nvml_procs(facts) -> dict[int, list[dict]]:
     return out
 
 
+def _nvml_answered(facts) -> "bool | str":
+    """True when NVML's process lists were read (nvidia-smi -q -x answered), else the one line saying why not."""
+    d = facts.get("driver")
+    if not d:
+        return "NVML not asked: no driver facts in this run"
+    if d.get("rc") == 0 and not d.get("parse_error"):
+        return True
+    if d.get("timed_out"):
+        return f"NVML not asked: nvidia-smi did not answer in {d.get('timeout_s')} s"
+    if d.get("rc") == 127:
+        return "NVML not asked: nvidia-smi is not installed"
+    return f"NVML not asked: nvidia-smi exited {d.get('rc')}" + (f" ({d['stderr'][:120]})" if d.get("stderr") else "")
+
+
 def _bench_words(b: dict | None) -> str | None:
     if not b:
         return None
@@ -113,6 +127,10 @@ def processes(facts):
             + (f", {len(procs.get('unreadable') or {})} not inspectable as uid {procs.get('self_user')}"
                if procs.get("unreadable") else "")) if procs else "no process scan (NVML only)"
     if not found:
+        nvml = _nvml_answered(facts)
+        if nvml is not True:  # only the device-node scan spoke: GPU memory was not listed by anyone
+            return Finding("workload.gpu.processes", Status.OK, "No other process holds a GPU device node "
+                           "(GPU memory not listed: NVML was not asked)", evidence=[scan, nvml])
         return Finding("workload.gpu.processes", Status.OK, "No other process holds GPU memory or a GPU device node",
                        evidence=[scan, "NVML: no compute or graphics process listed"])
     out = []

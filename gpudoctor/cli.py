@@ -129,6 +129,9 @@ class _PipeAware(SafeStream):
 
     pipe_closed = False
 
+    def broken_pipe(self) -> None:  # the rich Console's writes bypass write() (term.RawWriter)
+        self.pipe_closed = True
+
     def write(self, s) -> int:
         try:
             return super().write(s)

@@ -176,6 +176,22 @@ def _upstream_failure(pattern: str, findings: list[Finding]) -> str | None:
     return None
 
 
+def _missing_hint(pattern: str, findings: list[Finding], upstream: str | None) -> str:
+    """What a required check that did not run needs, from what it depends on: a model only for the model checks."""
+    from gpudoctor.checkreg import CHECKS, all_checks, depends
+
+    if fnmatch.fnmatchcase("workload.model.x", pattern):
+        return "give the model checks a model: --model PATH, or model_paths in the inventory"
+    if upstream:
+        return f"it runs once {upstream} passes: fix that first"
+    all_checks()
+    specs = [s for s in CHECKS.values() if fnmatch.fnmatchcase(s.id, pattern)]
+    for f in findings:  # a dependency that answered nothing usable (nvidia-smi absent: NVML never probed)
+        if f.status in (Status.UNKNOWN, Status.WARN) and any(depends(s, f.id) for s in specs):
+            return f"it needs {f.key}, which could not tell: {f.summary}"
+    return "it found nothing to judge here: `gpudoctor checks` says what it reads"
+
+
 def evaluate(diagnosis, profile: Profile) -> GateResult:
     """Which findings block under this profile: root causes first, then their symptoms."""
     findings: list[Finding] = list(diagnosis.findings)
@@ -195,9 +211,9 @@ def evaluate(diagnosis, profile: Profile) -> GateResult:
     for pat in profile.require:
         matched = [f for f in findings if fnmatch.fnmatchcase(f.id, pat)]
         if not matched:
+            upstream = _upstream_failure(pat, findings)
             blockers[pat] = Blocker(pat, "missing", f"required check {pat} did not run on this host",
-                                    "give the check what it needs (e.g. --model PATH or model_paths in the inventory)",
-                                    symptom_of=_upstream_failure(pat, findings), required=True)
+                                    _missing_hint(pat, findings, upstream), symptom_of=upstream, required=True)
         for f in matched:
             if f.status in (Status.FAIL, Status.UNKNOWN) and not _match(f.id, profile.ignore):
                 add(f, f.status.value, True)

@@ -7,6 +7,7 @@ overrides. Every character that is not printable is shown as a Python-style esca
     printable(s)              a value as one line: newlines and tabs escaped too (use for every interpolated value)
     markup(s)                 printable() and rich-markup escaped, for text given to rich
     console(stderr=False)     a rich Console whose every string is made printable (newlines kept) before rendering
+    RawWriter(safe)           what that Console writes to: the raw stream, a closed pipe still told to `safe`
     SafeStream(stream)        what cli.main puts on sys.stdout/sys.stderr: every write keeps only \\n and \\t
 
 report.py renders with these; cli.main installs SafeStream so a line that forgot printable() is still safe.
@@ -59,7 +60,7 @@ def console(*, stderr: bool = False, **kw):
             return super().render_str(printable(text, keep_newlines=True), **kwargs)
 
     stream = sys.stderr if stderr else sys.stdout
-    return _SafeConsole(file=getattr(stream, "raw_stream", stream), **kw)
+    return _SafeConsole(file=RawWriter(stream) if isinstance(stream, SafeStream) else stream, **kw)
 
 
 class SafeStream:
@@ -77,7 +78,36 @@ class SafeStream:
         for line in lines:
             self.write(line)
 
+    def broken_pipe(self) -> None:
+        """A writer that bypasses this wrapper (RawWriter) met a closed pipe; cli.main's wrapper remembers it."""
+
     def __getattr__(self, name):  # flush, fileno, isatty, encoding, errors, ...
         if name == "buffer":  # no way around the rule: click then writes text through write()
             raise AttributeError(name)
         return getattr(self.raw_stream, name)
+
+
+class RawWriter:
+    """The stream under a SafeStream, for a writer that escapes its own text (console()'s rich Console, whose colour
+    codes must pass): a write or flush to a closed pipe is told to the SafeStream, so that `gpudoctor check | head`
+    ends with cli.main's exit 141 as every other command does."""
+
+    def __init__(self, safe: SafeStream):
+        self._safe = safe
+
+    def write(self, s) -> int:
+        try:
+            return self._safe.raw_stream.write(s)
+        except BrokenPipeError:
+            self._safe.broken_pipe()
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._safe.raw_stream.flush()
+        except BrokenPipeError:
+            self._safe.broken_pipe()
+            raise
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...
+        return getattr(self._safe.raw_stream, name)

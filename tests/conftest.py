@@ -10,11 +10,14 @@
                     `fake.write("/etc/pve/lxc/200.conf", text)` then `fake.host.read_file("/etc/pve/lxc/200.conf")`
     cut_proxy       function: factory cut_proxy(cut_after=N) -> CutProxy in front of `sshd` (fault injection)
     unused_major    session: a character-device major absent from /proc/devices (open() gives ENXIO)
+    dev_tmp_path    function: like tmp_path, but where mknod'ed nodes open as on /dev (a tmpfs without nodev, as root;
+                    tests/devmount.py). A module that makes device nodes overrides its tmp_path with it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ finally:
 os.environ["PYTHONSAFEPATH"] = "1"
 
 from tests import needs  # noqa: E402
+from tests.devmount import DevMount, remove  # noqa: E402
 from tests.sshd import SSHD, CutProxy, start_sshd  # noqa: E402
 
 
@@ -145,3 +149,21 @@ def unused_major() -> int:
         if section and section.startswith("Character") and line.strip():
             used.add(int(line.split()[0]))
     return next(m for m in range(240, 255) if m not in used)
+
+
+@pytest.fixture(scope="session")
+def _dev_mount(tmp_path_factory):
+    mount = DevMount(tmp_path_factory.getbasetemp() / "dev-capable")
+    yield mount
+    mount.close()
+
+
+@pytest.fixture
+def dev_tmp_path(request, _dev_mount, tmp_path_factory):
+    """A fresh directory where device nodes work whatever /tmp's mount options (tests/devmount.py)."""
+    if os.geteuid() != 0:  # no mknod anyway: those tests skip through needs.root()
+        yield tmp_path_factory.mktemp(re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:30], numbered=True)
+        return
+    d = _dev_mount.directory(request.node.name)
+    yield d
+    remove(d)

@@ -83,6 +83,15 @@ def root() -> None:
         unavailable(ROOT_LINE)
 
 
+def opt_in(var: str, line: str) -> None:
+    """A real component too heavy to fetch unasked (gigabytes): outside CI the test is skipped with ONE line saying
+    what it costs and how to ask for it (`var=1`); with `var=1`, or under CI=true (CI builds everything), the caller
+    goes on and builds it."""
+    if in_ci() or os.environ.get(var, "").lower() in ("1", "true", "yes"):
+        return
+    pytest.skip(f"{line}{MARK}: opt in with {var}=1")
+
+
 CGROUP_V1_DEVICES = "/sys/fs/cgroup/devices"
 
 

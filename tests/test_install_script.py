@@ -28,6 +28,20 @@ SOURCES = ("pyproject.toml", "README.md", "install.sh", "gpudoctor", "checks", "
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEBIAN_WHEEL = "/usr/lib/python3/dist-packages/wheel"  # python3-wheel: setuptools 66 builds wheels with it
+DEBIAN_SETUPTOOLS = "/usr/lib/python3/dist-packages/setuptools"  # python3-setuptools (Python >= 3.12, below)
+
+
+def _venv_lacks_setuptools() -> bool:
+    """Python 3.12 stopped putting setuptools into new venvs (Debian 13's 3.13 too): the offline build of the checkout
+    then needs Debian's python3-setuptools beside Debian's wheel."""
+    v = subprocess.run([_system_python(), "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True,
+                       text=True).stdout.strip()
+    if v != "True":
+        return False
+    if not os.path.isdir(DEBIAN_SETUPTOOLS):
+        needs.unavailable(f"the user route of install.sh on Python >= 3.12 needs Debian's setuptools{needs.MARK}: "
+                          "apt-get install python3-setuptools")
+    return True
 
 
 def _system_python() -> str:
@@ -58,6 +72,11 @@ def user_home():
         build_path.mkdir()
         for p in Path(DEBIAN_WHEEL).parent.glob("wheel*"):  # the module and its metadata (the bdist_wheel command)
             (build_path / p.name).symlink_to(p)
+        if _venv_lacks_setuptools():  # Python >= 3.12: venvs get pip only; Debian's setuptools builds it then
+            for p in [*Path(DEBIAN_SETUPTOOLS).parent.glob("setuptools*"), *(Path(DEBIAN_SETUPTOOLS).parent / n
+                      for n in ("pkg_resources", "_distutils_hack"))]:
+                if p.exists():
+                    (build_path / p.name).symlink_to(p)
         if os.geteuid() == 0:
             if not shutil.which("setpriv"):
                 needs.missing("unshare", "setpriv (util-linux)")
@@ -110,7 +129,9 @@ def test_an_ordinary_users_install_lands_in_local_bin_linked_to_its_own_venv(use
     (["--extras", "test;rm"], {}, "install.sh: --extras 'test;rm': only comma-separated extra names (test,plots)"),
     (["--wheels", "/nonexistent"], {}, "install.sh: --wheels /nonexistent: no such directory"),
     ([], {"PYTHON": "/nonexistent/python3"},
-     "install.sh: /nonexistent/python3: not found (Debian/Ubuntu: apt-get install python3; or set PYTHON=)"),
+     "install.sh: /nonexistent/python3: not found (Debian/Ubuntu, as root: apt-get update && apt-get install python3; "
+     "or set PYTHON=)"),
+    (["--run"], {}, "install.sh: --run needs a gpudoctor command (e.g. --run check)"),
 ])
 def test_bad_input_is_one_line_exit_3_and_nothing_is_made(user_home, args, env, line):
     home, src, _ = user_home
@@ -128,3 +149,30 @@ def test_a_directory_that_is_not_a_venv_is_left_alone(user_home):
     assert r.returncode == 3
     assert r.stderr == f"install.sh: {mine} exists and is not a virtual environment: move it away or set GPUDOCTOR_HOME\n"
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (home / ".local").exists()
+
+
+def test_run_uses_this_install_and_says_which_gpudoctor_the_shell_would_run(user_home):
+    """README line 1 (`./install.sh --run check`) as an ordinary user: ~/.local/bin is not on PATH yet, and root's
+    /usr/local/bin/gpudoctor (here a stand-in earlier on PATH) would answer `gpudoctor`. install.sh says so in one line
+    and runs its own install by full path, never the other one (#34)."""
+    home, src, _ = user_home
+    other = home.parent / "other-bin"
+    other.mkdir()
+    (other / "gpudoctor").write_text("#!/bin/sh\necho 'gpudoctor 0.0.9 (root)'; echo OTHER-INSTALL-RAN >&2\n")
+    (other / "gpudoctor").chmod(0o755)
+    link = home / ".local/bin/gpudoctor"
+    # --run's command: `--version` of this install's script (no dependencies are installed offline here; the
+    # trixie stage of .ci/debian runs the real `--run check` as a new user, exit 2)
+    r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{other}:/usr/bin:/bin"})
+    assert "OTHER-INSTALL-RAN" not in r.stderr  # the other install's --version was read, never its `--run` command
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("install.sh: note:")]
+    assert notes == [f"install.sh: note: `gpudoctor` in this shell is {other}/gpudoctor (another install: gpudoctor "
+                     f"0.0.9 (root)), not this one: run {link.parent}/gpudoctor, or put {link.parent} first on PATH"]
+    assert f"install.sh: running this install's {link} --version" in r.stderr
+    # nothing on PATH at all: the PATH line, and --run still runs this install
+    r = run_install(user_home, "--run", "--version")
+    assert f"{home}/.local/bin is not on your PATH yet" in r.stderr and "note:" not in r.stderr
+    assert f"install.sh: running this install's {link} --version" in r.stderr
+    # this install first on PATH: not a word about it
+    r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{link.parent}:{other}:/usr/bin:/bin"})
+    assert "note:" not in r.stderr and "running this install's" not in r.stderr and "not on your PATH" not in r.stderr

@@ -133,6 +133,18 @@ def _major_words(major) -> str:
     return f"c {major}:*" if major is not None else "its major"
 
 
+def nvidia_on_pci_bus(facts: dict) -> str | bool | None:
+    """The NVIDIA display devices gpudoctor's sysfs probe listed (fabric facts): their addresses, False when it read
+    sysfs (it listed the NUMA nodes beside /sys/bus/pci) and found none, None when it could not tell (no fabric
+    facts, the probe failed, sysfs not there)."""
+    fab = facts.get("fabric") or {}
+    gpus = fab.get("gpus") or []
+    if gpus:
+        return ", ".join(str(g.get("bdf")) for g in gpus[:4]) + (" …" if len(gpus) > 4 else "")
+    answered = "gpus" in fab and not fab.get("error") and not fab.get("timed_out")
+    return False if answered and fab.get("numa_nodes") else None
+
+
 def fix_text(facts: dict, problem: str, *, node: str | None = None, major: int | None = None,
              minor: int | None = None, plat: Platform | None = None) -> str:
     """What to do about a device-node problem on this platform. problem: denied | missing | stale | no_driver."""
@@ -195,8 +207,15 @@ def fix_text(facts: dict, problem: str, *, node: str | None = None, major: int |
         if plat.oci:
             return ("Load the NVIDIA driver on the host (modprobe nvidia, or the gpu-operator driver container); "
                     "a container shares the host's kernel.")
+        seen = nvidia_on_pci_bus(facts)
+        if seen is False:  # gpudoctor read the PCI vendor ids itself: no lspci to suggest (absent on a minbase)
+            if k == "vm":
+                return ("No NVIDIA device on this VM's PCI bus (/sys/bus/pci/devices has no vendor 10de display "
+                        "device): pass the GPU through to the VM (Proxmox: a hostpciN: line), then load the driver.")
+            return ("No NVIDIA device on the PCI bus (/sys/bus/pci/devices has no vendor 10de display device): no "
+                    "driver can help until one is seated, powered and enabled in the firmware.")
+        on_bus = f" (the GPU is on the PCI bus: {seen})" if seen else ""
         if k == "vm":
-            return ("Install and load the NVIDIA driver in this VM (modprobe nvidia), and check the GPU is passed "
-                    "through to it (lspci -d 10de:).")
-        return "Install or load the NVIDIA driver (modprobe nvidia)."
+            return f"Install and load the NVIDIA driver in this VM (modprobe nvidia){on_bus}."
+        return f"Install or load the NVIDIA driver (modprobe nvidia){on_bus}."
     raise ValueError(f"unknown problem {problem!r}")

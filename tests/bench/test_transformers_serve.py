@@ -11,6 +11,7 @@ import json
 import pytest
 
 from tests.bench.conftest import run_cli
+from tests import needs
 from tests.needs import unavailable
 
 MAX_TOKENS = 12
@@ -20,6 +21,8 @@ MAX_TOKENS = 12
 def tfserve(tmp_path_factory):
     from tests.bench import transformers_lab as lab
 
+    if not lab.venv_ok(lab.venv_dir()):  # not built yet: gigabytes, only when asked for (CI always builds it)
+        needs.opt_in(lab.OPT_IN, lab.COST)
     venv, why = lab.ensure_venv()
     if venv is None:
         unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are skipped)")

@@ -7,7 +7,9 @@ HF cache is an empty temp dir, so GET /v1/models lists no model, as on a server 
 
 `python -m tests.bench.transformers_lab build` builds the venv (.ci/run does, and times it); `ensure_venv()` builds it
 when missing and returns None (with why) when it cannot be built: the lab then skips with one line, or fails under
-CI=true.
+CI=true. The build is heavy where pip gets torch from PyPI (its Linux wheel is the CUDA build: 4.9 GB in the cache,
+146 s, #34), so outside CI a missing venv is built only on request (OPT_IN=1, or the `build` command): README line 2
+never downloads gigabytes unasked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ TORCH = "2.13.0"
 TRANSFORMERS = "5.17.0"
 PACKAGES = (f"torch=={TORCH}", f"transformers[serving]=={TRANSFORMERS}", "requests", "tokenizers")
 CACHE = Path(os.environ.get("GPUDOCTOR_TEST_CACHE", "/var/cache/gpudoctor-tests"))
+OPT_IN = "GPUDOCTOR_TEST_TFSERVE"
+COST = ("the transformers serve lab builds a venv with torch (from PyPI the CUDA build: about 5 GB under "
+        f"{CACHE}, 2-3 min)")
 HERE = Path(__file__).resolve().parent
 
 

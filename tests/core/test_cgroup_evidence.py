@@ -23,6 +23,7 @@ from gpudoctor.diagnose import diagnose
 from gpudoctor.gather import gather
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.local import LocalHost
+
 facts = gather(LocalHost(root=sys.argv[1], python=[sys.executable]), GatherContext(name="t"), only={"devices"})
 d = diagnose(facts, only_layers={"devices"})
 f = d.by_key()["devices.node.open[/dev/nvidia-uvm]"]
@@ -35,6 +36,12 @@ def _cgdev():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import click
 import pytest
@@ -52,8 +53,14 @@ def _into_closed_pipe(*args, stderr_too=False) -> tuple[int, str]:
     return p.returncode, (p.stderr or b"").decode()
 
 
-@pytest.mark.parametrize("args", [["checks"], ["checks", "--json"], ["--help"], ["lxc"], ["check", "--json"]],
-                         ids=" ".join)
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "h200-uvm-blocked.json")
+
+
+# `check` and `check --snapshot` render with rich (term.console), which writes beneath cli.main's stream wrapper: the
+# closed pipe must still reach it (#34: they exited 1, Nagios WARNING, for failing and healthy hosts alike)
+@pytest.mark.parametrize("args", [["checks"], ["checks", "--json"], ["--help"], ["lxc"], ["check", "--json"],
+                                  ["check"], ["check", "--snapshot", EXAMPLE], ["check", "--snapshot", EXAMPLE, "-a"]],
+                         ids=lambda a: " ".join(x if x != EXAMPLE else "EXAMPLE" for x in a))
 def test_a_closed_pipe_ends_quietly(args):
     code, err = _into_closed_pipe(*args)
     assert err == "", err
@@ -66,7 +73,8 @@ def test_a_closed_pipe_for_both_streams_ends_quietly():
 
 
 def test_head_in_a_shell_pipeline():
-    for cmd in ("checks | head -1", "check --json | head -c 10", "checks --markdown | head -3"):
+    for cmd in ("checks | head -1", "check --json | head -c 10", "checks --markdown | head -3", "check | head -1",
+                f"check --snapshot {EXAMPLE} | head -1"):
         p = subprocess.run(f"'{console_script()}' {cmd}; echo \"rc=${{PIPESTATUS[0]}}\" >&2", shell=True,
                            executable="/bin/bash", capture_output=True, text=True, timeout=60)
         rc = int(p.stderr.strip().rsplit("rc=", 1)[1])

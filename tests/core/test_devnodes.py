@@ -19,6 +19,13 @@ from tests import needs
 
 from .conftest import capture
 
+
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
+
+
 SEED_DEVICES = capture("h200-healthy", "proc-devices.txt").replace("238 nvidia-uvm", "511 nvidia-uvm")
 
 

@@ -30,8 +30,16 @@ from tests import needs
 
 from .conftest import CAPTURES
 
+
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
+
+
 HOLD = r"""
 import os, socket, sys, time
+
 fd = os.open(sys.argv[1], os.O_RDWR)
 if len(sys.argv) > 2 and sys.argv[2] != "-":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -18,6 +18,13 @@ from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.kernel_log import read_kernel_log
 from gpudoctor.host.local import LocalHost
 
+
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
+
+
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 
 

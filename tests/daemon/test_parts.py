@@ -146,7 +146,9 @@ def test_notifier_path_and_abstract_sockets(tmp_path):
 
 def test_watchdog_settings_and_stall():
     assert Notifier({"WATCHDOG_USEC": "30000000"}).watchdog_s == 30.0
-    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_s is None  # for another pid
+    other = str(os.getpid() + 1)  # never "1": pytest is PID 1 when it is a container's first process
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": other}).watchdog_s is None  # for another pid
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_s == 30.0
     assert Notifier({"WATCHDOG_USEC": "0"}).watchdog_s is None
     p = WatchdogPinger(Notifier({}), stall_s=0.05)
     p.beat()

@@ -22,6 +22,12 @@ from tests import needs
 from tests.procs import alive
 
 
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
+
+
 class ReplayThrough(Host):
     """Answers every operation from a replay of what a RecordingHost just recorded live."""
 

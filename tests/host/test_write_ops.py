@@ -15,6 +15,12 @@ from gpudoctor.host.local import LocalHost
 from tests import needs
 
 
+@pytest.fixture
+def tmp_path(dev_tmp_path):
+    """Device nodes are made here: a directory where they open as on /dev, whatever /tmp's mount (tests/devmount.py)."""
+    return dev_tmp_path
+
+
 @dataclass
 class RunOnlyHost(Host):
     """A backend that implements only `run`: every write goes through the base class's programs."""

@@ -68,6 +68,26 @@ def shm_dir():
     shutil.rmtree(p, ignore_errors=True)
 
 
+@pytest.fixture
+def disk_dir():
+    """A fresh directory on a disk-backed filesystem (not tmpfs), wherever /tmp lives: /var/tmp, which the FHS keeps
+    across reboots (Debian 13 mounts /tmp as tmpfs, /var/tmp stays on disk). Removed afterwards."""
+    import shutil
+    import tempfile
+
+    from tests import needs
+
+    base = "/var/tmp"
+    # statfs's type name (coreutils `stat -f`): works in a chroot too, where /proc/self/mounts has no entry for "/"
+    r = subprocess.run(["stat", "-f", "-c", "%T", base], capture_output=True, text=True, timeout=10)
+    fstype = r.stdout.strip() if r.returncode == 0 else None
+    if fstype in (None, "", "tmpfs", "ramfs"):
+        needs.unavailable(f"no disk-backed directory for this test: {base} is on {fstype or 'an unknown filesystem'}")
+    p = Path(tempfile.mkdtemp(prefix="gpudoctor-test-", dir=base))
+    yield p
+    shutil.rmtree(p, ignore_errors=True)
+
+
 def make_root(root: Path, *, mounts: str, cgroup: str = "0::/\n", boot_id: str = "b0000000-0000-0000-0000-000000000001",
               meminfo: str | None = None, cgroup_files: dict | None = None) -> Path:
     """A fake host tree for LocalHost(root=...): /proc/mounts, /proc/self/cgroup, boot_id, meminfo, cgroup files."""

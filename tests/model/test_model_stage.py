@@ -191,14 +191,14 @@ def test_auto_falls_back_across_filesystems(tmp_path, shm_dir, state_dir):
     assert all((shm_dir / n).read_bytes() == b for n, b in files.items())
 
 
-def test_disk_destination_is_noted_and_extra_files_left_alone(tmp_path, state_dir):
+def test_disk_destination_is_noted_and_extra_files_left_alone(tmp_path, disk_dir, state_dir):
     write_model(tmp_path / "m", shards=2)
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "README.local").write_text("mine")
-    plan = st.plan_stage(str(tmp_path / "m"), str(tmp_path / "d"))
+    (disk_dir / "d").mkdir()
+    (disk_dir / "d" / "README.local").write_text("mine")
+    plan = st.plan_stage(str(tmp_path / "m"), str(disk_dir / "d"))
     assert any("not tmpfs" in n for n in plan.notes) and plan.extra == ["README.local"]
     st.apply_stage(plan)
-    assert (tmp_path / "d" / "README.local").read_text() == "mine"
+    assert (disk_dir / "d" / "README.local").read_text() == "mine"
 
 
 def test_failed_copy_leaves_no_part_files_and_no_marker(tmp_path, shm_dir, state_dir):
