@@ -2,7 +2,8 @@
 waiting for cuInit, so the console script (gpudoctor/entry.py) starts its probes first; LocalHost.run() of the same
 argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit;
 LocalHost.nvml() adopts the NVML read started here.
-Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28)."""
+Stdlib only until the cuInit probe and NVML's read have started; only then the gathers' probe command lines
+(gather/prestart.py) are imported. Nothing here imports click or the CLI: it runs before them (#28)."""
 
 import sys
 
@@ -12,8 +13,23 @@ REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "-
 EARLY: dict = {}  # argv tuple -> (Popen, perf_counter at start); host/local.py adopts (or kills) them
 
 
+def _is_verbose_flag(a: str) -> bool:
+    """The group's own option before the command: -v, -vv, ..., --verbose."""
+    return a == "--verbose" or (len(a) > 1 and a[0] == "-" and set(a[1:]) == {"v"})
+
+
+def command_args(args) -> list:
+    """args from the command name on: `gpudoctor -vv check` is a check too (#33: the H200's `-vv check` logs were
+    of a check whose probes had not started early)."""
+    args = list(args)
+    while args and _is_verbose_flag(args[0]):
+        args.pop(0)
+    return args
+
+
 def is_live_check(args) -> bool:
     """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
+    args = command_args(args)
     return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in args)
 
 
@@ -57,13 +73,18 @@ def kill_unadopted() -> None:
 
 
 def start_probes(args) -> None:
-    """For a live local check: the cuInit probe first (it dominates), then NVML's reads in a thread of this process
-    (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where NVML
-    does not answer (gather/driver.py)."""
+    """For a live local check: the cuInit probe first (it dominates), then the gathers' other subprocess probes
+    (gather/prestart.py; #33: started at gather time they ended after cuInit), then NVML's reads in a thread of this
+    process (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where
+    NVML does not answer (gather/driver.py)."""
     if not is_live_check(args):
         return
     from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
     from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
     spawn([sys.executable, *FAST, "-c", PROBE])
+    from gpudoctor.gather.prestart import argvs  # after the cuInit probe: these imports must not delay it
+
+    for argv in argvs(command_args(args)):  # before NVML's thread, which would hold the GIL while they are spawned
+        spawn(argv)
     start_early()
