@@ -65,13 +65,13 @@ import json, sys
 import gpudoctor.host.early as e
 e.start_probes(sys.argv[1:])
 spawned = [k for k in e.EARLY if 'cuInit' not in k[-1]]
-from gpudoctor.gather import fabric, kernel_log, procs
+from gpudoctor.gather import fabric, kernel_log, procs, tools
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.local import LocalHost
 ctx = GatherContext(name='t', timeout=float(sys.argv[sys.argv.index('--timeout') + 1]) if '--timeout' in sys.argv else 10.0)
 ctx.policy = json.loads('%s')
 host = LocalHost()
-out = {k: m.gather(host, ctx) for k, m in (('procs', procs), ('kernel_log', kernel_log), ('fabric', fabric))}
+out = {k: m.gather(host, ctx) for k, m in (('procs', procs), ('kernel_log', kernel_log), ('fabric', fabric), ('tools', tools))}
 left = [(k, p) for k, (p, _) in e.EARLY.items() if 'cuInit' not in k[-1]]
 e.kill_unadopted()
 print(json.dumps({'spawned': len(spawned), 'left': [k[4][:20] for k, _ in left],
@@ -81,12 +81,13 @@ print(json.dumps({'spawned': len(spawned), 'left': [k[4][:20] for k, _ in left],
 
 @pytest.mark.parametrize("args", [["check", "--json"], ["-vv", "check"], ["gate", "--timeout", "2"]])
 def test_the_gathers_adopt_their_probes_started_at_entry(args):
-    """#33: the process scan, the kernel log reader and the sysfs probe start at CLI entry (gather/prestart.py) and
+    """#33: the process scan, the kernel log reader, the sysfs probe and the tool probe start at CLI entry (gather/prestart.py) and
     each gather adopts its own: the argv built there is the one the gather builds (nothing left to kill)."""
     r = subprocess.run([sys.executable, "-c", ADOPTION % "{}", *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["spawned"] == 3 and doc["left"] == [] and doc["ok"] == {"procs": True, "kernel_log": True, "fabric": True}
+    assert doc["spawned"] == 4 and doc["left"] == []
+    assert doc["ok"] == {"procs": True, "kernel_log": True, "fabric": True, "tools": True}
 
 
 def test_a_context_known_only_later_runs_the_gathers_own_probe_and_the_early_one_is_killed():
@@ -96,6 +97,6 @@ def test_a_context_known_only_later_runs_the_gathers_own_probe_and_the_early_one
     r = subprocess.run([sys.executable, "-c", ADOPTION % pol, "check"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["spawned"] == 3 and doc["ok"]["kernel_log"]
+    assert doc["spawned"] == 4 and doc["ok"]["kernel_log"]
     assert len(doc["left"]) == 1 and doc["left"][0].startswith("\nimport collections")  # the kmsg reader's program
     assert doc["killed"] == [-9] or doc["killed"] == [0]  # killed (or it had already ended); reaped either way
