@@ -131,9 +131,12 @@ def main() -> None:
     os.dup2(null, 1)
     orig_exit = os._exit
 
+    me = os.getpid()
+
     def _exit(code):
-        sys.stdout.flush()
-        done()
+        if os.getpid() == me:  # not the forked cuInit probe (host/forked.py), which leaves through os._exit too
+            sys.stdout.flush()
+            done()
         orig_exit(code)
 
     os._exit = _exit

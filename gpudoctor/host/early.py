@@ -33,16 +33,23 @@ def is_live_check(args) -> bool:
     return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in args)
 
 
-def spawn(argv) -> None:
-    """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it."""
+def spawn(argv, fork_program: str | None = None) -> None:
+    """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it. With
+    `fork_program` (argv's `-c` program, stdlib only) and one thread here, it runs in a fork of this process instead
+    of a new interpreter (host/forked.py): the same program and answer, without the interpreter's start."""
     import subprocess
     import time
 
     if tuple(argv) in EARLY:
         return
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        from gpudoctor.host.forked import Forked, can_fork
+
+        if fork_program is not None and can_fork():
+            proc = Forked(argv, fork_program)
+        else:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
     except OSError:
         return
     EARLY[tuple(argv)] = (proc, time.perf_counter())
@@ -82,7 +89,7 @@ def start_probes(args) -> None:
     from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
     from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
-    spawn([sys.executable, *FAST, "-c", PROBE])
+    spawn([sys.executable, *FAST, "-c", PROBE], fork_program=PROBE)  # forked: no second interpreter to start
     from gpudoctor.gather.prestart import argvs  # after the cuInit probe: these imports must not delay it
 
     for argv in argvs(command_args(args)):  # before NVML's thread, which would hold the GIL while they are spawned

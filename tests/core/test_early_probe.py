@@ -100,3 +100,46 @@ def test_a_context_known_only_later_runs_the_gathers_own_probe_and_the_early_one
     assert doc["spawned"] == 4 and doc["ok"]["kernel_log"]
     assert len(doc["left"]) == 1 and doc["left"][0].startswith("\nimport collections")  # the kmsg reader's program
     assert doc["killed"] == [-9] or doc["killed"] == [0]  # killed (or it had already ended); reaped either way
+
+
+FORKED = """
+import json, subprocess, sys, threading, time
+from gpudoctor.host.forked import Forked, can_fork
+from gpudoctor.host.local import LocalHost
+import gpudoctor.host.early as e
+out = {'can_fork': can_fork()}
+e.start_probes(['check', '--json'])
+first, (proc, _) = next(iter(e.EARLY.items()))
+out['cuinit_kind'] = type(proc).__name__
+out['cuinit'] = sorted(json.loads(LocalHost().run(list(first), timeout=60).stdout))
+e.kill_unadopted()
+ok = Forked(['p'], 'import sys; print("out"); print("err", file=sys.stderr); raise SystemExit(4)')
+o, r = ok.communicate(timeout=30)
+out['answer'] = [o.decode(), r.decode(), ok.returncode]
+bad = Forked(['p'], 'raise ValueError("boom")')
+o, r = bad.communicate(timeout=30)
+out['raised'] = [bad.returncode, 'ValueError: boom' in r.decode()]
+hang = Forked(['p'], 'import time; print("started", flush=True); time.sleep(60)')
+t = time.monotonic()
+res = LocalHost()._finish(hang, ['p'], 0.5, time.perf_counter(), None, 0.5)
+out['hang'] = [res.timed_out, hang.returncode, round(time.monotonic() - t, 1) < 5]
+threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+out['can_fork_with_threads'] = can_fork()
+print(json.dumps(out))
+"""
+
+
+def test_the_cuinit_probe_runs_in_a_fork_with_the_spawned_ones_answer_and_deadline():
+    """#33: the cuInit probe is a fork of the console script at entry (no second interpreter to start); it answers
+    what `python -I -S -c PROBE` answers, keeps its exit code and traceback, and a hang is killed at its deadline.
+    With another thread running, forking is not safe: early.py spawns the interpreter instead."""
+    r = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    spawned = subprocess.run(list(PROBE_ARGV), capture_output=True, text=True, timeout=60)
+    assert doc["can_fork"] and doc["cuinit_kind"] == "Forked"
+    assert doc["cuinit"] == sorted(json.loads(spawned.stdout))  # the same keys (no GPU here: the dlopen error)
+    assert doc["answer"] == ["out\n", "err\n", 4]
+    assert doc["raised"] == [1, True]
+    assert doc["hang"] == [True, -9, True]
+    assert doc["can_fork_with_threads"] is False
