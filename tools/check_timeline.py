@@ -51,10 +51,9 @@ def main() -> None:
     args = args or ["check", "--json"]
     mark("first line")
     import gpudoctor.entry as entry
-    import gpudoctor.host.early as early
 
     mark("gpudoctor.entry imported")
-    orig_start = early.start_probes
+    orig_start = entry.start_probes
 
     def start_probes(a):
         mark("start_probes begin")

@@ -2,8 +2,9 @@
 waiting for cuInit, so the console script (gpudoctor/entry.py) starts its probes first; LocalHost.run() of the same
 argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit;
 LocalHost.nvml() adopts the NVML read started here.
-Stdlib only until the cuInit probe and NVML's read have started; only then the gathers' probe command lines
-(gather/prestart.py) are imported. Nothing here imports click or the CLI: it runs before them (#28)."""
+Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28); the gathers'
+probe command lines come from the caller (gpudoctor/entry.py: gather/prestart.py, imported after the cuInit probe
+started)."""
 
 import sys
 
@@ -79,9 +80,9 @@ def kill_unadopted() -> None:
     EARLY.clear()
 
 
-def start_probes(args) -> None:
+def start_probes(args, more=None) -> None:
     """For a live local check: the cuInit probe first (it dominates), then the gathers' other subprocess probes
-    (gather/prestart.py; #33: started at gather time they ended after cuInit), then NVML's reads in a thread of this
+    (`more(args)`: their argvs; #33: started at gather time they ended after cuInit), then NVML's reads in a thread of this
     process (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where
     NVML does not answer (gather/driver.py)."""
     if not is_live_check(args):
@@ -90,8 +91,9 @@ def start_probes(args) -> None:
     from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
     spawn([sys.executable, *FAST, "-c", PROBE], fork_program=PROBE)  # forked: no second interpreter to start
-    from gpudoctor.gather.prestart import argvs  # after the cuInit probe: these imports must not delay it
-
-    for argv in argvs(command_args(args)):  # before NVML's thread, which would hold the GIL while they are spawned
+    # `more`: the gathers' probes (gpudoctor/entry.py passes gather/prestart.py's; host/ does not import gather/).
+    # After the cuInit probe, whose start their imports must not delay; before NVML's thread, which would hold the
+    # GIL while they are spawned.
+    for argv in more(command_args(args)) if more else []:
         spawn(argv)
     start_early()

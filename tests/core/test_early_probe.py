@@ -63,7 +63,8 @@ def test_the_check_adopts_the_early_probe(capsys, monkeypatch):
 ADOPTION = """
 import json, sys
 import gpudoctor.host.early as e
-e.start_probes(sys.argv[1:])
+import gpudoctor.entry
+gpudoctor.entry.start_probes(sys.argv[1:])
 spawned = [k for k in e.EARLY if 'cuInit' not in k[-1]]
 from gpudoctor.gather import fabric, kernel_log, procs, tools
 from gpudoctor.gather.context import GatherContext
@@ -107,8 +108,9 @@ import json, subprocess, sys, threading, time
 from gpudoctor.host.forked import Forked, can_fork
 from gpudoctor.host.local import LocalHost
 import gpudoctor.host.early as e
+import gpudoctor.entry
 out = {'can_fork': can_fork()}
-e.start_probes(['check', '--json'])
+gpudoctor.entry.start_probes(['check', '--json'])
 first, (proc, _) = next(iter(e.EARLY.items()))
 out['cuinit_kind'] = type(proc).__name__
 out['cuinit'] = sorted(json.loads(LocalHost().run(list(first), timeout=60).stdout))
