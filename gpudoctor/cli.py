@@ -81,7 +81,7 @@ def _is_live_check(args: list[str]) -> bool:
 def _prestart_probes(args: list[str]) -> None:
     """A live local check: start the slow probes (cuInit, nvidia-smi) now, unless gpudoctor/entry.py already did
     (the console script starts them before this module is imported)."""
-    from gpudoctor.host.early import start_probes
+    from gpudoctor.entry import start_probes
 
     start_probes(args)
 

@@ -4,7 +4,18 @@ after the CLI's imports); everything else (imports, the other gathers) then over
 
 import sys
 
-from gpudoctor.host.early import start_probes
+from gpudoctor.host import early
+
+
+def _gather_argvs(args: list) -> list:
+    from gpudoctor.gather.prestart import argvs  # imported only once the cuInit probe has started
+
+    return argvs(args)
+
+
+def start_probes(args: list) -> None:
+    """The cuInit probe, the gathers' own subprocess probes (gather/prestart.py) and NVML's read (host/early.py)."""
+    early.start_probes(args, more=_gather_argvs)
 
 
 def main(argv=None) -> None:

@@ -133,8 +133,13 @@ def tp_groups(topo: dict, size: int) -> list[dict]:
     return groups
 
 
+def probe_argv(python: list[str], ctx: GatherContext) -> list[str]:
+    """The sysfs probe's command line (gather/prestart.py starts the same one at CLI entry)."""
+    return [*python, *FAST, "-c", PROBE]
+
+
 def gather(host: Host, ctx: GatherContext) -> dict:
-    res = host.run([*host.python, *FAST, "-c", PROBE], timeout=ctx.timeout)
+    res = host.run(probe_argv(host.python, ctx), timeout=ctx.timeout)
     out: dict = {"timed_out": res.timed_out}
     if res.ok:
         try:

@@ -115,6 +115,15 @@ def parse_dmesg(text: str, uptime: float | None, window: float | None) -> list[l
     return out[-MAX_XIDS:]
 
 
+def kmsg_argv(python: list[str], window: float | None, t: float, kmsg: str = "/dev/kmsg") -> list[str]:
+    return [*python, *FAST, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg]
+
+
+def probe_argv(python: list[str], ctx: GatherContext) -> list[str]:
+    """The kernel log reader's command line for this context (gather/prestart.py starts the same one at CLI entry)."""
+    return kmsg_argv(python, window_of(ctx), min(ctx.timeout, 5.0))
+
+
 def gather(host: Host, ctx: GatherContext) -> dict | None:
     return read_kernel_log(host, window_of(ctx), min(ctx.timeout, 5.0))
 
@@ -140,8 +149,7 @@ def read_kernel_log(host: Host, window: float | None, t: float, kmsg: str = "/de
     """The kernel log's Xid lines through `host` (`kmsg` is another path only in tests: a saved kmsg dump).
     `device`: `kmsg` must be the kernel's character device (default: when it is /dev/kmsg)."""
     device = kmsg == "/dev/kmsg" if device is None else device
-    res = host.run([*host.python, *FAST, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg],
-                   timeout=t + 1.0)
+    res = host.run(kmsg_argv(host.python, window, t, kmsg), timeout=t + 1.0)
     if not_recorded(res):
         return None  # a snapshot from a gpudoctor that did not read the kernel log
     out: dict = {"source": None, "uptime": None, "window_s": window, "errors": [], "scanned": 0, "truncated": False,

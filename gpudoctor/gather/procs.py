@@ -204,11 +204,15 @@ def serving_ports(ctx: GatherContext) -> list[int]:
     return sorted(set(ports)) or [DEFAULT_PORT]
 
 
+def probe_argv(python: list[str], ctx: GatherContext, root: str = "") -> list[str]:
+    """The process scan's command line (gather/prestart.py starts the same one at CLI entry)."""
+    return [*python, *FAST, "-c", _PY_PROCS, str(min(ctx.timeout, 5.0)), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
+            *map(str, serving_ports(ctx))]
+
+
 def gather(host: Host, ctx: GatherContext) -> dict | None:
-    root = getattr(host, "root", "") or ""
     t = min(ctx.timeout, 5.0)
-    res = host.run([*host.python, *FAST, "-c", _PY_PROCS, str(t), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
-                    *map(str, serving_ports(ctx))], timeout=t + 2.0)
+    res = host.run(probe_argv(host.python, ctx, getattr(host, "root", "") or ""), timeout=t + 2.0)
     if not_recorded(res):
         return None  # a snapshot from a gpudoctor that did not list processes
     try:

@@ -95,6 +95,11 @@ def sysctl_settings(texts: dict[str, str]) -> list[dict]:
     return out
 
 
+def probe_argv(systemd: bool) -> list[str]:
+    """The tool probe's command line (gather/prestart.py starts the same one at CLI entry)."""
+    return ["sh", "-c", _PROBE, "sh", "1" if systemd else "0", str(len(COMMANDS)), *COMMANDS, *UNITS]
+
+
 def gather(host: Host, ctx: GatherContext) -> dict:
     t = min(ctx.timeout, 3.0)
     # Three round trips: everything independent at once, the tool probe, then the files found by the first.
@@ -114,8 +119,7 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         "error": f"/proc/self/status → {status.error}"}
     run_dir = run_stat["/run/systemd/system"]
     systemd = bool(run_dir.exists and run_dir.kind == "dir")
-    res = host.run(["sh", "-c", _PROBE, "sh", "1" if systemd else "0", str(len(COMMANDS)), *COMMANDS, *UNITS],
-                   timeout=ctx.timeout)
+    res = host.run(probe_argv(systemd), timeout=ctx.timeout)
     commands: dict = {c: None for c in COMMANDS}
     units: dict = {u: {"path": None, "text": None, "enabled": None, "active": None} for u in UNITS}
     for ln in res.stdout.splitlines():

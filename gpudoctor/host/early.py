@@ -2,7 +2,9 @@
 waiting for cuInit, so the console script (gpudoctor/entry.py) starts its probes first; LocalHost.run() of the same
 argv adopts the running process (its deadline counts from the start) and whatever nobody adopts is killed at exit;
 LocalHost.nvml() adopts the NVML read started here.
-Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28)."""
+Stdlib only, and nothing here imports the rest of gpudoctor: it runs before click is imported (#28); the gathers'
+probe command lines come from the caller (gpudoctor/entry.py: gather/prestart.py, imported after the cuInit probe
+started)."""
 
 import sys
 
@@ -12,21 +14,43 @@ REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "-
 EARLY: dict = {}  # argv tuple -> (Popen, perf_counter at start); host/local.py adopts (or kills) them
 
 
+def _is_verbose_flag(a: str) -> bool:
+    """The group's own option before the command: -v, -vv, ..., --verbose."""
+    return a == "--verbose" or (len(a) > 1 and a[0] == "-" and set(a[1:]) == {"v"})
+
+
+def command_args(args) -> list:
+    """args from the command name on: `gpudoctor -vv check` is a check too (#33: the H200's `-vv check` logs were
+    of a check whose probes had not started early)."""
+    args = list(args)
+    while args and _is_verbose_flag(args[0]):
+        args.pop(0)
+    return args
+
+
 def is_live_check(args) -> bool:
     """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
+    args = command_args(args)
     return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in args)
 
 
-def spawn(argv) -> None:
-    """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it."""
+def spawn(argv, fork_program: str | None = None) -> None:
+    """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it. With
+    `fork_program` (argv's `-c` program, stdlib only) and one thread here, it runs in a fork of this process instead
+    of a new interpreter (host/forked.py): the same program and answer, without the interpreter's start."""
     import subprocess
     import time
 
     if tuple(argv) in EARLY:
         return
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        from gpudoctor.host.forked import Forked, can_fork
+
+        if fork_program is not None and can_fork():
+            proc = Forked(argv, fork_program)
+        else:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
     except OSError:
         return
     EARLY[tuple(argv)] = (proc, time.perf_counter())
@@ -56,14 +80,20 @@ def kill_unadopted() -> None:
     EARLY.clear()
 
 
-def start_probes(args) -> None:
-    """For a live local check: the cuInit probe first (it dominates), then NVML's reads in a thread of this process
-    (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where NVML
-    does not answer (gather/driver.py)."""
+def start_probes(args, more=None) -> None:
+    """For a live local check: the cuInit probe first (it dominates), then the gathers' other subprocess probes
+    (`more(args)`: their argvs; #33: started at gather time they ended after cuInit), then NVML's reads in a thread of this
+    process (host/nvml.py; #33: `nvidia-smi -q -x` beside cuInit was the critical path). nvidia-smi runs only where
+    NVML does not answer (gather/driver.py)."""
     if not is_live_check(args):
         return
     from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
     from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
-    spawn([sys.executable, *FAST, "-c", PROBE])
+    spawn([sys.executable, *FAST, "-c", PROBE], fork_program=PROBE)  # forked: no second interpreter to start
+    # `more`: the gathers' probes (gpudoctor/entry.py passes gather/prestart.py's; host/ does not import gather/).
+    # After the cuInit probe, whose start their imports must not delay; before NVML's thread, which would hold the
+    # GIL while they are spawned.
+    for argv in more(command_args(args)) if more else []:
+        spawn(argv)
     start_early()
