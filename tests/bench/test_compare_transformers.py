@@ -10,7 +10,6 @@ import json
 import pytest
 
 from tests.bench.conftest import run_cli
-from tests.needs import unavailable
 
 GATE = "output_tok_per_s < -15%"  # wide: the lab shares 2 cores with the rest of CI; no CB is ~3x slower here
 
@@ -19,9 +18,7 @@ GATE = "output_tok_per_s < -15%"  # wide: the lab shares 2 cores with the rest o
 def lab(tmp_path_factory):
     from tests.bench import transformers_lab as lab
 
-    venv, why = lab.ensure_venv()
-    if venv is None:
-        unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are skipped)")
+    venv = lab.venv_for_tests()  # opt-in outside CI (gigabytes), one skip line when it cannot be built
     work = tmp_path_factory.mktemp("tfcompare")
     model, hf_home = work / "tiny-llama", work / "hf"
     lab.build_model(venv, model, hf_home)
@@ -47,7 +44,6 @@ def serve(lab, tag: str, **kw):
 
 @pytest.mark.timeout(1500)
 def test_two_configurations_compared_and_the_gate(lab, tmp_path):
-    runs = {}
     for tag, kw in (("b512", {"max_batch_tokens": 512}), ("b256", {"max_batch_tokens": 256}),
                     ("nocb", {"continuous_batching": False})):
         server = serve(lab, tag, **kw)

@@ -11,8 +11,6 @@ import json
 import pytest
 
 from tests.bench.conftest import run_cli
-from tests import needs
-from tests.needs import unavailable
 
 MAX_TOKENS = 12
 
@@ -21,11 +19,7 @@ MAX_TOKENS = 12
 def tfserve(tmp_path_factory):
     from tests.bench import transformers_lab as lab
 
-    if not lab.venv_ok(lab.venv_dir()):  # not built yet: gigabytes, only when asked for (CI always builds it)
-        needs.opt_in(lab.OPT_IN, lab.COST)
-    venv, why = lab.ensure_venv()
-    if venv is None:
-        unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are skipped)")
+    venv = lab.venv_for_tests()  # opt-in outside CI (gigabytes), one skip line when it cannot be built
     work = tmp_path_factory.mktemp("tfserve")
     model, hf_home = work / "tiny-llama", work / "hf"
     lab.build_model(venv, model, hf_home)

@@ -72,6 +72,20 @@ def ensure_venv() -> tuple[Path | None, str | None]:
     return None, why or f"{venv} is incomplete"
 
 
+def venv_for_tests() -> Path:
+    """The lab venv for a test fixture: outside CI a venv not built yet is built only on request (gigabytes:
+    needs.opt_in skips with one line naming OPT_IN); one that cannot be built skips (fails under CI=true)."""
+    from tests import needs
+
+    if not venv_ok(venv_dir()):
+        needs.opt_in(OPT_IN, COST)
+    venv, why = ensure_venv()
+    if venv is None:
+        needs.unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are "
+                          "skipped)")
+    return venv
+
+
 def python(venv: Path) -> str:
     return str(venv / "bin" / "python")
 

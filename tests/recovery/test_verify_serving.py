@@ -9,7 +9,6 @@ import pytest
 from gpudoctor.inventory import parse_inventory
 from gpudoctor.recovery.verify import VerifyPolicy, run_verification
 from gpudoctor.target import open_target
-from tests.needs import unavailable
 
 SMOKE = VerifyPolicy(deep="off", serving="auto", smoke_requests=4, smoke_max_tokens=8, smoke_ttft_ms_max=60000.0,
                      timeout_s=300.0)
@@ -19,9 +18,7 @@ SMOKE = VerifyPolicy(deep="off", serving="auto", smoke_requests=4, smoke_max_tok
 def tfserve(tmp_path_factory):
     from tests.bench import transformers_lab as lab
 
-    venv, why = lab.ensure_venv()
-    if venv is None:
-        unavailable(f"the transformers serve lab venv cannot be built here ({why}) (tests that need it are skipped)")
+    venv = lab.venv_for_tests()  # opt-in outside CI (gigabytes), one skip line when it cannot be built
     work = tmp_path_factory.mktemp("tfserve")
     model, hf_home = work / "tiny-llama", work / "hf"
     lab.build_model(venv, model, hf_home)
