@@ -6,15 +6,21 @@ is not a Proxmox node."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.console import gpudoctor
 
 from .conftest import CONFIGS, DEV509, DEV511
 
-pytestmark = pytest.mark.skipif(Path("/etc/pve").is_dir(), reason="this machine is a Proxmox node (it has /etc/pve)")
+
+
+@pytest.fixture(autouse=True)
+def _off_the_node():
+    needs.not_a_proxmox_node()
+
+
 SEED = CONFIGS / "200-seed.conf"
 
 
