@@ -40,7 +40,8 @@ LAYOUT = {"gpudoctor": "gpudoctor", "checks": "gpudoctor/checks", "remedies": "g
 
 # module name -> (source file in the checkout, the tests that exercise it: fast ones, no lab that boots a system)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "files/edit": ("gpudoctor/files/edit.py", ["tests/remedies/test_edit.py", "tests/host/test_write_ops.py",
+    "files/edit": ("gpudoctor/files/edit.py", ["tests/remedies/test_edit.py", "tests/remedies/test_edit_breaks.py",
+                                               "tests/host/test_write_ops.py",
                                                "tests/remedies/test_sysctl.py", "tests/boundary/test_systemd_unit.py"]),
     "files/atomic": ("gpudoctor/files/atomic.py", ["tests/model/test_model_stage.py", "tests/fleet/test_promfile.py"]),
     "integrations/slurm": ("gpudoctor/integrations/slurm.py", ["tests/gate/test_slurm_states.py",
@@ -61,7 +62,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "remedies/pcie": ("remedies/pcie.py", ["tests/remedies/test_pcie.py"]),
     "remedies/model_stage": ("remedies/model_stage.py", ["tests/remedies/test_model_stage.py"]),
     "remedies/bench_orphans": ("remedies/bench_orphans.py", ["tests/core/test_workload_hygiene.py"]),
-    "recovery/ladder": ("gpudoctor/recovery/ladder.py", ["tests/recovery"]),  # #31, this round
+    "recovery/ladder": ("gpudoctor/recovery/ladder.py", ["tests/recovery/test_ladder.py"]),  # #31, this round
 }
 
 SWAP_CMP = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
@@ -349,6 +350,7 @@ def run_module(name: str, workers: list[Worker], trust_coverage: bool, say) -> R
     say(f"{name}: {len(rep.mutants)} mutants; its tests pass unmutated in {secs:.1f} s; "
         f"{len(reached)} of its lines reached by a test")
     limit = max(30.0, 3 * secs)
+    done: list[Mutant] = []
 
     def one(job):
         k, m = job
@@ -364,6 +366,9 @@ def run_module(name: str, workers: list[Worker], trust_coverage: bool, say) -> R
         m.tests = len(chosen)
         m.result = "timeout" if rc is None else "survived" if rc == 0 else "killed" if rc in (1, 2, 3) else "error"
         w.write(rel, source)
+        done.append(m)
+        say(f"  [{len(done)}/{len(rep.mutants)}] {m.result:8} {rel}:{m.line}: {m.what} ({m.tests or 'all'} tests, "
+            f"{m.seconds:.1f} s)")
         return m
 
     busy = {}
@@ -387,7 +392,7 @@ def summary(rep: Report, source_lines: list[str]) -> list[str]:
            f"{sum(m.result == 'timeout' for m in rep.mutants)} by timeout; baseline {rep.baseline_s:.1f} s)"]
     for m in lost:
         text = source_lines[m.line - 1].strip() if m.line <= len(source_lines) else ""
-        reach = "no test reaches it" if m.tests == 0 and m.result == "survived" else f"{m.tests} test(s) ran"
+        reach = f"{m.tests} test(s) reach it" if m.tests else "no test was seen reaching it: all of them ran"
         out.append(f"    {m.result:8} {rep.source}:{m.line}: {m.what}   [{reach}]   | {_short(text, 70)}")
     return out
 
