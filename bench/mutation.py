@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,9 +86,13 @@ class Mutant:
     end_line: int
     stmt_line: int
     what: str
+    at_import: bool = False  # runs when the module is imported (module or class level, defaults, decorators)
     result: str = ""  # killed | survived | timeout | error
     tests: int = 0
     seconds: float = 0.0
+
+    def key(self) -> tuple:
+        return (self.index, self.kind, self.arg, self.what)
 
 
 @dataclass
@@ -96,6 +102,7 @@ class Report:
     mutants: list[Mutant] = field(default_factory=list)
     baseline_s: float = 0.0
     note: str = ""
+    sha256: str = ""
 
 
 def _skipped_nodes(tree: ast.Module) -> set[int]:
@@ -127,18 +134,24 @@ def _skipped_nodes(tree: ast.Module) -> set[int]:
     return skip
 
 
-def _stmt_lines(tree: ast.Module) -> dict[int, int]:
-    """id(node) -> the first line of its innermost statement."""
-    out: dict[int, int] = {}
+def _stmt_lines(tree: ast.Module) -> dict[int, tuple[int, bool]]:
+    """id(node) -> (the first line of its innermost statement, whether it runs at import: outside every function
+    body). Which test reaches an import-time line is not known (each process imports the module once)."""
+    out: dict[int, tuple[int, bool]] = {}
 
-    def visit(node, stmt_line):
+    def visit(node, stmt_line, at_import):
         if isinstance(node, ast.stmt):
             stmt_line = node.lineno
-        out[id(node)] = stmt_line
-        for child in ast.iter_child_nodes(node):
-            visit(child, stmt_line)
+        out[id(node)] = (stmt_line, at_import)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for child in ast.iter_child_nodes(node):
+                visit(child, stmt_line, at_import and not any(child is b for b in body))
+        else:
+            for child in ast.iter_child_nodes(node):
+                visit(child, stmt_line, at_import)
 
-    visit(tree, 0)
+    visit(tree, 0, True)
     return out
 
 
@@ -148,7 +161,8 @@ def mutants_of(source: str) -> list[Mutant]:
     out: list[Mutant] = []
 
     def add(i, node, kind, what, arg=0):
-        out.append(Mutant(i, kind, arg, node.lineno, node.end_lineno or node.lineno, stmt[id(node)], what))
+        line, at_import = stmt[id(node)]
+        out.append(Mutant(i, kind, arg, node.lineno, node.end_lineno or node.lineno, line, what, at_import))
 
     for i, node in enumerate(ast.walk(tree)):
         if id(node) in skip:
@@ -316,7 +330,7 @@ class Worker:
             return None, time.perf_counter() - t, str(exc)
 
 
-def run_module(name: str, workers: list[Worker], trust_coverage: bool, say) -> Report:
+def run_module(name: str, workers: list[Worker], trust_coverage: bool, say, retry: dict | None = None) -> Report:
     rel, tests = MODULES[name]
     src_path = ROOT / rel
     rep = Report(name, rel)
@@ -330,6 +344,12 @@ def run_module(name: str, workers: list[Worker], trust_coverage: bool, say) -> R
         rep.note = "its syntax tree does not unparse to the same code: not mutated"
         return rep
     rep.mutants = mutants_of(source)
+    rep.sha256 = hashlib.sha256(source.encode()).hexdigest()
+    earlier = {}  # a --retry of an earlier run of the same source: its kills stand, the rest run again
+    if retry and retry.get("sha256") in (None, rep.sha256):
+        earlier = {(m["index"], m["kind"], m["arg"], m["what"]): (m["result"], m["tests"], m["seconds"])
+                   for m in retry["mutants"]
+                   if m["result"] in ("killed", "timeout")}
     w0 = workers[0]
     target = str(w0.installed(rel))
     w0.write(rel, source)
@@ -355,9 +375,13 @@ def run_module(name: str, workers: list[Worker], trust_coverage: bool, say) -> R
     def one(job):
         k, m = job
         w = workers[k % len(workers)]
+        if m.key() in earlier:
+            m.result, m.tests, m.seconds = earlier[m.key()]
+            done.append(m)
+            return m
         chosen = sorted({t for line in range(m.line, m.end_line + 1) for t in reached.get(line, ())}
                         | reached.get(m.stmt_line, set()))
-        chosen = [t for t in chosen if t]  # "" is import time, not a test
+        chosen = [] if m.at_import else [t for t in chosen if t]  # "": import time, not a test
         if not chosen and trust_coverage:
             m.result, m.tests = "survived", 0
             return m
@@ -406,6 +430,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trust-coverage", action="store_true",
                     help="count a mutant no test reaches as survived without running all of the module's tests")
     ap.add_argument("--json", metavar="FILE", help="also write every mutant and its result as JSON")
+    ap.add_argument("--retry", metavar="FILE", help="an earlier --json of the same sources: its killed mutants "
+                                                   "stand, only the others run again (after new tests)")
     ap.add_argument("--list", action="store_true", help="list the modules, their tests and mutant counts; run nothing")
     a = ap.parse_args(argv)
     names = a.modules or list(MODULES)
@@ -421,6 +447,8 @@ def main(argv=None) -> int:
             count = len(mutants_of((ROOT / rel).read_text())) if here else 0
             print(f"{n:24} {rel:40} {count:4} mutants  tests: {' '.join(tests)}{'' if here else '  (not here yet)'}")
         return 0
+    retries = {r["module"]: r for r in json.loads(Path(a.retry).read_text())} if a.retry else {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the worker trees (finally)
     base = Path(tempfile.mkdtemp(prefix="gpudoctor-mutation-"))
     reports = []
     t0 = time.perf_counter()
@@ -433,7 +461,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         for n in names:
-            rep = run_module(n, workers, a.trust_coverage, lambda s: print(s, file=sys.stderr, flush=True))
+            rep = run_module(n, workers, a.trust_coverage, lambda s: print(s, file=sys.stderr, flush=True),
+                             retry=retries.get(n))
             reports.append(rep)
             lines = (ROOT / rep.source).read_text().splitlines() if (ROOT / rep.source).exists() else []
             print("\n".join(summary(rep, lines)), flush=True)
@@ -442,8 +471,9 @@ def main(argv=None) -> int:
     print(f"# {sum(len(r.mutants) for r in reports)} mutants in {time.perf_counter() - t0:.0f} s, "
           f"{a.jobs} at once, tests run by {a.python}")
     if a.json:
-        Path(a.json).write_text(json.dumps([{"module": r.module, "source": r.source, "baseline_s": r.baseline_s,
-                                             "note": r.note, "mutants": [m.__dict__ for m in r.mutants]}
+        Path(a.json).write_text(json.dumps([{"module": r.module, "source": r.source, "sha256": r.sha256,
+                                             "baseline_s": r.baseline_s, "note": r.note,
+                                             "mutants": [{**m.__dict__, "key": m.key()} for m in r.mutants]}
                                             for r in reports], indent=1) + "\n")
     return 0
 
