@@ -47,6 +47,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                                "tests/remedies/test_sysctl.py", "tests/boundary/test_systemd_unit.py"]),
     "files/atomic": ("gpudoctor/files/atomic.py", ["tests/model/test_model_stage.py", "tests/fleet/test_promfile.py"]),
     "integrations/slurm": ("gpudoctor/integrations/slurm.py", ["tests/gate/test_slurm_states.py",
+                                                               "tests/gate/test_slurm_reads.py",
                                                                "tests/gate/test_slurm_npd.py"]),
     "gate": ("gpudoctor/gate.py", ["tests/gate/test_gate.py", "tests/gate/test_slurm_npd.py"]),
     "bench/records/stats": ("gpudoctor/bench/records/stats.py", ["tests/bench/test_report.py",
