@@ -169,3 +169,15 @@ def test_a_backup_that_cannot_be_written_stops_the_edit(host):
                                         "nothing was changed \\(set another --backup-dir\\)"):
         apply_edit(h, plan_edit(TARGET, BEFORE, AFTER), backup_dir="/bkfile/sub")
     assert (root / TARGET.lstrip("/")).read_bytes() == BEFORE
+
+
+def test_a_refused_rename_outside_etc_pve_is_a_plain_edit_error(host, immutable):
+    h, root = host
+    t = root / "etc/other.conf"
+    t.write_bytes(BEFORE)
+    immutable(t)
+    with pytest.raises(EditError) as exc:
+        apply_edit(h, plan_edit("/etc/other.conf", BEFORE, AFTER), backup_dir="/bk")
+    assert not isinstance(exc.value, ReadOnlyTarget)
+    assert str(exc.value) == "/etc/other.conf: cannot rename the temp file over it: EPERM Operation not permitted"
+    assert t.read_bytes() == BEFORE and sorted(os.listdir(t.parent)) == ["other.conf", "pve"]
