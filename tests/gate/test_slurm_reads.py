@@ -30,6 +30,7 @@ case "$1 $2" in
                cat "$SC_RESV" ;;
   "show hostnames") [ -n "$SC_FAIL_HOSTS" ] && { echo "Invalid hostlist: $3" >&2; exit 1; }
                [ "$3" = "gpu[01-02]" ] && printf 'gpu01\\ngpu02\\n' ;;
+  update*) [ -n "$SC_FAIL_UPDATE" ] && { echo "slurm_update error: Access/permission denied" >&2; exit 1; } ;;
 esac
 exit 0
 """
@@ -111,3 +112,20 @@ def test_the_action_as_json():
         "action": "drained", "detail": "gpu01 drained: gpudoctor: cuInit → 999",
         "argv": ["scontrol", "update", "nodename=gpu01", "state=drain", "reason=gpudoctor: cuInit → 999"]}
     assert SlurmAction("none", "x").to_json() == {"action": "none", "detail": "x", "argv": None}
+
+
+def test_a_refused_resume_is_named_as_a_resume(sc, monkeypatch):
+    tmp, calls = sc
+    monkeypatch.setenv("SC_FAIL_UPDATE", "1")
+    act = apply(Result(True), LocalHost(), node="gpu01")
+    assert act.action == "failed" and act.argv == ["scontrol", "update", "nodename=gpu01", "state=resume"]
+    assert act.detail == ("could not resume gpu01: $ scontrol update nodename=gpu01 state=resume → rc 1: "
+                          "slurm_update error: Access/permission denied")
+
+
+def test_every_reason_to_leave_a_node_is_named_and_our_own_drain_is_kept():
+    act = decide(NodeInfo("DOWN+DRAIN+FAIL", "bad PSU", ("m1",)), False, "gpu01", "x")
+    assert act.detail.startswith("gpu01 left as is: DOWN, FAIL, in maintenance reservation m1, drained by someone "
+                                 "else (State=DOWN+DRAIN+FAIL, Reason=bad PSU)")
+    same = decide(NodeInfo("IDLE+DRAIN", make_reason("cuInit → 999")), False, "gpu01", "cuInit → 999")
+    assert (same.action, same.argv, same.detail) == ("kept", None, "gpu01 already drained by gpudoctor for this reason")
