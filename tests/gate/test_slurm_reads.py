@@ -129,3 +129,17 @@ def test_every_reason_to_leave_a_node_is_named_and_our_own_drain_is_kept():
                                  "else (State=DOWN+DRAIN+FAIL, Reason=bad PSU)")
     same = decide(NodeInfo("IDLE+DRAIN", make_reason("cuInit → 999")), False, "gpu01", "cuInit → 999")
     assert (same.action, same.argv, same.detail) == ("kept", None, "gpu01 already drained by gpudoctor for this reason")
+
+
+@pytest.mark.parametrize("state", ["ALLOCATED", "MIXED+COMPLETING", "IDLE+RESERVED", "MIXED+PLANNED", "IDLE+CLOUD",
+                                   "IDLE+DYNAMIC_NORM", "ALLOCATED+NOT_RESPONDING"])
+def test_a_node_in_service_with_a_harmless_flag_is_drained_on_failure(state):
+    """Slurm's words for a node that runs or may run jobs (a job ending, a reservation for users, the scheduler's
+    plans, a cloud or dynamic node): gpudoctor drains it when the gate fails."""
+    act = decide(NodeInfo(state, None), False, "gpu01", "cuInit → 999")
+    assert act.action == "drained", act.detail
+
+
+def test_a_state_that_could_not_be_read_is_named():
+    assert decide(NodeInfo(None, None), False, "gpu01", "x").detail.startswith(
+        "gpu01 left as is: its state could not be read (State=None)")
