@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from gpudoctor.gate import GateResult
 from gpudoctor.host.local import LocalHost
 from gpudoctor.integrations.slurm import MAX_REASON, SlurmAction, apply, decide, make_reason, read_node, NodeInfo
 
@@ -36,9 +37,8 @@ exit 0
 """
 
 
-class Result:  # what apply() reads of a GateResult
-    def __init__(self, passed, headline=""):
-        self.passed, self.headline = passed, headline
+def passing():
+    return GateResult("gpu01", "default")  # no blockers: the gate passed
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_failed_read_leaves_the_node_and_names_the_command(sc, monkeypatch, fa
     monkeypatch.setenv(fail, "1")
     info = read_node(LocalHost(), "gpu01")
     assert isinstance(info, str) and info.startswith(said), info
-    act = apply(Result(True), LocalHost(), node="gpu01")  # a pass would resume this gpudoctor drain...
+    act = apply(passing(), LocalHost(), node="gpu01")  # a pass would resume this gpudoctor drain...
     assert (act.action, act.argv) == ("failed", None)
     assert act.detail == f"gpu01 left as is: its state could not be read ({info})"
     assert not [c for c in calls() if c.startswith("update")]  # ...but nothing is changed unread
@@ -83,7 +83,7 @@ def test_an_active_maint_reservation_past_others_is_found_through_hostnames(sc):
     assert isinstance(info, NodeInfo), info
     assert (info.state, info.reason, info.maintenance) == ("IDLE+DRAIN", "gpudoctor: old", ("maint1",))
     assert "show hostnames gpu[01-02]" in calls() and "show hostnames gpu01" not in calls()  # inactive: not asked
-    act = apply(Result(True), LocalHost(), node="gpu01")
+    act = apply(passing(), LocalHost(), node="gpu01")
     assert act.action == "kept" and "in maintenance reservation maint1" in act.detail
     assert not [c for c in calls() if c.startswith("update")]
     assert read_node(LocalHost(), "gpu03").maintenance == ()  # not in the reservation's list
@@ -117,7 +117,7 @@ def test_the_action_as_json():
 def test_a_refused_resume_is_named_as_a_resume(sc, monkeypatch):
     tmp, calls = sc
     monkeypatch.setenv("SC_FAIL_UPDATE", "1")
-    act = apply(Result(True), LocalHost(), node="gpu01")
+    act = apply(passing(), LocalHost(), node="gpu01")
     assert act.action == "failed" and act.argv == ["scontrol", "update", "nodename=gpu01", "state=resume"]
     assert act.detail == ("could not resume gpu01: $ scontrol update nodename=gpu01 state=resume → rc 1: "
                           "slurm_update error: Access/permission denied")
