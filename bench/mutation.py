@@ -285,7 +285,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 class Worker:
-    """One installed-layout copy of gpudoctor (site/gpudoctor with checks/ and remedies/ inside), first on PYTHONPATH."""
+    """One installed-layout copy of gpudoctor (site/gpudoctor with checks/ and remedies/ in it), first on PYTHONPATH."""
 
     def __init__(self, base: Path, n: int, python: str):
         self.site = base / f"w{n}" / "site"
@@ -458,7 +458,8 @@ def main(argv=None) -> int:
         probe = subprocess.run([a.python, "-c", "import gpudoctor.remedies as r; print(r.__file__)"], cwd=ROOT,
                                env=workers[0].env(), capture_output=True, text=True)
         if not probe.stdout.strip().startswith(str(workers[0].site)):
-            print(f"mutation.py: the mutated tree is not what {a.python} imports ({probe.stdout.strip() or probe.stderr})",
+            got = probe.stdout.strip() or probe.stderr
+            print(f"mutation.py: the mutated tree is not what {a.python} imports ({got})",
                   file=sys.stderr)
             return 2
         for n in names:
