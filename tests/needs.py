@@ -103,6 +103,28 @@ def cgroup_v1_devices() -> str:
     return CGROUP_V1_DEVICES
 
 
+def module(name: str, why: str):
+    """A Python package of the test extras (openai, matplotlib, tokenizers): the imported module. Missing: outside CI
+    the test (or, called at import time, the whole module) is skipped with one line naming it and what installs it;
+    under CI=true a failure (README line 2 installs the extras)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        line = f"the Python package {name} is not installed{MARK}: {why}; pip install '.[test]' (README line 2)"
+        if in_ci():
+            pytest.fail(f"CI=true: {line}", pytrace=False)
+        pytest.skip(line, allow_module_level=True)
+
+
+def not_a_proxmox_node() -> None:
+    """The test shows gpudoctor off a Proxmox node; on one (it has /etc/pve) skip with one line, under CI=true a
+    failure (a CI machine is never a Proxmox node)."""
+    if os.path.isdir("/etc/pve"):
+        unavailable(f"this machine is a Proxmox node (it has /etc/pve){MARK}: the off-the-node behaviour cannot be seen")
+
+
 def need(name: str) -> str:
     """The path of a required real component; skips (outside CI) or fails (CI=true) when it is missing."""
     path = find(name)

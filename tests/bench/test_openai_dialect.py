@@ -20,10 +20,11 @@ from gpudoctor.bench.client.openai import OpenAIParser, request_body
 from gpudoctor.bench.client.prompts import build, load_source
 from gpudoctor.bench.client.stream import stream_request
 from gpudoctor.bench.client.tokens import load_counter
+from tests import needs
 from tests.bench.conftest import run_cli
 from tests.bench.test_stream import raw_server  # noqa: F401  (the fixture)
 
-pytest.importorskip("openai", reason="the strict flavour validates against the `openai` package (test extra)")
+needs.module("openai", "the strict flavour validates against the `openai` package")
 OPENAI, SGLANG, VLLM = "openai", "sglang", "vllm"  # gpudoctor.bench.client.openai.SERVER_KINDS
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from gpudoctor.bench.client import prompts as P
 from gpudoctor.bench.client.tokens import Counter, load_counter
+from tests import needs
 from tests.bench.conftest import run_cli
 
 
@@ -65,7 +64,7 @@ def test_tokenizer_json_without_package_says_so(tmp_path, monkeypatch):
 
 
 def test_a_tokenizer_json_tokenizers_cannot_read_falls_back_to_the_estimate_and_says_why(tmp_path):
-    pytest.importorskip("tokenizers", reason="the `tokenizers` package is not installed: pip install tokenizers")
+    needs.module("tokenizers", "the exact token counts need it")
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "nope"}}')
     c = load_counter(str(tmp_path))
     assert not c.exact and c.source.startswith(f"estimate: {tmp_path}/tokenizer.json is not a tokenizer the")

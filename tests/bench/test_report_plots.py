@@ -15,6 +15,7 @@ import pytest
 
 from gpudoctor.bench.records.results import ResultStore
 from tests.bench.test_report_layout import META, RECORDS
+from tests import needs
 from tests.console import console_script
 
 BLOCK = textwrap.dedent("""\
@@ -75,7 +76,7 @@ def test_without_matplotlib_the_tables_are_written_and_one_line_says_how_to_get_
 
 
 def test_with_matplotlib_the_plots_are_drawn_and_nothing_is_said(run_dir, tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is the plots extra (README line 2 installs it)")
+    needs.module("matplotlib", "matplotlib is the plots extra")
     p = _report(run_dir, tmp_path, matplotlib=True)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     pngs = sorted((run_dir / "plots").glob("*.png"))

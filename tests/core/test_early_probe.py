@@ -145,3 +145,38 @@ def test_the_cuinit_probe_runs_in_a_fork_with_the_spawned_ones_answer_and_deadli
     assert doc["raised"] == [1, True]
     assert doc["hang"] == [True, -9, True]
     assert doc["can_fork_with_threads"] is False
+
+
+def test_the_console_entry_starts_the_probe_before_click_and_the_cli_load():
+    """The installed console script's own entry point (`gpudoctor = gpudoctor.entry:main`, loaded through its entry
+    point as the script does) runs a live `check --json`; the interpreter's audit hooks write, as they happen, every
+    import of click or the CLI and every process started: the cuInit probe must come first (#35, M3: importing
+    gpudoctor.cli before start_probes is the #28 regression, which the test above cannot see). Each event is written
+    at once: a live check leaves through os._exit, past any code after main()."""
+    code = (
+        "import json, os, sys\n"
+        "from importlib.metadata import entry_points\n"
+        "def hook(ev, args):\n"
+        "    if ev == 'import' and args[0] in ('click', 'gpudoctor.cli'):\n"
+        "        os.write(2, ('\\nEVENT ' + json.dumps(['import', args[0]]) + '\\n').encode())\n"
+        "    elif ev == 'subprocess.Popen':\n"
+        "        os.write(2, ('\\nEVENT ' + json.dumps(['spawn', [str(a) for a in args[1]]]) + '\\n').encode())\n"
+        "    elif ev == 'os.fork':\n"
+        "        os.write(2, ('\\nEVENT ' + json.dumps(['fork', []]) + '\\n').encode())\n"
+        "(ep,) = [e for e in entry_points(group='console_scripts') if e.name == 'gpudoctor']\n"
+        "assert ep.value == 'gpudoctor.entry:main', ep.value\n"
+        "sys.addaudithook(hook)\n"
+        "main = ep.load()\n"
+        "sys.argv = ['gpudoctor', 'check', '--json']\n"
+        "main()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert r.returncode in (0, 1, 2, 3), r.stderr[-2000:]  # the check ran to its verdict (no GPU here: 2 or 3)
+    assert any(f["id"] == "cuda.init" for f in json.loads(r.stdout)["findings"])
+    events = [json.loads(ln[len("EVENT "):]) for ln in r.stderr.splitlines() if ln.startswith("EVENT ")]
+    spawns = [i for i, e in enumerate(events) if e[0] in ("spawn", "fork")]
+    # the first process: the cuInit probe — a fork of this script (host/forked.py), or PROBE_ARGV where it cannot fork
+    assert spawns and (events[spawns[0]][0] == "fork" or events[spawns[0]][1] == list(PROBE_ARGV)), events[:5]
+    imports = [i for i, e in enumerate(events) if e[0] == "import"]
+    assert {events[i][1] for i in imports} == {"click", "gpudoctor.cli"}, events  # both do load, after it
+    assert spawns[0] < min(imports), events[:5]

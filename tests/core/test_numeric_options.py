@@ -66,6 +66,10 @@ def test_every_numeric_option_has_a_checked_type(path, param):
         assert isinstance(t, Finite)
     elif isinstance(t, click.types.IntParamType):
         assert isinstance(t, Count) and t.max is not None
+    elif isinstance(t, NumberList):  # each item parsed by its kind, checked finite in convert(), bounded above
+        assert t.kind in (int, float) and t.max is not None and t.max < float("inf"), (t.kind, t.max)
+    else:
+        raise AssertionError(f"{t!r}: a numeric option of no checked type")
 
 
 @pytest.mark.parametrize("path,param", PARAMS, ids=IDS)

@@ -28,7 +28,7 @@ def as_nobody():
     if os.geteuid() != 0:
         unavailable("these tests switch to uid 65534 and need root to do so")
     if Path("/proc/driver/nvidia").exists():
-        pytest.skip("this machine has an NVIDIA driver loaded: the no-driver messages cannot be seen here")
+        unavailable("this machine has an NVIDIA driver loaded: the no-driver messages cannot be seen here")
     home = tempfile.mkdtemp(prefix=f"gpudoctor-w23-nobody-{os.getpid()}-")
     os.chown(home, NOBODY, NOBODY)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.kernel_log import read_kernel_log
 from gpudoctor.host.local import LocalHost
+from tests import needs
 
 
 @pytest.fixture
@@ -91,8 +90,7 @@ def test_a_missing_kmsg_and_no_dmesg_is_unreadable(tmp_path):
 
 
 def test_the_real_kmsg_of_this_machine_is_a_character_device_with_records():
-    if os.geteuid() != 0:
-        pytest.skip("reading /dev/kmsg on this machine needs root (dmesg_restrict)")
+    needs.root()  # reading /dev/kmsg on this machine needs root (dmesg_restrict)
     kl = read_kernel_log(LocalHost(), None, 5.0)
     assert kl["kind"] is None and kl["scanned"] > 0 and kl["source"] == "/dev/kmsg" and not kl["errors"]
     [f] = _xid(kl)
@@ -101,8 +99,7 @@ def test_the_real_kmsg_of_this_machine_is_a_character_device_with_records():
 
 def test_systemds_inaccessible_node_at_kmsg_is_named_a_sandbox(tmp_path):
     """ProtectKernelLogs=yes where systemd can make device nodes: /dev/kmsg is its c 0:0, mode 000 (ENXIO)."""
-    if os.geteuid() != 0:
-        pytest.skip("making a 0:0 character node needs root (CAP_MKNOD)")
+    needs.root()  # making a 0:0 character node needs root (CAP_MKNOD)
     node = tmp_path / "kmsg"
     os.mknod(node, 0o020000, os.makedev(0, 0))
     kl = read_kernel_log(_dmesg(tmp_path, DENIED), None, 5.0, kmsg=str(node), device=True)

@@ -74,7 +74,8 @@ def test_daemon_bad_input_is_one_line_exit_3(tmp_path):
         r = subprocess.run([sys.executable, "-m", "gpudoctor", "daemon", "--state", str(tmp_path / "s.json"), *args],
                            capture_output=True, text=True, env=env, timeout=60)
         assert r.returncode == 3, (args, r.stderr)
-        assert msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr  # exactly one line
+        assert msg in r.stderr, r.stderr
     assert not (tmp_path / "s.json").exists()  # nothing written on bad input
 
 
@@ -87,4 +88,5 @@ def test_metrics_port_in_use_is_one_line(tmp_path):
                         "--metrics-addr", f"127.0.0.1:{port}", "--no-xid"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": pythonpath()}, timeout=60)
     busy.close()
-    assert r.returncode == 3 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert r.returncode == 3 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr  # exactly one line

@@ -62,7 +62,11 @@ def test_ping_unreachable_is_exit_3_one_line_per_host(capsys, sshd, tmp_path):
         p = tmp_path / "inventory.yaml"
         p.write_text(sshd.inventory_yaml("ct200", port=port))
         rc, out, err = cli(capsys, "inventory", "ping", "--inventory", str(p), "ct200")
-    assert rc == 3 and "refused" in out and "Traceback" not in out + err
+    assert rc == 3 and "Traceback" not in out + err
+    rows = [ln for ln in out.splitlines() if ln.strip()][2:]  # after the title and the column header
+    assert len(rows) == 1 and rows[0].split()[:3] == ["ct200", "host", "FAIL"], out  # exactly one line for the host
+    assert f"ct200: connection to root@127.0.0.1:{port} refused" in rows[0], out
+    assert err.splitlines() == [f"inventory: {p}"], err  # nothing else on stderr
 
 
 def test_ping_unknown_spec_is_bad_input(capsys, inv_file):

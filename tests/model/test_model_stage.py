@@ -217,6 +217,25 @@ def test_failed_copy_leaves_no_part_files_and_no_marker(tmp_path, shm_dir, state
     assert probe.verify_model(str(shm_dir))["complete"]
 
 
+@pytest.mark.parametrize("method", ["auto", "rw"])  # auto: sendfile from disk into tmpfs
+def test_a_source_that_fails_after_its_copy_began_leaves_no_part_file(tmp_path, shm_dir, state_dir, monkeypatch,
+                                                                       method):
+    """The source opens, its first bytes are copied into `.NAME.gpudoctor-part`, then it ends early (truncated
+    between plan and apply): the failure cleanup must remove that part file (#35, M2: the open-fails case above
+    never makes one)."""
+    write_model(tmp_path / "m", shards=2, elems=200_000)
+    plan = st.plan_stage(str(tmp_path / "m"), str(shm_dir))
+    victim = tmp_path / "m" / shard_name(1, 2)
+    size = victim.stat().st_size
+    os.truncate(victim, size // 2)  # more than one chunk is still there: the copy really starts
+    monkeypatch.setenv("GPUDOCTOR_TEST_STAGE_CHUNK", str(64 * 1024))
+    with pytest.raises(RemedyError, match="copy failed: source shrank while copying"):
+        st.apply_stage(plan, jobs=2, method=method)
+    left = [os.path.join(r, n) for r, _, names in os.walk(shm_dir) for n in names]
+    assert not [p for p in left if p.endswith(probe.PART_SUFFIX)], left
+    assert not os.path.exists(shm_dir / shard_name(1, 2)) and probe.MARKER_NAME not in os.listdir(shm_dir)
+
+
 def test_json_plan_and_result(cli, tmp_path, shm_dir, state_dir):
     write_model(tmp_path / "m", shards=2)
     plan = json.loads(cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--json").out)["plan"]

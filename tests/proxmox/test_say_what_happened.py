@@ -2,24 +2,16 @@
 only with what was verified (and what remains), the same report for the same state on a second run."""
 
 import shutil
-from pathlib import Path
 
-import pytest
+from tests import needs
 
 from .conftest import CONFIGS, DEV511
 from .test_cli import gd, work  # noqa: F401 - fixture
 
 
-def _off_the_node() -> bool:
-    return not Path("/etc/pve").is_dir()
-
-
-off_the_node = pytest.mark.skipif(not _off_the_node(), reason="this machine is a Proxmox node (it has /etc/pve)")
-
-
-@off_the_node
 def test_apply_without_devices_off_the_node_changes_nothing_and_says_how(work):
     """Off the node this machine's /proc/devices says nothing about the node's majors (#23): one line, exit 3."""
+    needs.not_a_proxmox_node()
     tmp, conf, state = work
     before = conf.read_bytes()
     r = gd("lxc", "fix", "--config", conf, "--apply", *state)

@@ -185,7 +185,7 @@ def test_bad_flags_are_one_line_exit_3(broken, args, msg):
         del state[i:i + 2]
     out = gd("fix", *state, *args)
     assert out.returncode == 3 and msg in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr  # exactly one line
     assert broken.stat("/dev/nvidia-uvm")[1] == 509
 
 
