@@ -128,7 +128,8 @@ def test_without_any_python_with_torch_the_search_names_what_it_tried(tmp_path):
     pick = choose(LocalHost(path_prepend=[str(bindir)]), GatherContext(name="here", policy={"deep": True}))
     servers = [c for c in pick["candidates"] if "server's interpreter" in c["source"]]
     if any(c.get("torch") for c in servers):
-        pytest.skip("a real SGLang/vLLM/transformers server with torch runs on this machine now")
+        unavailable("a real SGLang/vLLM/transformers server with torch runs on this machine now: the python search "
+                    "finds it first")
     assert pick["torch"] is None and pick["python"] == LocalHost().python
     assert "python3 (python3 on PATH): no torch installed" in pick["why"]
 
@@ -142,5 +143,6 @@ def test_the_inventory_names_the_deep_python(lab_python):
     pol = policy_from_inventory({"checks": {"fabric.deep.figure": {"python": lab_python}}})
     pick = choose(LocalHost(), GatherContext(name="here", policy={"deep": True, **pol}))
     if "server's interpreter" in pick["source"]:
-        pytest.skip("a real SGLang/vLLM/transformers server with torch runs on this machine now")
+        unavailable("a real SGLang/vLLM/transformers server with torch runs on this machine now: the python search "
+                    "finds it first")
     assert pick["python"] == [lab_python] and pick["source"] == "the inventory's policy" and pick["torch"]

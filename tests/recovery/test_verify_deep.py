@@ -1,12 +1,10 @@
 """The verification's deep step on real H200 deep snapshots (2026-12-03), through the one pipeline (#31).
 
-The snapshots' transcripts do not replay yet (issue #33 item 2: the deep child's program travels on stdin and its
-answers are not found on replay), so these tests open each snapshot with its transcript set aside: the recorded
-facts then go through open_target -> pipeline.check_host -> the checks, exactly as a live deep run's facts do.
-A trial merge with #33's branch (19:50 UTC) replayed the transcripts: the healthy card passes, the ctypes one fails
-on its GEMM, and the contended one is refused before it is measured (the replay re-gathers without --force, as a
-verification does): "GPU 0: not measured: pid 4461 (python3, 2922 MiB) holds it". The PID-first assertion below holds
-both ways; the clock event and the H2D figure are the recorded (forced) measurement's.
+These tests open each snapshot with its transcript set aside: the recorded facts go through open_target ->
+pipeline.check_host -> the checks, exactly as a live deep run's facts do (the contended snapshot's facts are the forced
+measurement's, with its clock event and H2D figure). Replayed from the transcript instead (tests/core/
+test_deep_h200_replay.py), the contended card is refused before it is measured — a verification never forces: "GPU 0:
+not measured: pid 4461 (python3, 2922 MiB) holds it". The PID-first assertion below holds both ways.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import pytest
 
 from gpudoctor.recovery.verify import VerifyPolicy, judge_deep, run_verification
 from gpudoctor.target import open_target
+from tests.needs import unavailable
 
 SNAPS = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "h200-2026-12-03"
 DEEP_ONLY = VerifyPolicy(deep="on", serving="off", timeout_s=120.0)
@@ -91,7 +90,7 @@ def test_deep_on_a_host_without_nvidia_fails_closed():
     t = open_target(None, search=False)
     try:
         if t.host.listdir("/dev") and any(n.startswith("nvidia") and n[6:].isdigit() for n in t.host.listdir("/dev")):
-            pytest.skip("this machine has an NVIDIA GPU")
+            unavailable("this machine has an NVIDIA GPU: the no-GPU verification cannot be shown here")
         v = run_verification(t, VerifyPolicy(deep="auto", serving="off"))
         assert v.steps[0].status == "not-run" and "no NVIDIA GPU" in v.steps[0].detail
         v = run_verification(t, VerifyPolicy(deep="on", serving="off", timeout_s=120))
@@ -119,8 +118,6 @@ def test_a_contender_or_clock_event_fails_even_when_every_figure_met_its_floor(w
 def test_a_deep_run_past_its_deadline_fails_and_is_never_doubled():
     """This machine's real pipeline with deep on, given 50 ms: the run outlives its verification (fail), and a
     verification started while it still measures does not start a second one on the same host (fail, said why)."""
-    import time
-
     from gpudoctor.recovery import verify as vmod
 
     t = open_target(None, search=False)
