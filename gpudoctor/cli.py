@@ -81,9 +81,14 @@ def _is_live_check(args: list[str]) -> bool:
 def _prestart_probes(args: list[str]) -> None:
     """A live local check: start the slow probes (cuInit, nvidia-smi) now, unless gpudoctor/entry.py already did
     (the console script starts them before this module is imported)."""
-    from gpudoctor.entry import start_probes
+    from gpudoctor.host.early import start_probes
 
-    start_probes(args)
+    def gather_argvs(a):  # as gpudoctor/entry.py does; imported here, not from there (entry imports this module)
+        from gpudoctor.gather.prestart import argvs
+
+        return argvs(a)
+
+    start_probes(args, more=gather_argvs)
 
 
 def main(argv=None) -> None:

@@ -8,7 +8,7 @@
 #   3. `gpudoctor check --deep` with the host's python3 (torch) found by the search itself: GEMM and NCCL measured,
 #      the evidence names the python; a deep snapshot of it replays to the same figures;
 #   4. NVML read in process beside `nvidia-smi -q -x` of the same moment: every driver fact compared, field by field,
-#      with NVML's timings (gpudoctor/gather/nvml.py compare()).
+#      with NVML's timings (gpudoctor/gather/driver.py compare()).
 # Nothing on the card is changed. Each line of OUTDIR/summary.txt is PASS or FAIL with what was seen.
 #
 #   tools/h200_check_latency.sh [--dry-run] OUTDIR     (wheels from $WHEELS, default ./.whl)
@@ -114,7 +114,7 @@ ok "the snapshot of it replays (no 'not in snapshot')" \
 "$GPY" - "$O" <<'EOF' > "$O/nvml-vs-nvidia-smi.txt" 2>&1
 import json, subprocess, sys, time
 from gpudoctor.host.nvml import read
-from gpudoctor.gather.nvml import compare
+from gpudoctor.gather.driver import compare
 out = sys.argv[1]
 t = time.perf_counter(); raw = read(); nvml_s = time.perf_counter() - t
 t = time.perf_counter()

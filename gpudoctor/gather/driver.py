@@ -108,3 +108,23 @@ def gather(host: Host, ctx: GatherContext) -> dict:
         except ET.ParseError as exc:
             out["parse_error"] = str(exc)
     return out
+
+
+def compare(raw: dict, xml: str) -> list[dict]:
+    """Every FIELDS path of every GPU: NVML's value, nvidia-smi's, equal or not, and whether NVML's answer holds the
+    calls it needs (`captured`: False where a dump never asked them)."""
+    from gpudoctor.gather.nvml import FIELDS, fact, facts_from_nvml
+
+    a, b = facts_from_nvml(raw), parse_nvidia_smi_xml(xml)
+    out = []
+    for gi in range(max(len(a["gpus"]), len(b["gpus"]), 1)):
+        dev = (raw.get("devices") or [{}] * (gi + 1))[gi] if gi < len(raw.get("devices") or []) else {}
+        for path, calls in FIELDS.items():
+            if not path.startswith("gpus[]") and gi:
+                continue
+            where = raw.get("system") or {} if not path.startswith("gpus[]") else dev
+            captured = all(c in where for c in calls) or (path == "attached_gpus" and bool(raw.get("devices")))
+            va, vb = fact(a, path, gi), fact(b, path, gi)
+            out.append({"field": path.replace("[]", f"[{gi}]"), "nvml": va, "nvidia_smi": vb, "equal": va == vb,
+                        "captured": captured})
+    return out

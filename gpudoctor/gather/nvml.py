@@ -56,25 +56,6 @@ def fact(facts: dict, path: str, gpu: int = 0):
     return cur
 
 
-def compare(raw: dict, xml: str) -> list[dict]:
-    """Every FIELDS path of every GPU: NVML's value, nvidia-smi's, equal or not, and whether NVML's answer holds the
-    calls it needs (`captured`: False where a dump never asked them)."""
-    from gpudoctor.gather.driver import parse_nvidia_smi_xml
-
-    a, b = facts_from_nvml(raw), parse_nvidia_smi_xml(xml)
-    out = []
-    for gi in range(max(len(a["gpus"]), len(b["gpus"]), 1)):
-        dev = (raw.get("devices") or [{}] * (gi + 1))[gi] if gi < len(raw.get("devices") or []) else {}
-        for path, calls in FIELDS.items():
-            if not path.startswith("gpus[]") and gi:
-                continue
-            where = raw.get("system") or {} if not path.startswith("gpus[]") else dev
-            captured = all(c in where for c in calls) or (path == "attached_gpus" and bool(raw.get("devices")))
-            va, vb = fact(a, path, gi), fact(b, path, gi)
-            out.append({"field": path.replace("[]", f"[{gi}]"), "nvml": va, "nvidia_smi": vb, "equal": va == vb,
-                        "captured": captured})
-    return out
-
 
 def _v(d: dict, *keys, kind=None):
     """The value of the first call among `keys` that answered (the dump names some calls without their _vN); None

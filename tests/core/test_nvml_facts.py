@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from gpudoctor.gather.nvml import FIELDS, compare, facts_from_nvml, usable
+from gpudoctor.gather.driver import compare
+from gpudoctor.gather.nvml import FIELDS, facts_from_nvml, usable
 from gpudoctor.gather.driver import parse_nvidia_smi_xml
 from tests.console import gpudoctor
 from tests.needs import need
