@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gather.kernel_log import read_kernel_log
 from gpudoctor.host.local import LocalHost
