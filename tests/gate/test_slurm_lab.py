@@ -179,10 +179,13 @@ def test_a_failing_prolog_drains_and_the_job_is_requeued_held(node, tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             shown = node.run(["scontrol", "show", "job", job]).stdout
-            if "Reason=launch_failed_requeued_held" in shown:
+            # the requeue passes through COMPLETING (seen under load: JobState=COMPLETING with the held reason)
+            if "JobState=PENDING" in shown and "Reason=launch_failed_requeued_held" in shown:
                 break
             time.sleep(0.2)
         assert "JobState=PENDING" in shown and "Reason=launch_failed_requeued_held" in shown, shown
+        while time.monotonic() < deadline and info(node).state != "IDLE+DRAIN":  # COMPLETING leaves the node too
+            time.sleep(0.2)
         i = info(node)
         assert i.state == "IDLE+DRAIN" and i.reason == make_reason(ROOT_CAUSE)  # the gate's reason, not "Prolog error"
     finally:
