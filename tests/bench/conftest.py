@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -88,3 +89,13 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     which roots the hosts a test names in $GPUDOCTOR_TEST_ROOTS and changes nothing else)."""
     return subprocess.run([sys.executable, "-m", "tests.rooted", *args], capture_output=True, text=True, env=env(),
                           timeout=timeout, cwd=REPO)
+
+
+def as_trials(dst, *runs):
+    """The records of separate `bench load` runs of one configuration as trials 0, 1, … of one result directory."""
+    dst.mkdir()
+    recs = []
+    for i, run in enumerate(runs):
+        for line in (run / "results.jsonl").read_text().splitlines():
+            recs.append(json.dumps({**json.loads(line), "trial": i}))
+    (dst / "results.jsonl").write_text("\n".join(recs) + "\n")

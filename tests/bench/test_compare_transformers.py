@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.bench.conftest import run_cli
+from tests.bench.conftest import as_trials, run_cli
 
 GATE = "output_tok_per_s < -15%"  # wide: the lab shares 2 cores with the rest of CI; no CB is ~3x slower here
 
@@ -49,8 +49,9 @@ def test_two_configurations_compared_and_the_gate(lab, tmp_path):
         server = serve(lab, tag, **kw)
         try:
             measure(server, tmp_path / tag, "cfg")
-            if tag == "b512":
-                measure(server, tmp_path / "b512-again", "cfg")
+            if tag == "b512":  # A and A again as 2 trials each: the A/A gate is Welch's on trial values (below)
+                for n in range(1, 4):
+                    measure(server, tmp_path / f"b512-{n}", "cfg")
         finally:
             server.stop()
     rec = json.loads((tmp_path / "b512" / "results.jsonl").read_text().splitlines()[0])
@@ -67,9 +68,13 @@ def test_two_configurations_compared_and_the_gate(lab, tmp_path):
     assert "bootstrap" in t["test"] and t["lo"] <= t["diff"] <= t["hi"]
     assert cell["verdict"] in ("faster", "slower", "no difference detectable")
 
-    same = run_cli("bench", "compare", str(tmp_path / "b512"), str(tmp_path / "b512-again"), "--fail-if", GATE)
+    # A vs A: two trials a side, so the test sees run-to-run variation (one trial a side on this loaded machine once
+    # differed by -28.7 % with p=0.0007 from the per-request values alone: docs/bench.md, trials are the evidence)
+    as_trials(tmp_path / "aa1", tmp_path / "b512", tmp_path / "b512-1")
+    as_trials(tmp_path / "aa2", tmp_path / "b512-2", tmp_path / "b512-3")
+    same = run_cli("bench", "compare", str(tmp_path / "aa1"), str(tmp_path / "aa2"), "--fail-if", GATE)
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "gate: pass" in same.stdout
+    assert "gate: pass" in same.stdout and "Welch t on trial values" in same.stdout
     worse = run_cli("bench", "compare", str(tmp_path / "b512"), str(tmp_path / "nocb"), "--fail-if", GATE)
     assert worse.returncode == 1, worse.stdout + worse.stderr
     assert "GATE FAIL" in worse.stdout and "SLOWER" in worse.stdout

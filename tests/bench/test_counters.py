@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gpudoctor.bench.cell import counters
-from tests.bench.conftest import run_cli
+from tests.bench.conftest import as_trials, run_cli
 
 # What SGLang and vLLM print (prometheus_client's exposition: a counter's family without _total, samples with it).
 SGLANG = """# HELP sglang:prompt_tokens Number of prefill tokens processed.
@@ -79,7 +79,11 @@ def test_standin_records_carry_counters_provenance_and_the_gate_judges_them(stan
     a = standin("--decode-tok-s", "300", "--ttft-ms", "5", "--prefix-cache")
     slow = standin("--decode-tok-s", "200", "--ttft-ms", "5", "--prefix-cache")  # the same server, a third slower
     ra = load_level(a.url, tmp_path / "a1", "cfg", "--server-pid", str(a.proc.pid))
-    load_level(a.url, tmp_path / "a2", "cfg")
+    # A and A again as 2 trials each (what a campaign's `trials: 2` records): the A/A gate is Welch's on trial values
+    for n in range(4):
+        load_level(a.url, tmp_path / f"run{n}", "cfg")
+    as_trials(tmp_path / "aa1", tmp_path / "run0", tmp_path / "run1")
+    as_trials(tmp_path / "aa2", tmp_path / "run2", tmp_path / "run3")
     load_level(slow.url, tmp_path / "b", "cfg")
     r = ra[0]
     assert r["schema"] == "gpudoctor.bench/3" and r["status"] == "ok"
@@ -94,12 +98,13 @@ def test_standin_records_carry_counters_provenance_and_the_gate_judges_them(stan
     assert "gpudoctor.bench.standin" in " ".join(pv["server"]["command"])  # --server-pid: its /proc cmdline
     assert pv["gpu"]["status"] in ("read", "unknown") and pv["numa"]["status"] in ("read", "unknown")
     assert r["steady"]["status"] in ("steady", "too_short") and len(r["per_request"]["rows"]) == 24
-    # one trial per side: the per-request test sees only the run's own noise, and two runs on a loaded 2-core machine
-    # differ by more than 5 % (measured: -5.9 %, p=3e-06, for A vs A); the threshold is above that, as in
-    # test_compare_transformers.py, and a third slower is far beyond it (docs/bench.md: trials are the stronger evidence)
+    # A vs A on 2 trials a side (Welch): one trial a side sees only the run's own noise, and two runs on a loaded
+    # 2-core machine differed by -5.9 % with p=3e-06 (docs/bench.md); A vs the slower B is one trial against two, the
+    # per-request test, and a third slower is far beyond the threshold
     gate = ("--fail-if", "output_tok_per_s < -15%")
-    same = run_cli("bench", "compare", str(tmp_path / "a1"), str(tmp_path / "a2"), *gate)
+    same = run_cli("bench", "compare", str(tmp_path / "aa1"), str(tmp_path / "aa2"), *gate)
     assert same.returncode == 0, same.stdout + same.stderr
+    assert "Welch t on trial values" in same.stdout
     worse = run_cli("bench", "compare", str(tmp_path / "a1"), str(tmp_path / "b"), *gate)
     assert worse.returncode == 1, worse.stdout + worse.stderr
     assert "GATE FAIL output_tok_per_s < -15%" in worse.stdout and "SLOWER" in worse.stdout
