@@ -19,18 +19,7 @@ MAX_TOKENS = 12
 def tfserve(tmp_path_factory):
     from tests.bench import transformers_lab as lab
 
-    venv = lab.venv_for_tests()  # opt-in outside CI (gigabytes), one skip line when it cannot be built
-    work = tmp_path_factory.mktemp("tfserve")
-    model, hf_home = work / "tiny-llama", work / "hf"
-    lab.build_model(venv, model, hf_home)
-    server = lab.Server(venv, model, hf_home, work / "serve.log")
-    try:
-        why = server.wait_up()
-        if why:
-            pytest.fail(why, pytrace=False)
-        yield server
-    finally:
-        server.stop()
+    yield from lab.served(tmp_path_factory)
 
 
 def records(out) -> list[dict]:

@@ -86,6 +86,24 @@ def venv_for_tests() -> Path:
     return venv
 
 
+def served(tmp_path_factory):
+    """A module fixture's body: one real transformers serve on a tiny model for the module's tests, stopped after."""
+    import pytest
+
+    venv = venv_for_tests()
+    work = tmp_path_factory.mktemp("tfserve")
+    model, hf_home = work / "tiny-llama", work / "hf"
+    build_model(venv, model, hf_home)
+    server = Server(venv, model, hf_home, work / "serve.log")
+    try:
+        why = server.wait_up()
+        if why:
+            pytest.fail(why, pytrace=False)
+        yield server
+    finally:
+        server.stop()
+
+
 def python(venv: Path) -> str:
     return str(venv / "bin" / "python")
 
