@@ -38,7 +38,6 @@ def spawn(argv, fork_program: str | None = None) -> None:
     """Start a probe now (its own session, no stdin); LocalHost.run() of the same argv adopts it. With
     `fork_program` (argv's `-c` program, stdlib only) and one thread here, it runs in a fork of this process instead
     of a new interpreter (host/forked.py): the same program and answer, without the interpreter's start."""
-    import subprocess
     import time
 
     if tuple(argv) in EARLY:
@@ -47,8 +46,10 @@ def spawn(argv, fork_program: str | None = None) -> None:
         from gpudoctor.host.forked import Forked, can_fork
 
         if fork_program is not None and can_fork():
-            proc = Forked(argv, fork_program)
+            proc = Forked(argv, fork_program)  # before subprocess is imported: nothing more before the fork
         else:
+            import subprocess
+
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
     except OSError:
@@ -88,9 +89,9 @@ def start_probes(args, more=None) -> None:
     if not is_live_check(args):
         return
     from gpudoctor.cuda_probe import FAST, PROBE  # stdlib only, like this module
-    from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
 
     spawn([sys.executable, *FAST, "-c", PROBE], fork_program=PROBE)  # forked: no second interpreter to start
+    from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
     # `more`: the gathers' probes (gpudoctor/entry.py passes gather/prestart.py's; host/ does not import gather/).
     # After the cuInit probe, whose start their imports must not delay; before NVML's thread, which would hold the
     # GIL while they are spawned.

@@ -125,6 +125,20 @@ hang = Forked(['p'], 'import time; print("started", flush=True); time.sleep(60)'
 t = time.monotonic()
 res = LocalHost()._finish(hang, ['p'], 0.5, time.perf_counter(), None, 0.5)
 out['hang'] = [res.timed_out, hang.returncode, round(time.monotonic() - t, 1) < 5]
+import os
+real_exit = os._exit
+os._exit = lambda code: (time.sleep(3), real_exit(code))  # a slow exit (cuInit's teardown), inherited by the fork
+slow = Forked(['p'], 'print("done")')
+os._exit = real_exit
+t = time.monotonic()
+o, _ = slow.communicate(timeout=30)
+waited = time.monotonic() - t
+try:  # still in its exit when the answer was taken
+    alive = os.waitpid(slow.pid, os.WNOHANG)[0] == 0
+except ChildProcessError:
+    alive = False
+slow.kill()
+out['teardown'] = [o.decode(), slow.returncode, waited < 1.5, alive]
 threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
 out['can_fork_with_threads'] = can_fork()
 print(json.dumps(out))
@@ -134,7 +148,8 @@ print(json.dumps(out))
 def test_the_cuinit_probe_runs_in_a_fork_with_the_spawned_ones_answer_and_deadline():
     """#33: the cuInit probe is a fork of the console script at entry (no second interpreter to start); it answers
     what `python -I -S -c PROBE` answers, keeps its exit code and traceback, and a hang is killed at its deadline.
-    With another thread running, forking is not safe: early.py spawns the interpreter instead."""
+    With another thread running, forking is not safe: early.py spawns the interpreter instead. The answer and exit
+    code are taken when the program has run; the child's own exit (on a GPU, the driver's teardown) is not waited for."""
     r = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -144,6 +159,8 @@ def test_the_cuinit_probe_runs_in_a_fork_with_the_spawned_ones_answer_and_deadli
     assert doc["answer"] == ["out\n", "err\n", 4]
     assert doc["raised"] == [1, True]
     assert doc["hang"] == [True, -9, True]
+    # the answer is collected once the program has run, not after the process's exit (cuInit's teardown: tens of ms)
+    assert doc["teardown"] == ["done\n", 0, True, True]
     assert doc["can_fork_with_threads"] is False
 
 
