@@ -7,6 +7,10 @@ GPU (no libcuda.so.1) the probe ends at dlopen: the ratio then measures only gpu
 goal. It also says who answered the driver facts (NVML in process since #33, else nvidia-smi) and times NVML's read
 in a fresh process (interpreter start, `import pynvml`, nvmlInit and the driver queries) beside `nvidia-smi -q -x`,
 the subprocess it replaced on the critical path.
+
+The commands run interleaved, round by round. A run's time is the user's wait: until the command has exited. What it
+leaves behind (the forked cuInit probe still in its exit, the driver's teardown: ~60 ms on the H200, which check no
+longer waits for) is reaped between runs, untimed, so the next run starts on a quiet driver as a user's check does.
 """
 
 from __future__ import annotations
@@ -21,15 +25,55 @@ import time
 CUINIT = "import ctypes; l = ctypes.CDLL('libcuda.so.1'); print(l.cuInit(0))"
 
 
-def timed(argv: list[str], runs: int) -> tuple[float, float, int]:
-    ts, rc = [], None
+def subreaper() -> bool:
+    """Orphans of a timed command (gpudoctor's forked cuInit probe still in its exit: the driver's teardown, tens
+    of ms after the answer was taken) become this process's children, so `quiesce` can wait for them."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def quiesce() -> None:
+    """Reap every leftover descendant, outside the timed span: each run starts on a quiet driver, as a user's
+    check does (back to back, one run's teardown would overlap the next run's cuInit)."""
+    import os
+
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def once(argv: list[str]) -> tuple[float, int]:
+    t = time.perf_counter()
+    p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t  # the user's wait: until the command itself has exited
+    quiesce()
+    return wall, p.returncode
+
+
+def timed(cmds: dict, runs: int) -> dict:
+    """{name: (median, min, rc)}: the commands interleaved, round by round (a drift of the machine over the run
+    weighs on all alike); the first round warms caches and is not counted."""
+    ts: dict = {name: [] for name in cmds}
+    rcs: dict = {}
     for i in range(runs + 1):
-        t = time.perf_counter()
-        p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if i:  # the first run warms caches
-            ts.append(time.perf_counter() - t)
-        rc = p.returncode
-    return statistics.median(ts), min(ts), rc
+        for name, argv in cmds.items():
+            if name in rcs and rcs[name] is None:
+                continue
+            try:
+                wall, rc = once(argv)
+            except FileNotFoundError:
+                rcs[name] = None
+                continue
+            rcs[name] = rc
+            if i:
+                ts[name].append(wall)
+    return {name: (statistics.median(v), min(v), rcs[name]) if v else None for name, v in ts.items()}
 
 
 def driver_source(argv: list[str]) -> str:
@@ -61,12 +105,11 @@ def main() -> int:
         "import gpudoctor.entry": [sys.executable, "-c", "import gpudoctor.entry"],
         "import gpudoctor.cli": [sys.executable, "-c", "import gpudoctor.cli"],
     }
-    res = {}
-    for name, argv in cmds.items():
-        try:
-            res[name] = timed(argv, a.runs)
-        except FileNotFoundError:
-            res[name] = None
+    reaping = subreaper()
+    res = timed(cmds, a.runs)
+    print(f"{a.runs} rounds, commands interleaved; leftover descendants reaped between runs, untimed: "
+          f"{'yes' if reaping else 'no (no PR_SET_CHILD_SUBREAPER)'}")
+    for name in cmds:
         if res[name]:
             med, mn, rc = res[name]
             print(f"{name:26s} median {med:.3f} s  min {mn:.3f} s  rc {rc}")

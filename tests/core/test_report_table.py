@@ -1,0 +1,80 @@
+"""The findings table of `gpudoctor check` (gpudoctor/report.py findings_table): laid out by gpudoctor in one pass
+over the cells (rich's Table measured every cell twice: 20-30 ms of a 0.25 s check on the H200, issue #33), with
+the same columns, alignment and folding, and the terminal rule: every value escaped, nothing of the input raw."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from gpudoctor.diagnose import Diagnosis
+from gpudoctor.findings import Finding, Status
+from gpudoctor.report import render
+
+LONG = ("/dev/nvidia-uvm was missing when probed; cuInit still succeeded (libcuda's nvidia-modprobe can recreate it "
+        "where mknod is allowed)")
+
+
+def findings():
+    return [
+        Finding("host.driver.loaded", Status.FAIL, "No NVIDIA driver is loaded", evidence=["/proc/modules → ENOENT"]),
+        Finding("host.privileges", Status.OK, "Probes run as root"),
+        Finding("devices.node.present", Status.WARN, LONG, subject="/dev/nvidia-uvm-tools",
+                evidence=["stat /dev/nvidia-uvm-tools → ENOENT", "cuInit(0) → 0"], blocked_by="host.driver.loaded"),
+        Finding("cuda.init", Status.OK, "cuInit ok: 1 device(s), driver API 13000"),
+    ]
+
+
+def rendered(fs, width=120, color=False, verbose=False) -> str:
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, highlight=False, force_terminal=color,
+                  color_system="standard" if color else None)
+    render(Diagnosis("h1", fs, [fs[0]], [fs[0].key]), con, verbose=verbose)
+    return buf.getvalue()
+
+
+def table(out: str) -> list[str]:
+    lines = out.splitlines()
+    return lines[next(i for i, ln in enumerate(lines) if ln.startswith("layer")):]
+
+
+def test_columns_are_aligned_and_the_finding_folds_within_the_width():
+    t = table(rendered(findings()))
+    head = t[0]
+    col = {name: head.index(name) for name in ("layer", "status", "check", "finding")}
+    # each column as wide as its longest cell ("devices", "status", the longest key), two spaces between
+    widest = len("devices.node.present[/dev/nvidia-uvm-tools]")
+    assert col == {"layer": 0, "status": 9, "check": 17, "finding": 17 + widest + 2}
+    row = next(ln for ln in t if "devices.node.present" in ln)
+    assert row[col["status"]:].startswith("WARN") and row[col["check"]:].startswith("devices.node.present[")
+    assert row[col["finding"]:].startswith("/dev/nvidia-uvm was missing")
+    assert all(len(ln) <= 120 for ln in t) and all(ln == ln.rstrip() for ln in t)
+    body = t[t.index(row):]
+    cont = body[1:body.index(next(ln for ln in body if ln.startswith("cuda")))]
+    # the summary folds onto lines indented to the finding column; the symptom note and each evidence line follow
+    assert all(ln[:col["finding"]].strip() == "" for ln in cont)
+    text = " ".join(ln.strip() for ln in [row[col["finding"]:], *cont])
+    assert text.startswith(LONG + " (symptom of host.driver.loaded)")
+    assert text.endswith("stat /dev/nvidia-uvm-tools → ENOENT cuInit(0) → 0")
+    assert t[-1].startswith("cuda     ok      cuda.init")
+    assert [ln.split()[0] for ln in t[1:] if ln[:1] != " "] == ["host", "devices", "cuda"]  # a layer named once
+
+
+def test_a_narrow_terminal_folds_the_check_column_too():
+    t = table(rendered(findings(), width=60))
+    assert all(len(ln) <= 60 for ln in t)
+    c, f = t[0].index("check"), t[0].index("finding")
+    assert f - c - 2 < len("devices.node.present[/dev/nvidia-uvm-tools]") and 60 - f >= 30
+    keys = "".join(ln[c:f].strip() for ln in t[1:])
+    assert "devices.node.present[/dev/nvidia-uvm-tools]" in keys  # folded over lines, whole when joined
+
+
+def test_every_value_is_escaped_and_colours_are_gpudoctors_own():
+    evil = Finding("host.platform", Status.FAIL, "pwned\x1b[2J\x1b]0;title\x07", subject="ct\x1b[1A\rFAIL",
+                   evidence=["line\x1b[31mred", "[bold]not markup[/]"], blocked_by="x\x1b[K")
+    out = rendered([evil, *findings()], color=True)
+    assert "\x1b[2J" not in out and "\x07" not in out and "\r" not in out and "\x1b[1A" not in out
+    assert "pwned\\x1b[2J\\x1b]0;title\\x07" in out and "ct\\x1b[1A\\rFAIL" in out
+    assert "line\\x1b[31mred" in out and "[bold]not markup[/]" in out  # shown as written, never interpreted
+    assert "\x1b[1;31mFAIL" in out  # the status word in its colour (gpudoctor's own escape codes pass)
