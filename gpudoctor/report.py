@@ -1,7 +1,8 @@
-"""Render a Diagnosis for humans (rich table grouped by layer, root cause on top) or machines (JSON).
+"""Render a Diagnosis for humans (a table grouped by layer, root cause on top) or machines (JSON).
 
 Every value that reaches the terminal goes through gpudoctor.term (the one rendering rule): `esc()` for a value in
-rich markup, `line()` for a plain line, `console()` for a Console that escapes what it is given. JSON escapes itself.
+rich markup, `line()` for a plain line, `console()` for a Console that escapes what it is given, `Styled` (check's
+report, which does not import rich) for styled segments it escapes too. JSON escapes itself.
 """
 
 from __future__ import annotations
@@ -63,41 +64,40 @@ def remedy_line(remedy: str, scope: Scope | None = None) -> str:
     return f"remedy: {cmd}   (dry run: shows the diff; add --apply to make the change)"
 
 
-def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None, scope: Scope | None = None) -> None:
-    """Root cause and chain first, then one table per layer. `verbose` also lists ok/info evidence.
-    `scope`: what the check looked at, so the remedy line acts on the same thing (`host` alone: Scope(host=))."""
-    escape = esc
+def render(d: Diagnosis, out, verbose: bool = False, host: str | None = None, scope: Scope | None = None) -> None:
+    """Root cause and chain first, then one table per layer, written to `out` (a term.Styled: no rich, whose import
+    alone was a fifth of a check on the H200). `verbose` also lists ok/info evidence. `scope`: what the check looked
+    at, so the remedy line acts on the same thing (`host` alone: Scope(host=))."""
     scope = scope or Scope(host=host)
 
     verdict = d.verdict
     t = d.facts.get("meta", {}).get("timings", {}).get("total")
     took = f" in {t:.2f} s" if isinstance(t, (int, float)) else ""
-    console.print(f"[bold]gpudoctor check[/] {escape(d.host)}: [{_STYLE[verdict]}]{_WORD[verdict]}[/] "
-                  f"(exit {d.exit_code}){took}")
+    out.print(("gpudoctor check", "bold"), f" {line(d.host)}: ", (_WORD[verdict], _STYLE[verdict]),
+              f" (exit {d.exit_code}){took}")
     if not getattr(d, "judged", True):
-        console.print("no check could judge this host: every finding is unknown or there are none (exit 3)")
+        out.print("no check could judge this host: every finding is unknown or there are none (exit 3)")
     rc = d.root_cause
     if rc:
-        console.print()
+        out.print()
         outside = ""
         if d.only_layers and rc.layer not in d.only_layers:
             outside = f" (layer {rc.layer}, outside --only {','.join(d.only_layers)})"
-        console.print(f"[{_STYLE[rc.status]}]Root cause[/] [bold]{escape(rc.key)}[/]{escape(outside)}: "
-                      f"{escape(rc.summary)}")
+        out.print(("Root cause", _STYLE[rc.status]), " ", (line(rc.key), "bold"), f"{line(outside)}: {line(rc.summary)}")
         for e in rc.evidence:
-            console.print(f"    evidence: {escape(e)}")
+            out.print(f"    evidence: {line(e)}")
         if rc.hint:
-            console.print(f"    fix: {escape(rc.hint)}")
+            out.print(f"    fix: {line(rc.hint)}")
         if rc.remedy:
-            console.print(f"    {escape(remedy_line(rc.remedy, scope))}", soft_wrap=True)  # one line to copy
+            out.print(f"    {line(remedy_line(rc.remedy, scope))}", wrap_lines=False)  # one line to copy
         if len(d.chain) > 1:
-            console.print("    chain: " + escape(" → ".join(d.chain)))
+            out.print("    chain: " + line(" → ".join(d.chain)))
         if len(d.root_causes) > 1:
-            console.print("    also: " + escape(", ".join(f.key for f in d.root_causes[1:])))
+            out.print("    also: " + line(", ".join(f.key for f in d.root_causes[1:])))
         others = [f.key for f in d.outside if f is not rc]
         if others:
-            console.print("    outside the filter: " + escape(", ".join(others)) + " (findings shown are their symptoms)")
-    console.print()
+            out.print("    outside the filter: " + line(", ".join(others)) + " (findings shown are their symptoms)")
+    out.print()
     rows = []
     for layer in LAYERS:
         kept = [f for f in d.findings if f.layer == layer]
@@ -116,58 +116,42 @@ def render(d: Diagnosis, console, verbose: bool = False, host: str | None = None
             if verbose or f.bad:
                 cell += [("\n" + line(e), "dim") for e in f.evidence[:3]]
             rows.append((layer if i == 0 else "", (_WORD[f.status], _STYLE[f.status]), line(f.key), cell))
-    findings_table(console, rows)
+    findings_table(out, rows)
 
 
 _GAP = 2  # spaces between columns
 
 
-def findings_table(console, rows) -> None:
+def findings_table(out, rows) -> None:
     """The findings table: layer, status, check, finding, one row per finding (a finding's evidence on the lines
-    under it). Laid out here, in one pass over the cells: rich's Table measured and wrapped every cell twice, 20-30
-    ms of a whole check's 0.25 s on an H200 (2026-12-04, tools/check_timeline.py). The first three columns are as
-    wide as their longest cell, the finding column takes the rest of the console's width and folds there; where
-    that leaves it narrower than 30 columns, the check column folds too. `rows`: (layer, (word, style), key,
-    [(text, style), ...]) with every value already printable (one line each; a cell's newlines start its evidence)."""
-    from rich.cells import cell_len
-    from rich.text import Text
+    under it). The first three columns are as wide as their longest cell, the finding column takes the rest of the
+    width and folds there; where that leaves it narrower than 30 cells, the check column folds too. (rich's Table
+    did this by measuring and wrapping every cell twice: 18-27 ms of a 0.25 s check on an H200, 2026-12-04.)
+    `rows`: (layer, (word, style), key, [(text, style), ...]) with every value printable (one line each; a cell's
+    own newlines start its evidence lines). `out`: a term.Styled."""
+    from gpudoctor.term import cell_len, wrap
 
     heads = ("layer", "status", "check")
     w = [max([len(heads[0])] + [cell_len(r[0]) for r in rows]), max([len(heads[1])] + [len(r[1][0]) for r in rows]),
          max([len(heads[2])] + [cell_len(r[2]) for r in rows])]
-    fw = console.width - sum(w) - 3 * _GAP
+    fw = out.width - sum(w) - 3 * _GAP
     if fw < 30:
         w[2] = max(len(heads[2]), w[2] - (30 - fw))
-        fw = max(console.width - sum(w) - 3 * _GAP, 10)
+        fw = max(out.width - sum(w) - 3 * _GAP, 10)
     gap = " " * _GAP
-
-    def fold(text: Text, width: int) -> list:
-        if text.cell_len <= width and "\n" not in text.plain:
-            return [text]
-        lines = list(text.wrap(console, width, overflow="fold"))
-        for ln in lines:
-            ln.rstrip()
-        return lines
-
-    out = Text()
-    out.append(f"{heads[0]:<{w[0]}}{gap}{heads[1]:<{w[1]}}{gap}{heads[2]:<{w[2]}}{gap}finding", style="bold")
+    text = [out.styled([(f"{heads[0]:<{w[0]}}{gap}{heads[1]:<{w[1]}}{gap}{heads[2]:<{w[2]}}{gap}finding", "bold")])]
     for layer, (word, style), key, cell in rows:
-        finding = Text()
-        for text, st in cell:
-            finding.append(text, style=st or None)
-        checks = fold(Text(key), w[2])
-        lines = fold(finding, fw)
+        checks = wrap([(key, "")], w[2])
+        lines = wrap(cell, fw)
         for i in range(max(len(checks), len(lines))):
-            out.append("\n")
-            out.append(f"{layer if i == 0 else '':<{w[0]}}{gap}")
-            out.append(f"{word:<{w[1]}}" if i == 0 else " " * w[1], style=style if i == 0 else None)
-            out.append(gap)
-            c = checks[i] if i < len(checks) else Text()
-            out.append_text(c)
+            c = "".join(t for t, _ in checks[i]) if i < len(checks) else ""
+            segs = [(f"{layer if i == 0 else '':<{w[0]}}{gap}", ""),
+                    (f"{word:<{w[1]}}", style) if i == 0 else (" " * w[1], ""), (gap + c, "")]
             if i < len(lines):
-                out.append(" " * (w[2] - c.cell_len) + gap)
-                out.append_text(lines[i])
-    console.print(out, soft_wrap=True)
+                segs.append((" " * (w[2] - cell_len(c)) + gap, ""))
+                segs += lines[i]
+            text.append(out.styled(segs))
+    out.write("\n".join(text) + "\n")
 
 
 def _each_line_printable(fn):

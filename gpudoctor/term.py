@@ -7,6 +7,7 @@ overrides. Every character that is not printable is shown as a Python-style esca
     printable(s)              a value as one line: newlines and tabs escaped too (use for every interpolated value)
     markup(s)                 printable() and rich-markup escaped, for text given to rich
     console(stderr=False)     a rich Console whose every string is made printable (newlines kept) before rendering
+    Styled(...)               the light writer of check's text report: styled segments, folded lines, no rich
     RawWriter(safe)           what that Console writes to: the raw stream, a closed pipe still told to `safe`
     SafeStream(stream)        what cli.main puts on sys.stdout/sys.stderr: every write keeps only \\n and \\t
 
@@ -111,3 +112,172 @@ class RawWriter:
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...
         return getattr(self._safe.raw_stream, name)
+
+
+# --- Styled: check's text report without rich ------------------------------------------------------------------
+
+_SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "magenta": "35",
+        "cyan": "36"}
+
+
+def cell_len(s: str) -> int:
+    """Terminal cells of `s`: wide East Asian characters take two, combining marks none."""
+    if s.isascii():
+        return len(s)
+    import unicodedata
+
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def _cut(word: str, room: int) -> int:
+    """How many characters of `word` fit in `room` cells (at least one)."""
+    if word.isascii():
+        return max(1, room)
+    n = used = 0
+    for c in word:
+        w = cell_len(c)
+        if used + w > room and n:
+            break
+        used += w
+        n += 1
+    return n
+
+
+def fold(text: str, width: int) -> list[tuple[int, int]]:
+    """Where one line of `text` breaks to fit `width` cells: (start, end) spans of it, broken at spaces where it can
+    and inside a word longer than the width where it must; the spaces at a break are dropped (a first line keeps
+    its indent)."""
+    width = max(width, 1)
+    if cell_len(text) <= width:
+        return [(0, len(text.rstrip(" ")))]
+    spans: list[tuple[int, int]] = []
+    start = end = used = 0  # the line being filled is text[start:end], `used` cells, `worded` once it has a word
+    worded = False
+    i, n = 0, len(text)
+    while i < n:
+        j = i
+        while j < n and text[j] == " ":
+            j += 1
+        k = j
+        while k < n and text[k] != " ":
+            k += 1
+        gap, word = j - i, text[j:k]
+        if worded and used + gap + cell_len(word) > width:  # the word starts the next line
+            spans.append((start, end))
+            start, used, worded, gap = j, 0, False, 0
+        elif not worded and spans:  # a continuation line does not start with spaces
+            start, gap = j, 0
+        used += gap
+        end = j
+        while word:
+            room = width - used
+            w = cell_len(word)
+            if w <= room:
+                used += w
+                end += len(word)
+                worded = True
+                break
+            if worded:  # the word alone on the next line
+                spans.append((start, end))
+                start, used, worded = end, 0, False
+                continue
+            m = _cut(word, max(room, 1))  # longer than a line: folded inside
+            spans.append((start, end + m))
+            end += m
+            start, used, word = end, 0, word[m:]
+        i = k
+    if worded or not spans:
+        spans.append((start, end))
+    return spans
+
+
+def wrap(segments, width: int) -> list[list[tuple[str, str]]]:
+    """Styled segments [(text, style)] (their text printable, newlines allowed) as lines of at most `width` cells,
+    each a list of segments; a newline starts a new line."""
+    lines: list[list[tuple[str, str]]] = []
+    para: list[tuple[str, str]] = []
+    paras = [para]
+    for text, style in segments:
+        parts = text.split("\n")
+        for k, part in enumerate(parts):
+            if k:
+                para = []
+                paras.append(para)
+            if part:
+                para.append((part, style))
+    for para in paras:
+        plain = "".join(t for t, _ in para)
+        for a, b in fold(plain, width):
+            line, pos = [], 0
+            for t, st in para:
+                lo, hi = max(a - pos, 0), min(b - pos, len(t))
+                if lo < hi:
+                    line.append((t[lo:hi], st))
+                pos += len(t)
+            lines.append(line)
+    return lines
+
+
+class Styled:
+    """The writer of check's text report (report.render): segments of text with a style ("bold", "dim", "bold red",
+    ...), folded to the width, styles as ANSI codes only on a colour terminal. Without rich: importing rich.console
+    was 72 ms on the H200, more than a fifth of a whole check (docs/h200/check_latency-2026-12-04.txt). As console()
+    does: every text is made printable (newlines kept), and it writes beneath cli.main's SafeStream (RawWriter), so
+    its own colour codes pass and a closed pipe still ends the command with 141.
+
+    width: cells per line (default: $COLUMNS, else the terminal's, else 80); color: None decides as rich does
+    (FORCE_COLOR set: yes; NO_COLOR set or TERM dumb: no; else whether the stream is a terminal)."""
+
+    def __init__(self, file=None, *, stderr: bool = False, width: int | None = None, color: bool | None = None):
+        import os
+        import sys
+
+        stream = file if file is not None else (sys.stderr if stderr else sys.stdout)
+        self.file = RawWriter(stream) if isinstance(stream, SafeStream) else stream
+        env = os.environ
+        if color is None:
+            if env.get("FORCE_COLOR"):
+                color = True
+            elif env.get("NO_COLOR") or env.get("TERM", "").lower() in ("dumb", "unknown"):
+                color = False
+            else:
+                try:
+                    color = stream.isatty()
+                except (AttributeError, ValueError):
+                    color = False
+        self.color = bool(color)
+        if width is None:
+            cols = env.get("COLUMNS", "")
+            if cols.isdigit() and int(cols) > 0:
+                width = int(cols)
+            else:
+                try:
+                    width = os.get_terminal_size(stream.fileno()).columns
+                except (AttributeError, ValueError, OSError):
+                    width = 80
+        self.width = max(int(width), 10)
+
+    def styled(self, segments) -> str:
+        """One line's segments as text, with their styles' ANSI codes on a colour terminal."""
+        if not self.color:
+            return "".join(t for t, _ in segments)
+        out = []
+        for t, st in segments:
+            codes = ";".join(_SGR[w] for w in (st or "").split() if w in _SGR)
+            out.append(f"\x1b[{codes}m{t}\x1b[0m" if codes and t else t)
+        return "".join(out)
+
+    def print(self, *parts, wrap_lines: bool = True) -> None:
+        """One line (or, folded, several) of `parts`: each a text or (text, style). wrap_lines=False: as one line
+        whatever its length (a command to copy)."""
+        segs = [(printable(p, keep_newlines=True), "") if isinstance(p, str)
+                else (printable(p[0], keep_newlines=True), p[1] or "") for p in parts]
+        lines = wrap(segs, self.width if wrap_lines else 1 << 30)
+        self.write("".join(self.styled(ln) + "\n" for ln in lines))
+
+    def write(self, text: str) -> None:
+        self.file.write(text)
+        try:
+            self.file.flush()
+        except (AttributeError, ValueError):
+            pass

@@ -18,6 +18,13 @@ def _console():
     return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
 
 
+def _styled():
+    """The writer of check's text report (no rich): the terminal's width, else 120 columns."""
+    from gpudoctor.term import Styled
+
+    return Styled(width=None if sys.stdout.isatty() else 120)
+
+
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
                       deep_python=None, units=(), deep_force=False, quiet=False):
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot; the
@@ -143,30 +150,19 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
                       units=tuple(ctx.units if snapshot_path else units),
                       models=tuple(ctx.model_paths if snapshot_path else models),
                       snapshot_of=d.host if snapshot_path else None)
-        render(d, _console(), verbose=show_all, scope=scope)
+        render(d, _styled(), verbose=show_all, scope=scope)
     raise SystemExit(d.exit_code)
 
 
 def _warm_imports(as_json: bool) -> None:
-    """Import the checks and the renderer while the probes run: the probes wait on subprocesses, not the CPU."""
+    """Import the checks and the renderer while the probes run: the probes wait on subprocesses, not the CPU. (The
+    text report no longer imports rich: nothing of it to warm.)"""
     import threading
 
     def warm():
         import gpudoctor.checks  # noqa: F401
         import gpudoctor.diagnose  # noqa: F401
-
-        if not as_json:
-            import io
-
-            from rich.console import Console
-
-            from gpudoctor.diagnose import Diagnosis
-            from gpudoctor.findings import Finding, Status
-            from gpudoctor.report import render
-
-            # One throw-away rendering: rich's first table pays for lazy imports and width tables (~40-80 ms).
-            f = Finding("host.warm", Status.FAIL, "warm", layer="host", evidence=["e"], hint="h")
-            render(Diagnosis("warm", [f], [f], ["warm"]), Console(file=io.StringIO(), width=120, highlight=False))
+        import gpudoctor.report  # noqa: F401
 
     threading.Thread(target=warm, daemon=True).start()
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import jsonschema
-from rich.console import Console
+from gpudoctor.term import Styled
 
 from gpudoctor import snapshot
 
@@ -34,7 +34,7 @@ def _no_driver_facts():
 
 def _text(d) -> str:
     buf = io.StringIO()
-    render(d, Console(file=buf, width=200, highlight=False, no_color=True))
+    render(d, Styled(buf, width=200, color=False))
     return buf.getvalue()
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rich.console import Console
+from gpudoctor.term import Styled
 
 from gpudoctor.checkreg import all_checks
 from gpudoctor.commands.fix import fix as fix_command, select_remedies
@@ -42,7 +42,7 @@ REMEDIED = [c for c in all_checks() if c.remedy]
 
 def _remedy_lines(d: Diagnosis, scope: Scope, width: int = 100) -> list[str]:
     buf = io.StringIO()
-    render(d, Console(file=buf, width=width, highlight=False, no_color=True), scope=scope)
+    render(d, Styled(buf, width=width, color=False), scope=scope)
     return [ln.strip() for ln in buf.getvalue().splitlines() if ln.strip().startswith("remedy:")]
 
 

@@ -1,16 +1,20 @@
-"""The findings table of `gpudoctor check` (gpudoctor/report.py findings_table): laid out by gpudoctor in one pass
-over the cells (rich's Table measured every cell twice: 20-30 ms of a 0.25 s check on the H200, issue #33), with
-the same columns, alignment and folding, and the terminal rule: every value escaped, nothing of the input raw."""
+"""The text report of `gpudoctor check` (gpudoctor/report.py render, findings_table) written by gpudoctor.term.Styled,
+without rich (issue #33: rich's Table measured every cell twice, 18-27 ms, and importing rich.console was 72 ms, of a
+0.25 s check on the H200): the same columns, alignment and folding as before, styles only on a colour terminal, and
+the terminal rule: every value escaped, nothing of the input raw."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
-from rich.console import Console
+import pytest
 
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import Finding, Status
 from gpudoctor.report import render
+from gpudoctor.term import Styled, fold
 
 LONG = ("/dev/nvidia-uvm was missing when probed; cuInit still succeeded (libcuda's nvidia-modprobe can recreate it "
         "where mknod is allowed)")
@@ -28,9 +32,7 @@ def findings():
 
 def rendered(fs, width=120, color=False, verbose=False) -> str:
     buf = io.StringIO()
-    con = Console(file=buf, width=width, highlight=False, force_terminal=color,
-                  color_system="standard" if color else None)
-    render(Diagnosis("h1", fs, [fs[0]], [fs[0].key]), con, verbose=verbose)
+    render(Diagnosis("h1", fs, [fs[0]], [fs[0].key]), Styled(buf, width=width, color=color), verbose=verbose)
     return buf.getvalue()
 
 
@@ -78,3 +80,48 @@ def test_every_value_is_escaped_and_colours_are_gpudoctors_own():
     assert "pwned\\x1b[2J\\x1b]0;title\\x07" in out and "ct\\x1b[1A\\rFAIL" in out
     assert "line\\x1b[31mred" in out and "[bold]not markup[/]" in out  # shown as written, never interpreted
     assert "\x1b[1;31mFAIL" in out  # the status word in its colour (gpudoctor's own escape codes pass)
+
+
+@pytest.mark.parametrize("text, width, lines", [
+    ("No NVIDIA driver is loaded and the quick brown fox", 20, ["No NVIDIA driver is", "loaded and the quick", "brown fox"]),
+    ("ab averyveryverylongword cd", 10, ["ab", "averyveryv", "erylongwor", "d cd"]),
+    ("    evidence: x y", 8, ["    evid", "ence: x", "y"]),  # the first line keeps its indent, no line of spaces
+    ("a  b  c", 3, ["a", "b", "c"]),
+    ("模型名称很长的目录", 8, ["模型名称", "很长的目", "录"]),  # wide characters take two cells each
+    ("", 8, [""]),
+])
+def test_fold_breaks_at_spaces_and_inside_words_longer_than_the_width(text, width, lines):
+    assert [text[a:b] for a, b in fold(text, width)] == lines
+
+
+@pytest.mark.parametrize("env, tty, colour", [
+    ({}, True, True), ({}, False, False), ({"NO_COLOR": "1"}, True, False), ({"TERM": "dumb"}, True, False),
+    ({"FORCE_COLOR": "1"}, False, True),
+])
+def test_styles_reach_only_a_colour_terminal_as_rich_decided(monkeypatch, env, tty, colour):
+    for k in ("NO_COLOR", "FORCE_COLOR", "TERM", "COLUMNS"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    buf = Stream()
+    Styled(buf, width=40).print(("FAIL", "bold red"), " x")
+    assert buf.getvalue() == ("\x1b[1;31mFAIL\x1b[0m x\n" if colour else "FAIL x\n")
+    monkeypatch.setenv("COLUMNS", "57")
+    assert Styled(buf).width == 57
+
+
+def test_the_text_report_does_not_import_rich(tmp_path):
+    """A whole `check` text report, here of a snapshot, without rich in the process (`--json` never needed it)."""
+    from tests.core import deep_captures as dc
+
+    snap = dc.write(dc.build(dc.healthy_child()), tmp_path / "deep.json")
+    prog = ("import sys\nfrom gpudoctor.cli import main\ntry:\n    main(['check', '--snapshot', sys.argv[1]])\n"
+            "except SystemExit:\n    pass\nprint('RICH', sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
+    r = subprocess.run([sys.executable, "-c", prog, str(snap)], capture_output=True, text=True, timeout=120)
+    assert "gpudoctor check" in r.stdout and "layer" in r.stdout, r.stderr
+    assert r.stdout.rstrip().splitlines()[-1] == "RICH []"
