@@ -37,6 +37,7 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "munged": (("munged", "/usr/sbin/munged"), "apt-get install slurmctld slurmd slurm-client munge"),
     "mmdebstrap": (("mmdebstrap",), "apt-get install mmdebstrap"),  # .ci/rootfs: the trixie rootfs of OpenSSH 10
     "ip": (("ip", "/usr/sbin/ip", "/sbin/ip"), "apt-get install iproute2"),
+    "chattr": (("chattr", "/usr/bin/chattr", "/sbin/chattr"), "apt-get install e2fsprogs"),  # tests/remedies
     "promtool": (("promtool",), "apt-get install prometheus"),
     "prometheus": (("prometheus",), "apt-get install prometheus"),
     "node_exporter": (("prometheus-node-exporter", "node_exporter"), "apt-get install prometheus-node-exporter"),
