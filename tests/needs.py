@@ -6,7 +6,7 @@ because they are all raised here); under CI=true it is a failure, never a skip: 
 
 The one exception is a lab named in GPUDOCTOR_CI_ELSEWHERE (`elsewhere(lab)`, called first at each lab's single
 entry): a CI stage on another platform (.ci/debian's whole-suite run on Debian 13) names the labs that cannot run
-there, and CI's Debian 12 stage runs them; each is skipped with ONE line, also under CI=true.
+there, and CI's main suite on Debian 12 (.ci/run) runs them; each is skipped with ONE line, also under CI=true.
 """
 
 from __future__ import annotations
@@ -160,11 +160,13 @@ def elsewhere_labs() -> set[str]:
 
 def elsewhere(lab: str) -> None:
     """Called first at the single entry of each lab in LABS: when GPUDOCTOR_CI_ELSEWHERE names it, skip with ONE line
-    (also under CI=true) saying which lab, why it cannot run in this stage, and that CI's Debian 12 stage runs it."""
+    (also under CI=true) saying which lab, why it cannot run in this stage, and that CI's main suite on Debian 12 runs
+    it."""
     if lab not in LABS:
         raise KeyError(f"{lab} is not a lab of tests/needs.py LABS")
     if lab in elsewhere_labs():
-        pytest.skip(f"{ELSEWHERE_MARK}the {lab} runs in CI's Debian 12 stage, not here: {LABS[lab]}{MARK}")
+        pytest.skip(f"{ELSEWHERE_MARK}the {lab} runs in CI's main suite on Debian 12 (.ci/run), not in this stage: "
+                    f"{LABS[lab]}{MARK}")
 
 
 def need(name: str) -> str:

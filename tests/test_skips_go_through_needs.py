@@ -105,8 +105,8 @@ def test_a_lab_named_elsewhere_skips_with_its_one_line_even_under_ci(monkeypatch
         ELSEWHERE_ENTRIES[lab]()
     assert type(exc.value).__name__ == "Skipped"
     line = str(exc.value)
-    assert line == (f"GPUDOCTOR_CI_ELSEWHERE: the {lab} runs in CI's Debian 12 stage, not here: {needs.LABS[lab]}"
-                    f"{needs.MARK}")
+    assert line == (f"GPUDOCTOR_CI_ELSEWHERE: the {lab} runs in CI's main suite on Debian 12 (.ci/run), not in this "
+                    f"stage: {needs.LABS[lab]}{needs.MARK}")
     assert "\n" not in line
 
 
