@@ -3,6 +3,10 @@
 `need("sshd")` returns the component's path. When it is missing: outside CI the test is skipped with ONE line naming
 the component and the command that installs it (pytest folds the identical skips of every test into one summary line,
 because they are all raised here); under CI=true it is a failure, never a skip: CI installs everything (.ci/run).
+
+The one exception is a lab named in GPUDOCTOR_CI_ELSEWHERE (`elsewhere(lab)`, called first at each lab's single
+entry): a CI stage on another platform (.ci/debian's whole-suite run on Debian 13) names the labs that cannot run
+there, and CI's main suite on Debian 12 (.ci/run) runs them; each is skipped with ONE line, also under CI=true.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "munged": (("munged", "/usr/sbin/munged"), "apt-get install slurmctld slurmd slurm-client munge"),
     "mmdebstrap": (("mmdebstrap",), "apt-get install mmdebstrap"),  # .ci/rootfs: the trixie rootfs of OpenSSH 10
     "ip": (("ip", "/usr/sbin/ip", "/sbin/ip"), "apt-get install iproute2"),
+    "chattr": (("chattr", "/usr/bin/chattr", "/sbin/chattr"), "apt-get install e2fsprogs"),  # tests/remedies
     "promtool": (("promtool",), "apt-get install prometheus"),
     "prometheus": (("prometheus",), "apt-get install prometheus"),
     "node_exporter": (("prometheus-node-exporter", "node_exporter"), "apt-get install prometheus-node-exporter"),
@@ -123,6 +128,45 @@ def not_a_proxmox_node() -> None:
     failure (a CI machine is never a Proxmox node)."""
     if os.path.isdir("/etc/pve"):
         unavailable(f"this machine is a Proxmox node (it has /etc/pve){MARK}: the off-the-node behaviour cannot be seen")
+
+
+# The labs a CI stage may run elsewhere (GPUDOCTOR_CI_ELSEWHERE), each with why it cannot run in .ci/debian's
+# Debian 13 (trixie) root filesystem, where the whole suite runs chrooted with pytest as PID 1 of its own namespace.
+LABS: dict[str, str] = {
+    "systemd-lab": "it boots systemd 252 as PID 1 under systemd-nspawn (tests/systemdlab.py); trixie's systemd 257 "
+                   "fails there (\"Failed to retrieve machine ID: No medium found\")",
+    "lxc-lab": "its node sshd runs in real LXC with the kernel's cgroup2 device program (tests/lxclab.py); in the "
+               "chroot it fails \"Couldn't open /dev/null: Permission denied\"",
+    "slurm-lab": "it is written against Debian 12's Slurm 22.05 (tests/slurmlab.py); under trixie's Slurm 24.11 a "
+                 "resumed node keeps its drain Reason (2 of its tests fail there)",
+    "podman": "gpudoctor inside its podman container must see the kind 'podman' (tests/boundary/test_podman_cdi.py); "
+              "in the chroot it sees 'vm'",
+    "transformers-lab": "its venv is torch CPU for CI's Python 3.11 (tests/bench/transformers_lab.py); on Python 3.13 "
+                        "pip would fetch the 5 GB CUDA torch",
+}
+ELSEWHERE_ENV = "GPUDOCTOR_CI_ELSEWHERE"
+ELSEWHERE_MARK = f"{ELSEWHERE_ENV}: "  # every elsewhere skip line starts with it (.ci/debian counts the others)
+
+
+def elsewhere_labs() -> set[str]:
+    """The labs GPUDOCTOR_CI_ELSEWHERE names (space- or comma-separated); an unknown name is a failure."""
+    named = set(os.environ.get(ELSEWHERE_ENV, "").replace(",", " ").split())
+    unknown = sorted(named - set(LABS))
+    if unknown:
+        pytest.fail(f"{ELSEWHERE_ENV} names no lab {', '.join(unknown)} (tests/needs.py LABS: "
+                    f"{', '.join(sorted(LABS))})", pytrace=False)
+    return named
+
+
+def elsewhere(lab: str) -> None:
+    """Called first at the single entry of each lab in LABS: when GPUDOCTOR_CI_ELSEWHERE names it, skip with ONE line
+    (also under CI=true) saying which lab, why it cannot run in this stage, and that CI's main suite on Debian 12 runs
+    it."""
+    if lab not in LABS:
+        raise KeyError(f"{lab} is not a lab of tests/needs.py LABS")
+    if lab in elsewhere_labs():
+        pytest.skip(f"{ELSEWHERE_MARK}the {lab} runs in CI's main suite on Debian 12 (.ci/run), not in this stage: "
+                    f"{LABS[lab]}{MARK}")
 
 
 def need(name: str) -> str:

@@ -52,6 +52,18 @@ def penalty_lines(log: Path) -> list[str]:
             if "penalty" in line or "drop connection" in line]
 
 
+def settled_penalty_lines(server: SSHD, *, expect: bool, timeout: float = 30.0) -> list[str]:
+    """penalty_lines once the listener has reaped every connection: it logs a connection's penalty when it reaps it,
+    which on a loaded machine can come well after the client has gone. `expect`: also wait for a first line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = penalty_lines(server.log)
+        if not server.session_pids() and (lines or not expect):
+            return lines
+        time.sleep(0.05)
+    return penalty_lines(server.log)
+
+
 def start(d: Path, root: Path | None = None, *, timeout: float = 15.0) -> SSHD:
     """Run the rootfs's sshd as trixie configures it (see the module's text); `root`: an unpacked rootfs to reuse."""
     d.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ def need_lab() -> None:
     """What the lab needs: one skip line each outside CI (tests/needs.py), a failure under CI=true."""
     from tests import needs
 
+    needs.elsewhere("slurm-lab")
     for name in ("munged", "slurmctld", "slurmd", "scontrol", "ip", "nsenter"):
         needs.need(name)
     if os.geteuid() != 0:

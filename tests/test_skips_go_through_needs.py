@@ -67,3 +67,84 @@ def test_what_this_machine_cannot_show_skips_and_fails_under_ci(monkeypatch, ci,
     with pytest.raises(BaseException) as exc:
         needs.unavailable("a condition this machine lacks")
     assert type(exc.value).__name__ == outcome and "a condition this machine lacks" in str(exc.value)
+
+
+# GPUDOCTOR_CI_ELSEWHERE (#34): a stage that cannot run a lab names it; the lab is skipped with one line even under
+# CI=true, a lab not named takes its normal path, and a name that is no lab is a failure.
+ELSEWHERE_ENTRIES = {  # each lab's single entry: what a test of that lab calls first
+    "systemd-lab": lambda: _fixture_body("tests.systemd.conftest", "sdlab"),
+    "lxc-lab": lambda: _fixture_body("tests.e2e.conftest", "lab_parts"),
+    "slurm-lab": lambda: __import__("tests.slurmlab", fromlist=["need_lab"]).need_lab(),
+    "podman": lambda: _fixture_body("tests.boundary.test_podman_cdi", "engine", tmp_path=None),
+    "transformers-lab": lambda: __import__("tests.bench.transformers_lab", fromlist=["x"]).venv_for_tests(),
+}
+
+
+def _fixture_body(module: str, name: str, **kw):
+    """Run a fixture function's body up to its first yield (or its return), as pytest does."""
+    import importlib
+    import inspect
+
+    fn = getattr(importlib.import_module(module), name)
+    fn = getattr(fn, "__wrapped__", None) or getattr(fn, "__pytest_wrapped__").obj
+    out = fn(**kw)
+    return next(out) if inspect.isgenerator(out) else out
+
+
+def test_every_lab_has_its_entry_here_and_a_reason():
+    assert set(ELSEWHERE_ENTRIES) == set(needs.LABS)
+    assert all(len(why) > 40 for why in needs.LABS.values())
+
+
+@pytest.mark.parametrize("lab", sorted(needs.LABS))
+def test_a_lab_named_elsewhere_skips_with_its_one_line_even_under_ci(monkeypatch, lab):
+    monkeypatch.setenv("CI", "true")
+    others = [x for x in needs.LABS if x != lab]
+    monkeypatch.setenv(needs.ELSEWHERE_ENV, f"{others[0]}, {lab} {others[1]}")
+    with pytest.raises(BaseException) as exc:
+        ELSEWHERE_ENTRIES[lab]()
+    assert type(exc.value).__name__ == "Skipped"
+    line = str(exc.value)
+    assert line == (f"GPUDOCTOR_CI_ELSEWHERE: the {lab} runs in CI's main suite on Debian 12 (.ci/run), not in this "
+                    f"stage: {needs.LABS[lab]}{needs.MARK}")
+    assert "\n" not in line
+
+
+class _NormalPath(Exception):
+    """Raised where a lab's entry goes on past the elsewhere check: its own first step."""
+
+
+@pytest.mark.parametrize("lab", sorted(needs.LABS))
+def test_a_lab_not_named_takes_its_normal_path_under_ci(monkeypatch, lab):
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv(needs.ELSEWHERE_ENV, " ".join(x for x in needs.LABS if x != lab))
+    seen = []
+
+    def first_step(*a, **kw):
+        seen.append(a)
+        raise _NormalPath()
+
+    # each entry's first step after the elsewhere check, stopped there
+    from tests import systemdlab, lxclab
+    from tests.bench import transformers_lab
+
+    monkeypatch.setattr(systemdlab, "skip_reason", first_step)
+    monkeypatch.setattr(lxclab, "skip_reason", first_step)
+    monkeypatch.setattr(needs, "root", first_step)
+    monkeypatch.setattr(needs, "need", first_step)
+    monkeypatch.setattr(transformers_lab, "venv_ok", first_step)
+    with pytest.raises(_NormalPath):
+        ELSEWHERE_ENTRIES[lab]()
+    assert len(seen) == 1
+
+
+def test_an_unknown_lab_in_the_variable_is_a_clear_failure(monkeypatch):
+    monkeypatch.setenv("CI", "")
+    monkeypatch.setenv(needs.ELSEWHERE_ENV, "systemd-lab,no-such-lab")
+    with pytest.raises(BaseException) as exc:
+        needs.elsewhere("systemd-lab")
+    assert type(exc.value).__name__ == "Failed"
+    assert "GPUDOCTOR_CI_ELSEWHERE names no lab no-such-lab" in str(exc.value)
+    assert "systemd-lab" in str(exc.value).split("LABS:")[1]
+    with pytest.raises(KeyError):
+        needs.elsewhere("no-such-lab")

@@ -77,6 +77,7 @@ def venv_for_tests() -> Path:
     needs.opt_in skips with one line naming OPT_IN); one that cannot be built skips (fails under CI=true)."""
     from tests import needs
 
+    needs.elsewhere("transformers-lab")
     if not venv_ok(venv_dir()):
         needs.opt_in(OPT_IN, COST)
     venv, why = ensure_venv()

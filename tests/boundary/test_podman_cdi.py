@@ -82,6 +82,7 @@ def ulimits() -> list[str]:
 
 @pytest.fixture
 def engine(tmp_path):
+    needs.elsewhere("podman")
     needs.root()  # podman makes device nodes and cgroups
     found = {"podman": need("podman"), "runc": need("runc"), "unshare": need("unshare")}
     run = tempfile.mkdtemp(prefix="gd-pm-", dir="/tmp")  # podman wants a runroot of at most 50 characters

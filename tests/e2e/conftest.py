@@ -20,6 +20,7 @@ from tests import needs
 def lab_parts():
     """The lab's parts are all here (root, lxc, ip, …), or the test is skipped with the one line naming the first
     one missing (a failure under CI=true). Every test that builds a lab of its own asks for this."""
+    needs.elsewhere("lxc-lab")
     reason = L.skip_reason()
     if reason:
         needs.unavailable(reason)

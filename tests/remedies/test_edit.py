@@ -36,14 +36,19 @@ class RunOnlyHost(Host):
         return self.root + path if path.startswith("/") else path
 
 
-@pytest.fixture(params=["local", "run-only"])
-def host(request, tmp_path):
-    (tmp_path / "etc/pve/lxc").mkdir(parents=True)
-    t = tmp_path / "etc/pve/lxc/200.conf"
+def host_on(kind: str, root):
+    """(the host, its root): /etc/pve/lxc/200.conf holding BEFORE, under `root`."""
+    (root / "etc/pve/lxc").mkdir(parents=True)
+    t = root / "etc/pve/lxc/200.conf"
     t.write_bytes(BEFORE)
     os.chmod(t, 0o640)
-    h = LocalHost(root=str(tmp_path)) if request.param == "local" else RunOnlyHost(root=str(tmp_path))
-    return h, tmp_path
+    h = LocalHost(root=str(root)) if kind == "local" else RunOnlyHost(root=str(root))
+    return h, root
+
+
+@pytest.fixture(params=["local", "run-only"])
+def host(request, tmp_path):
+    return host_on(request.param, tmp_path)
 
 
 def backups(root):

@@ -15,6 +15,7 @@ from tests import needs
 def sdlab():
     from tests.systemdlab import SystemdLab, skip_reason
 
+    needs.elsewhere("systemd-lab")
     why = skip_reason()
     if why:
         needs.unavailable(why)
