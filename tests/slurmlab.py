@@ -244,3 +244,21 @@ class SlurmLab:
         if "DOWN" in st or "DRAIN" in st or "FAIL" in st:
             self.scontrol("update", f"nodename={self.node}", "state=resume")
         self.wait_state(lambda s: s == "IDLE", 15)
+        if self.keeps_reasons() and "Reason=" in self.show():
+            # Slurm >= 23.11 without accounting storage keeps a resumed node's reason and scontrol cannot clear
+            # it; a job allocated on the node does (node_mgr.c make_node_alloc)
+            res = self.run(["srun", "-N1", "-w", self.node, "-t", "1", "true"], timeout=30)
+            if res.returncode != 0:
+                raise RuntimeError(f"srun on {self.node} to clear its kept reason: {res.stderr.strip()}")
+            self.wait_state(lambda s: s == "IDLE", 15)
+
+    def version(self) -> tuple[int, int]:
+        """Slurm's version as (major, minor), from `scontrol --version` ("slurm 24.11.5")."""
+        out = self.scontrol("--version").split()[-1]
+        major, minor = out.split(".")[:2]
+        return int(major), int(minor)
+
+    def keeps_reasons(self) -> bool:
+        """Does a resume keep the node's Reason? From 23.11 on, under accounting_storage/none (this lab's), the
+        hook that cleared it (clusteracct_storage_g_node_up) returns first."""
+        return self.version() >= (23, 11)

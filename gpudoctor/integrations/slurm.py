@@ -9,6 +9,20 @@ exactly as it is — never drained over, never resumed (mej/nhc#134 is the class
 
 States are scontrol's words (`scontrol show node`: BASE+FLAG+FLAG, e.g. IDLE+COMPLETING+DRAIN,
 DOWN+DRAIN+NOT_RESPONDING); sinfo's DRAINED/DRNG/DRAINING never appear there and are treated as unknown.
+
+Every write is bracketed by reads (#42; NHC's #134 is the race): the node is read again right before the write
+and the write is skipped when anything changed since the decision (an admin's drain set meanwhile wins), and read
+right after it to verify. Two things the verification mends:
+- Slurm 24.11 keeps a resumed node's Reason where no accounting storage is configured (its node_up hook, which
+  clears the reason, is a no-op under accounting_storage/none; 22.05 cleared it there too), and scontrol has no
+  way to clear a reason (an empty Reason= is ignored). A node gpudoctor resumed would stay IDLE with
+  "gpudoctor: …", and a later drain by slurmctld itself (which keeps an existing reason) would look like
+  gpudoctor's own and be resumed by the next passing check. So gpudoctor replaces its own kept reason by a
+  past-tense note that is not a drain reason (RESUMED_NOTE), and never touches a reason that is not its own.
+- An admin's drain that landed between the re-read and the resume is undone by the resume; where Slurm keeps
+  reasons, the verification sees that reason on a node that is no longer drained and drains it again with the
+  admin's words. Under Slurm 22.05 such a drain leaves no trace after the resume (the window is the few
+  milliseconds between a read and a write).
 """
 
 from __future__ import annotations
@@ -164,8 +178,20 @@ def read_node(host, node: str, *, timeout: float = 15.0) -> NodeInfo | str:
     return info
 
 
+RESUMED_NOTE = "resumed by gpudoctor"  # our past-tense note where Slurm kept our drain reason: not a drain reason
+
+
+def read_show(host, node: str, *, timeout: float = 15.0) -> NodeInfo | str:
+    """State and Reason only (`scontrol show node`): the re-read right before a write and the read right after."""
+    show = host.run(["scontrol", "show", "node", node], timeout=timeout)
+    if not show.ok:
+        return f"`scontrol show node {node}` failed: {show.describe()}"
+    return parse_show_node(show.stdout)
+
+
 def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> SlurmAction:
-    """Drain or resume the node for a GateResult, through `host.run` (a LocalHost on the compute node)."""
+    """Drain or resume the node for a GateResult, through `host.run` (a LocalHost on the compute node): read,
+    decide, read again right before writing (skip if anything changed), write, read right after (verify)."""
     node = node or node_name()
     info = read_node(host, node, timeout=timeout)
     if isinstance(info, str):
@@ -173,8 +199,58 @@ def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> Sl
     act = decide(info, result.passed, node, result.headline)
     if act.argv is None:
         return act
+    again = read_show(host, node, timeout=timeout)
+    if isinstance(again, str):
+        return SlurmAction("failed", f"{node} left as is: its state could not be read again before the write "
+                                     f"({again})")
+    if (again.state, again.reason) != (info.state, info.reason):
+        return SlurmAction("kept", f"{node} left as is: it changed while gpudoctor decided ({info.evidence()} → "
+                                   f"{again.evidence()}); the next check decides again")
     res = host.run(act.argv, timeout=timeout)
     if not res.ok:
         verb = "resume" if act.action == "resumed" else "drain"
         return SlurmAction("failed", f"could not {verb} {node}: {res.describe()}", act.argv)
+    after = read_show(host, node, timeout=timeout)
+    if isinstance(after, str):
+        return SlurmAction(act.action, f"{act.detail}; not verified: {after}", act.argv)
+    if act.action == "resumed":
+        return _verify_resume(host, node, info, after, act, timeout)
+    if not (after.drained and after.reason == make_reason(result.headline)):
+        return SlurmAction(act.action, f"{act.detail}; then found {after.evidence()}: left as is", act.argv)
     return act
+
+
+def _verify_resume(host, node: str, before: NodeInfo, after: NodeInfo, act: SlurmAction,
+                   timeout: float) -> SlurmAction:
+    if after.drained:  # drained again right after our write: whoever did it, it stays
+        return SlurmAction(act.action, f"{act.detail}; then drained again ({after.evidence()}): left as is",
+                           act.argv)
+    if not after.reason:
+        return act
+    if after.reason == before.reason:  # Slurm kept our own drain reason (24.11 without accounting storage)
+        note = f"{RESUMED_NOTE} {_now()}: its checks passed (was: {_short(before.reason, 120)})"
+        last = read_show(host, node, timeout=timeout)
+        if isinstance(last, str) or last.drained or last.reason != before.reason:
+            return SlurmAction(act.action, f"{act.detail}; Slurm kept the reason and the node changed before "
+                                           f"gpudoctor could replace it: left as is", act.argv)
+        res = host.run(["scontrol", "update", f"nodename={node}", f"reason={note}"], timeout=timeout)
+        if not res.ok:
+            return SlurmAction(act.action, f"{act.detail}; Slurm kept gpudoctor's reason and replacing it "
+                                           f"failed: {res.describe()}", act.argv)
+        return SlurmAction(act.action, f"{act.detail}; Slurm kept the drain reason: replaced by \"{note}\"",
+                           act.argv)
+    # someone else's reason on a node that is no longer drained: their drain landed between our re-read and our
+    # resume, which undid it. Put it back in their words.
+    argv = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={after.reason}"]
+    res = host.run(argv, timeout=timeout)
+    if not res.ok:
+        return SlurmAction("failed", f"{node}: a drain by someone else ({after.reason}) landed during gpudoctor's "
+                                     f"resume and putting it back failed: {res.describe()}", argv)
+    return SlurmAction("kept", f"{node} left drained: a drain by someone else ({_short(after.reason)}) landed "
+                               f"during gpudoctor's resume, which undid it; drained again in its words", argv)
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
