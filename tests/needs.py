@@ -137,8 +137,8 @@ LABS: dict[str, str] = {
                    "fails there (\"Failed to retrieve machine ID: No medium found\")",
     "lxc-lab": "its node sshd runs in real LXC with the kernel's cgroup2 device program (tests/lxclab.py); in the "
                "chroot it fails \"Couldn't open /dev/null: Permission denied\"",
-    "slurm-lab": "it is written against Debian 12's Slurm 22.05 (tests/slurmlab.py); under trixie's Slurm 24.11 a "
-                 "resumed node keeps its drain Reason (2 of its tests fail there)",
+    "slurm-lab": "it runs Debian's munged, slurmctld and slurmd (tests/slurmlab.py); both CI stages run it now "
+                 "(22.05 on Debian 12, 24.11 in the trixie stage): name it only for a stage without those packages",
     "podman": "gpudoctor inside its podman container must see the kind 'podman' (tests/boundary/test_podman_cdi.py); "
               "in the chroot it sees 'vm'",
     "transformers-lab": "its venv is torch CPU for CI's Python 3.11 (tests/bench/transformers_lab.py); on Python 3.13 "
