@@ -183,7 +183,7 @@ class SlurmLab:
             "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
             "JobAcctGatherType": "jobacct_gather/none", "AccountingStorageType": "accounting_storage/none",
             "SchedulerType": "sched/backfill", "SelectType": "select/cons_tres",
-            "MpiDefault": "none", "ReturnToService": "2", "SlurmdTimeout": "300", "SlurmctldTimeout": "300",
+            "MpiDefault": "none", "ReturnToService": "1", "SlurmdTimeout": "300", "SlurmctldTimeout": "300",
             "InactiveLimit": "0", "KillWait": "2", "MinJobAge": "2", "MessageTimeout": "5",
             "RebootProgram": "/bin/true",
         }

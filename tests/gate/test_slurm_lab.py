@@ -252,3 +252,54 @@ def test_the_recovery_ladder_in_real_slurm(node, tmp_path, verified):
     r = gate(node, tmp_path, GOOD)
     assert r.returncode == 0 and "drained by someone else" in r.stderr
     assert info(node).reason == "bad DIMM, ticket 4711"
+
+
+class _RacedHost:
+    """The compute node as gpudoctor's slurm mode sees it (a LocalHost inside the lab's namespace), with an admin who
+    drains the node with the real scontrol just before gpudoctor's call number `at` (#42; NHC #134)."""
+
+    def __init__(self, lab, at: int, reason: str):
+        from gpudoctor.host.local import LocalHost
+
+        self.lab, self.at, self.reason, self.calls = lab, at, reason, []
+        self.local = LocalHost()
+
+    def run(self, argv, timeout=None, input=None, env=None):
+        self.calls.append(" ".join(argv))
+        if len(self.calls) == self.at:
+            self.lab.scontrol("update", f"nodename={self.lab.node}", "state=drain", f"reason={self.reason}")
+        return self.local.run(self.lab._in_ns(argv), timeout=timeout, env=self.lab.env())
+
+
+def test_an_admins_drain_set_between_the_read_and_the_write_is_left_as_set(node, tmp_path):
+    """The real race: gpudoctor drained the node, its checks now pass; between its read of the node and its resume
+    an admin drains the node for a reason of their own. The re-read right before the write sees it: no resume."""
+    from gpudoctor.gate import GateResult
+    from gpudoctor.integrations.slurm import apply
+
+    assert gate(node, tmp_path, BAD).returncode == 2 and info(node).reason == make_reason(ROOT_CAUSE)
+    host = _RacedHost(node, 3, "bad DIMM, ticket 4711")  # 1 show node, 2 show reservation, 3 the re-read
+    act = apply(GateResult(node.node, "default"), host, node=node.node)
+    assert act.action == "kept" and "changed while gpudoctor decided" in act.detail, act
+    assert not [c for c in host.calls if c.startswith("scontrol update")], host.calls
+    i = info(node)
+    assert (i.state, i.reason) == ("IDLE+DRAIN", "bad DIMM, ticket 4711")
+
+
+def test_an_admins_drain_undone_by_the_resume_is_put_back_where_slurm_keeps_reasons(node, tmp_path):
+    """The narrower window, between the re-read and the resume: the resume undoes the admin's drain. Where Slurm
+    keeps a resumed node's reason (>= 23.11 without accounting storage) the read right after sees the admin's reason
+    on a node no longer drained, and gpudoctor drains it again in the admin's words; 22.05 clears the reason with
+    the resume and leaves no trace to see (docs/gate.md says so)."""
+    from gpudoctor.gate import GateResult
+    from gpudoctor.integrations.slurm import apply
+
+    assert gate(node, tmp_path, BAD).returncode == 2
+    host = _RacedHost(node, 4, "bad DIMM, ticket 4711")  # just before the resume itself
+    act = apply(GateResult(node.node, "default"), host, node=node.node)
+    i = info(node)
+    if node.keeps_reasons():
+        assert act.action == "kept" and "drained again in its words" in act.detail, act
+        assert (i.state.split("+")[0], "DRAIN" in i.state, i.reason) == ("IDLE", True, "bad DIMM, ticket 4711")
+    else:
+        assert act.action == "resumed" and i.reason is None and "DRAIN" not in i.state
