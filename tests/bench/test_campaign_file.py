@@ -176,3 +176,23 @@ def test_example_campaign_is_valid():
     labels = [x.label for x in c.configs()]
     assert c.baseline == "autoregressive" and labels[0] == "autoregressive-tp1"
     assert "dflash-tp4" in labels and "dflash-tp1" not in labels and "eagle3-tp8" in labels
+
+
+@pytest.mark.parametrize("gate", ["gate: false", "gate: {command: false}"])
+def test_gate_false_disables_the_gate(tmp_path, gate):
+    """#41: `gate: false` was read as an empty mapping and the default gate ran; it means no gate, as
+    `gate: {command: false}` does."""
+    f = tmp_path / "c.yaml"
+    f.write_text(MINIMAL + gate + "\n")
+    c = campaign.load(str(f))
+    assert c.gate_command is None and c.gate_call is None
+
+
+def test_gate_true_is_one_line(tmp_path, capsys):
+    f = tmp_path / "c.yaml"
+    f.write_text(MINIMAL + "gate: true\n")
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "run", str(f), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 3 and "gate must be a mapping (command, heal_command) or false, got True" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

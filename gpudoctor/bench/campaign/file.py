@@ -365,7 +365,12 @@ def load(path: str) -> Campaign:
     timeouts = dict(TIMEOUTS)
     for k, val in v.mapping(d.get("timeouts") or {}, "timeouts", keys=set(TIMEOUTS)).items():
         timeouts[k] = float(v.number(val, "timeouts", k, lo=0.001))
-    gate = v.mapping(d.get("gate") or {}, "gate", keys={"command", "heal_command"})
+    raw_gate = d.get("gate")
+    if raw_gate is not False and raw_gate is not None and not isinstance(raw_gate, dict):
+        v.fail(f"gate must be a mapping (command, heal_command) or false, got {raw_gate!r}", "gate")
+    # `gate: false` is `gate: {command: false}`: no gate (#41: it was read as an empty mapping, the default gate ran)
+    gate = {"command": False} if raw_gate is False else v.mapping(raw_gate or {}, "gate",
+                                                                   keys={"command", "heal_command"})
     gate_cmd = gate.get("command", DEFAULT_GATE)
     gate_argv = None if gate_cmd in (None, False) else v.argv(gate_cmd, "gate", "command") or None
     gpu = v.mapping(d.get("gpu") or {}, "gpu", keys={"release_mib"})
