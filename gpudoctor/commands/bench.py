@@ -269,6 +269,12 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     with Display(json_out) as display:
         display("note", text=f"token counts: {counter.source}; "
                              + (f"context limit: {limit} (from {limit_from})" if limit else limit_from))
+        from gpudoctor.bench.client.levels import unreachable
+
+        down = asyncio.run(unreachable(base))
+        if down:  # say now what the readiness wait would only say at its end (#41)
+            display("note", text=f"nothing answers at {base} yet ({down}): waiting up to {ready_timeout:g} s "
+                                 f"(--ready-timeout) for a server there")
         written = asyncio.run(run_levels(base, store, levels, stall_s=stall_timeout, warmup=warmup, ready_timeout_s=ready_timeout,
                                          log_path=server_log, on_event=display, watch=watch,
                                          rerun_failed=True, ready_5xx=WAIT if wait_through_5xx else STOP))

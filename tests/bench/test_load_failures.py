@@ -178,3 +178,22 @@ def test_bad_flags_exit_3(tmp_path):
     assert p.returncode == 3 and "Invalid value for '--concurrency': '1,x': 'x' is not an integer" in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_port_nothing_listens_on_is_said_at_once(tmp_path):
+    """#41: against a wrong port bench load said nothing for --ready-timeout, then claimed the server "publishes
+    none". Now its first lines say nothing answers there, and that it waits; the level is still an error record."""
+    import socket
+
+    with socket.socket() as sk:  # a port nothing listens on: bound, never listening
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+        out = tmp_path / "out"
+        p = run_cli("bench", "load", "--server-url", f"http://127.0.0.1:{port}", "--concurrency", "1",
+                    "--max-tokens", "8", "--ready-timeout", "2", "--out", str(out))
+    lines = p.stderr.splitlines() + p.stdout.splitlines()
+    assert p.returncode == 2, p.stderr
+    assert "publishes none" not in p.stderr + p.stdout
+    assert any(f"nothing answers at http://127.0.0.1:{port} yet (127.0.0.1:{port}: connection refused): waiting up "
+               f"to 2 s (--ready-timeout)" in line for line in lines), lines
+    assert [r["status"] for r in records(out)] == ["error"]

@@ -299,6 +299,25 @@ async def server_context_limit(base_url: str, timeout: float = 10.0) -> int | No
     return limit if isinstance(limit, int) else None
 
 
+async def unreachable(base_url: str, timeout: float = 2.0) -> str | None:
+    """Why nothing can answer at base_url's host and port (a TCP connect: "connection refused", "timed out"), or
+    None when something accepts connections there. Says at once what a readiness wait would only say at its end."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(base_url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(u.hostname, port), timeout)
+    except asyncio.TimeoutError:
+        return f"no answer to a TCP connect to {u.hostname}:{port} in {timeout:g} s"
+    except ConnectionRefusedError:
+        return f"{u.hostname}:{port}: connection refused"
+    except OSError as e:
+        return f"{u.hostname}:{port}: {e.strerror or e}"
+    writer.close()
+    return None
+
+
 async def context_limit(base_url: str, model_dirs: list[str | None] = (), timeout: float = 10.0
                         ) -> tuple[int | None, str]:
     """The context limit and where it came from: what the server publishes (SGLang /server_info, vLLM's /v1/models
@@ -322,8 +341,10 @@ async def context_limit(base_url: str, model_dirs: list[str | None] = (), timeou
         value = conf.get("max_position_embeddings") if isinstance(conf, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, f"{path} (max_position_embeddings)"
-    return None, ("context limit unknown (the server publishes none and no local config.json names one): the fit "
-                  "check is off; --context-limit N turns it on")
+    down = await unreachable(base_url)
+    server = f"no server answers at {base_url} yet" if down else "the server publishes none"
+    return None, (f"context limit unknown ({server} and no local config.json names one): the fit check is off; "
+                  "--context-limit N turns it on")
 
 
 def workload_name(prompt_set: str, context_len: int | None, max_tokens: int) -> str:
