@@ -28,13 +28,18 @@ def _progress(total: int, label: str):
     """A rich progress bar on a TTY (stderr), else None. Returns (progress, advance)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
 
     from gpudoctor.report import console, esc
 
+    class Speed(ProgressColumn):  # binary units, as the bar's sizes and the summary line (#41: MB/s beside MiB/s)
+        def render(self, task):
+            speed = task.finished_speed or task.speed
+            return Text("?" if speed is None else f"{human_bytes(speed)}/s", style="progress.data.speed")
+
     prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TransferSpeedColumn(), TimeRemainingColumn(), console=console(stderr=True), transient=False)
+                    Speed(), TimeRemainingColumn(), console=console(stderr=True), transient=False)
     task = prog.add_task(esc(label), total=total)
     return prog, (lambda n: prog.update(task, advance=n))
 

@@ -290,3 +290,41 @@ def test_a_process_scan_past_its_deadline_refuses(tmp_path, shm_dir, state_dir, 
     plan = st.plan_stage(str(tmp_path / "m"), str(shm_dir))
     assert plan.busy and plan.busy[0]["stuck"]
     assert any("could not tell whether processes use" in r and "did not answer in 0 s" in r for r in plan.refusals)
+
+
+def test_the_stage_bar_speaks_binary_units_as_its_summary_does(tmp_path):
+    """#41: the bar's speed was rich's decimal MB/s beside its binary sizes and the summary's MiB/s. On a terminal
+    (stderr a pty, where the bar is drawn) every rate is binary."""
+    import os
+    import pty
+    import re
+    import subprocess
+
+    from tests.console import console_script
+    from .modelfiles import write_model
+
+    write_model(tmp_path / "src", shards=2, elems=600_000)
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([console_script(), "model", "stage", "--from", str(tmp_path / "src"), "--to",
+                            str(tmp_path / "dst"), "--apply"], stdout=subprocess.PIPE, stderr=slave,
+                           stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160", "TERM": "xterm"}, timeout=60)
+        os.close(slave)
+        slave = None
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 65536)
+            except OSError:
+                break
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    bar = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    assert p.returncode == 0, (p.stdout, bar)
+    rates = re.findall(r"[\d.]+ ?([kKMG]i?B)/s", bar + p.stdout.decode())
+    assert rates and all(u.endswith("iB") for u in rates), (rates, bar)
