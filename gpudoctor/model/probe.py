@@ -273,6 +273,20 @@ def _resolve_hf(repo: str, revision: str, problems: list, notes: list) -> tuple[
     return snap, commit
 
 
+STALE_DOWNLOAD_S = 600.0  # a *.incomplete blob untouched this long is an aborted download, not one running
+
+
+def _blobs_linked(snapshot_dir: str) -> set[str]:
+    """The blob names (sha) the links of one HF snapshot directory point at."""
+    out: set[str] = set()
+    for root, _dirs, names in os.walk(snapshot_dir):
+        for n in names:
+            full = os.path.join(root, n)
+            if os.path.islink(full):
+                out.add(os.path.basename(os.readlink(full)))
+    return out
+
+
 def verify_model(path: str, revision: str = "main") -> dict:
     """Everything about one model path, without reading tensor data. Never raises for a bad path.
 
@@ -306,17 +320,26 @@ def verify_model(path: str, revision: str = "main") -> dict:
             incompletes = sorted(b for b in os.listdir(blobs) if b.endswith(".incomplete"))
         except OSError:
             incompletes = []
-        for b in incompletes:
-            try:
-                size = os.stat(os.path.join(blobs, b)).st_size
-            except OSError:
-                size = None
-            problems.append(_problem("incomplete_blob", f"blobs/{b}", actual=size,
-                                     detail="an interrupted download (huggingface_hub writes *.incomplete)"))
         model_dir, rep["revision"] = _resolve_hf(path, revision, problems, notes)
         if model_dir is None:
             rep["seconds"] = time.perf_counter() - t0
             return rep
+        wanted = _blobs_linked(model_dir) if incompletes else set()
+        now = time.time()
+        for b in incompletes:
+            try:
+                bst = os.stat(os.path.join(blobs, b))
+                size, age = bst.st_size, now - bst.st_mtime
+            except OSError:
+                size, age = None, 0.0
+            # huggingface_hub writes blobs/<etag>.incomplete, renames it, then links it into the snapshot: a blob
+            # written lately may be a file of this revision still on its way (the directory may still change)
+            if b[: -len(".incomplete")] in wanted or age < STALE_DOWNLOAD_S:
+                problems.append(_problem("incomplete_blob", f"blobs/{b}", actual=size,
+                                         detail="an interrupted download (huggingface_hub writes *.incomplete)"))
+            else:  # #41: an old aborted download that no file links to does not make this revision incomplete
+                notes.append(f"blobs/{b}: a download interrupted {age / 3600:.0f} h ago that no file of revision "
+                             f"{rep['revision'] or '?'} links to (left alone; rm removes it)")
     else:
         repos = _hf_root_repos(path)
         if repos:

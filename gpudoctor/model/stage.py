@@ -260,7 +260,9 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
 def _problem_line(p: dict) -> str:
     sizes = ""
     if p.get("expected") is not None or p.get("actual") is not None:
-        sizes = f" (expected {p.get('expected', '?')} bytes, actual {p.get('actual', 'absent')})"
+        exp = "?" if p.get("expected") is None else p["expected"]
+        act = "absent" if p.get("actual") is None else p["actual"]
+        sizes = f" (expected {exp} bytes, actual {act})"
     return f"{p['kind']} {p.get('file') or ''}{sizes}".strip()
 
 

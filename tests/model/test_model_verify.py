@@ -278,3 +278,21 @@ def test_a_directory_of_model_directories_is_not_one_model(tmp_path, cli):
     write_model(tmp_path / "m2", shards=1)
     write_model(tmp_path / "m2" / "original", shards=1)
     assert cli("model", "verify", tmp_path / "m2").code == 0
+
+
+def test_hf_cache_old_stray_incomplete_blob_is_a_note(cli, tmp_path):
+    """#41: an aborted download of another file, long ago, that no file of this revision links to: the revision is
+    complete (every hash matches) and the stray blob is a note; one written lately still counts (a download may be
+    running: huggingface_hub links a file only once its blob is whole)."""
+    folder, blobs = write_hf_cache(tmp_path / "hub", shards=2)
+    stray = folder / "blobs" / ("f" * 64 + ".incomplete")
+    stray.write_bytes(b"partial")
+    old = os.stat(stray).st_mtime - 7 * 3600
+    os.utime(stray, (old, old))
+    rep = probe.verify_model(str(folder))
+    assert rep["complete"] and kinds(rep) == [], rep["problems"]
+    assert any(n.startswith(f"blobs/{'f' * 64}.incomplete: a download interrupted 7 h ago") for n in rep["notes"])
+    r = cli("model", "verify", "--hash", folder)
+    assert r.code == 0 and "COMPLETE" in r.out, r.out
+    os.utime(stray)  # touched now: a download may be on its way
+    assert kinds(probe.verify_model(str(folder))) == [("incomplete_blob", f"blobs/{'f' * 64}.incomplete")]
