@@ -178,8 +178,11 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
     names = select_hosts(inv, all_hosts=all_hosts, groups=groups)
     if not names:
         raise InputError("the inventory selects no hosts", path=inv.path)
-    result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout),
-                         host_timeout=host_timeout)
+    from gpudoctor.progress import Waiting
+
+    with Waiting("check --all", names) as waiting:
+        result = check_fleet(inv, names, parallel=parallel, check_fn=default_check_fn(inv, timeout),
+                             host_timeout=host_timeout, on_done=lambda rec: waiting.done(rec.host))
     if prom_path:
         from gpudoctor.integrations.promfile import write_prom
 

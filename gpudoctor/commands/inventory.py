@@ -118,8 +118,16 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
         return {"role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
                 "detail": detail}
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(one, targets.items()))
+    from gpudoctor.progress import Waiting
+
+    def each(item, waiting):
+        r = one(item)
+        waiting.done(item[0][1])
+        return r
+
+    with Waiting("inventory ping", [name for _role, name in targets]) as waiting, \
+            ThreadPoolExecutor(max_workers=parallel) as pool:
+        results = list(pool.map(lambda item: each(item, waiting), targets.items()))
     if as_json:
         for r in results:
             click.echo(json.dumps(r, sort_keys=True))
