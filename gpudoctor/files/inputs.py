@@ -84,11 +84,11 @@ def trusted(path, *, what: str = "file", error=InputError) -> None:
     campaign names servers it starts) must be root's, like sshd's StrictModes (#40): the file and every directory above
     it owned by root and writable by no other user (files/trust.py); else one line naming the part, its owner and its
     mode (`error`, exit 3). An ordinary user's gpudoctor reads what that user chooses."""
-    if os.geteuid() != 0:
+    p = os.fspath(path)
+    if os.geteuid() != 0 or not os.path.exists(p):  # a missing file: the reader says so
         return
     from gpudoctor.files.trust import untrusted
 
-    p = os.fspath(path)
     why = untrusted(os.path.abspath(p))
     if why:
         raise error(f"refusing this {what} as root: {why}: another user could change what root does "
