@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -263,6 +264,11 @@ def _run(argv) -> None:
         _close_connections()
         click.echo("Interrupted.", err=True)
         sys.exit(130)
+    except PermissionError as exc:  # an ordinary user's --apply (#40): which permission failed, never a traceback
+        _drop_notes()
+        what = f"{exc.strerror or 'permission denied'}: {exc.filename}" if exc.filename else str(exc)
+        click.echo(f"gpudoctor: {what}: this needs root (gpudoctor runs as uid {os.geteuid()})", err=True)
+        sys.exit(EXIT_UNKNOWN)
     except RecursionError:  # input nested deeper than a parser could follow: bad input, never a traceback
         click.echo("gpudoctor: input nests too deeply to read", err=True)
         sys.exit(EXIT_UNKNOWN)

@@ -1,9 +1,6 @@
 """The cuInit probe's program, with no imports: the console script starts it before anything else is loaded
 (gpudoctor/entry.py); gather/cuda.py runs the same text on any target."""
 
-# -I -S: no site-packages, no user env: the probe needs only the stdlib and starts in a fraction of the time.
-FAST = ["-I", "-S"]
-
 # Runs on the target. Loads libcuda.so.1 by SONAME (never bare libcuda.so, which may be the toolkit stub).
 PROBE = r"""
 import ctypes, json, os, time

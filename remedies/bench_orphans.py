@@ -17,6 +17,7 @@ import json
 from gpudoctor.bench.server.marker import ENV_OWNER
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding, Status
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.remedy import Change, Remedy, RemedyContext
 
 from .common import target_name
@@ -137,7 +138,7 @@ class StopOrphanServers(Remedy):
         servers = [s for s in change.data["servers"] if s.get("start") is not None and s.get("owner")]
         if not servers:
             raise RemedyError("no server with a recorded start time and owner to stop")
-        argv = [*host.python, "-c", _PY_STOP, str(change.data.get("stop_s", 10.0))]
+        argv = python_argv(host.python, "-c", _PY_STOP, str(change.data.get("stop_s", 10.0)))
         for s in servers:
             argv += [str(s["pid"]), str(s["start"]), s["owner"]]
         res = host.run(argv, timeout=float(change.data.get("stop_s", 10.0)) * len(servers) + 15.0)

@@ -7,8 +7,10 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None = None) -> None:
-    """Replace `path` with `data` atomically, keeping the old file's mode and owner when it exists."""
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None = None,
+                 owner: tuple[int, int] | None = None) -> None:
+    """Replace `path` with `data` atomically, keeping the old file's mode. The new file belongs to whoever writes it
+    (root's replacement is root's: #40), or to `owner` (uid, gid) when the caller names one."""
     target = Path(path)
     if isinstance(data, str):
         data = data.encode()
@@ -25,15 +27,12 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None
             os.fsync(fh.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
-        elif old is not None:
-            os.chmod(tmp, old.st_mode & 0o7777)
+        elif old is not None:  # another user's setuid/setgid bits never pass to a file of ours
+            os.chmod(tmp, old.st_mode & (0o7777 if old.st_uid == os.geteuid() else 0o1777))
         else:
             os.chmod(tmp, 0o644)
-        if old is not None and hasattr(os, "chown"):
-            try:
-                os.chown(tmp, old.st_uid, old.st_gid)
-            except PermissionError:
-                pass
+        if owner is not None:
+            os.chown(tmp, *owner)
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -7,6 +7,7 @@
     output_dir(path, what)                      missing or a directory, never a file
     http_url(url, what)                         http(s)://host[:port][/path]
     brief(value)                                a value for a message: at most ~80 characters, with the count cut
+    trusted(path, what=...)                     as root: the file is root's and only root can change it (#40)
 
 Every refusal is an InputError (or the subclass the caller names): one line, exit 3, nothing started.
 """
@@ -76,6 +77,22 @@ def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, 
         raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
     finally:
         os.close(fd)
+
+
+def trusted(path, *, what: str = "file", error=InputError) -> None:
+    """As root, a file whose content gpudoctor obeys (an inventory names programs it runs and hosts it marks ready; a
+    campaign names servers it starts) must be root's, like sshd's StrictModes (#40): the file and every directory above
+    it owned by root and writable by no other user (files/trust.py); else one line naming the part, its owner and its
+    mode (`error`, exit 3). An ordinary user's gpudoctor reads what that user chooses."""
+    p = os.fspath(path)
+    if os.geteuid() != 0 or not os.path.exists(p):  # a missing file: the reader says so
+        return
+    from gpudoctor.files.trust import untrusted
+
+    why = untrusted(os.path.abspath(p))
+    if why:
+        raise error(f"refusing this {what} as root: {why}: another user could change what root does "
+                    "(give it to root, chmod go-w, or keep it in a directory only root can write)", path=p)
 
 
 def decode(raw: bytes, path: str, *, what: str = "file", error=InputError) -> str:

@@ -19,6 +19,7 @@ from gpudoctor.files.inputs import MiB, brief, decode, read_bytes
 MAX_DEPTH = 64
 MAX_NODES = 100_000
 MAX_BYTES = 4 * MiB
+MAX_INT_CHARS = 100  # no number gpudoctor reads needs more; Python refuses int() past 4300 digits (#40)
 _STD = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_STD + t for t in ("str", "int", "float", "bool", "null", "timestamp", "value")}
 _MAP, _SEQ, _MERGE = _STD + "map", _STD + "seq", _STD + "merge"
@@ -101,6 +102,9 @@ def _check_plain(root, path: str, error) -> None:
                                 f"mappings, lists, strings, numbers, booleans and null)")
             if "\0" in node.value:
                 raise err(node, "a string contains a NUL character")
+            if node.tag == _STD + "int" and len(node.value) > MAX_INT_CHARS:  # int() refuses past 4300 digits
+                raise err(node, f"an integer of {len(node.value)} characters (gpudoctor reads at most "
+                                f"{MAX_INT_CHARS})")
         elif isinstance(node, yaml.SequenceNode):
             if node.tag != _SEQ:
                 raise err(node, f"YAML tag {brief(_tag_name(node.tag), 40)} is not plain data (a list is written "

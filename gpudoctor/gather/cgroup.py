@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from gpudoctor.gather.fabric import FAST
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host import Host
 
 # BPF_PROG_QUERY needs CAP_NET_ADMIN; an ordinary user gets EPERM (said so in the facts).
@@ -105,7 +105,7 @@ print(json.dumps(out))
 
 def device_cgroup(host: Host, timeout: float = 3.0) -> dict:
     """The probe's device cgroup (see the module doc); {"error": ...} when the probe itself failed."""
-    res = host.run([*host.python, *FAST, "-c", _PY_CGROUP], timeout=timeout)
+    res = host.run(python_argv(host.python, "-c", _PY_CGROUP, site=False), timeout=timeout)
     try:
         return json.loads(res.stdout) if res.ok else {"error": "cgroup probe " + res.describe()}
     except ValueError:

@@ -7,11 +7,12 @@ import json
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
-from gpudoctor.cuda_probe import FAST, PROBE  # noqa: F401 - the probe text, shared with gpudoctor/entry.py
+from gpudoctor.cuda_probe import PROBE  # the probe text, shared with gpudoctor/entry.py
+from gpudoctor.host.childpy import python_argv
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:
-    res = host.run([*host.python, *FAST, "-c", PROBE], timeout=ctx.timeout)
+    res = host.run(python_argv(host.python, "-c", PROBE, site=False), timeout=ctx.timeout)
     out = {"command": "python3 -c <cuInit probe>", "rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
            "duration_s": round(res.duration_s, 4)}
     if res.timed_out:

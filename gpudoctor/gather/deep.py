@@ -12,6 +12,7 @@ import json
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 
 # One rank of the probe; the gather starts one per GPU of the group (threads over Host.run), rendezvous by file.
@@ -118,10 +119,10 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
 
     def rank(r):
         args = [str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"]
-        res = host.run([*python, "-", *args], timeout=max(ctx.timeout, 180), input=PROBE.encode(),
+        res = host.run(python_argv(python, "-", *args), timeout=max(ctx.timeout, 180), input=PROBE.encode(),
                        env={"NCCL_NVLS_ENABLE": "0"})
         if not_recorded(res):  # a snapshot from before #33
-            res = host.run([*python, "-c", PROBE_BEFORE_33, *args], timeout=max(ctx.timeout, 180),
+            res = host.run(python_argv(python, "-c", PROBE_BEFORE_33, *args), timeout=max(ctx.timeout, 180),
                            env={"NCCL_NVLS_ENABLE": "0"})
         results[r] = res
 

@@ -7,21 +7,28 @@ first with torch is used; where none has it the target's own python runs the CUD
 and the rest is marked not measured, with the candidates tried as the reason.
 
 One probe on the target (stdlib, `python -I -S`) does the search and asks each candidate whether torch is installed
-(importlib's find_spec and the distribution's version: torch is never imported for that). Its answer is in a
+(importlib's find_spec and the distribution's version: torch is never imported for that), isolated (`-I`, a minimal
+environment, cwd /). An interpreter found through another process (#40) is asked only when root may trust it
+(files/trust.py: it, every directory above it and every link on the way owned by root or by this user and writable by
+no one else); otherwise it is not run at all, and its candidate says why — running it as its owner would still
+measure with code that user controls, and the deep figures decide whether a host goes back to service. Its answer is in a
 snapshot's transcript, so a replay picks the interpreter the recording picked.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 
 # argv: deadline_s, then the candidates to try before and after the serving processes as JSON
 # {"first": [[python, source], ...], "then": [[python, source], ...], "servers": whether to look for them}.
-PROBE = r"""
+# After files/trust.py's and host/childpy.py's text (#40): the same trust test and child python as everywhere.
+_SEARCH = r"""
 import json, os, shutil, subprocess, sys, time
 dl = time.monotonic() + float(sys.argv[1])
 spec = json.loads(sys.argv[2])
@@ -83,13 +90,13 @@ def servers():
             except OSError:
                 exe = None
             py = exe if is_py(exe) else None
-        if py:
-            found.append([py, "the %s server's interpreter (pid %s)" % (what, d)])
+        if py:  # another user's process names it: used only where root may trust it (#40)
+            found.append([py, "the %s server's interpreter (pid %s)" % (what, d), untrusted(py)])
     return found
 
 cands = list(spec.get("first") or []) + (servers() if spec.get("servers", True) else []) + list(spec.get("then") or [])
 out, seen = [], set()
-for py, source in cands:
+for py, source, *why in cands:
     if py in seen:
         continue
     seen.add(py)
@@ -98,14 +105,17 @@ for py, source in cands:
     left = dl - time.monotonic()
     if full is not None and os.access(full, os.X_OK):
         rec["path"] = full
-    if full is None or not os.access(full, os.X_OK):
+    if why and why[0]:
+        rec["error"] = ("not run: %s; not trusted as root (--deep-python or the inventory's policy names a python "
+                        "to trust)" % why[0])
+    elif full is None or not os.access(full, os.X_OK):
         rec["error"] = "not found"
     elif left < 0.5:
         rec["error"] = "not asked: the search ran out of time"
     else:
         try:
-            r = subprocess.run([full, "-c", ASK], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=min(left, 15.0))
+            r = subprocess.run(python_argv([full], "-c", ASK), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=min(left, 15.0), env=child_env(), cwd=CWD)
             if r.returncode == 0:
                 rec["torch"] = r.stdout.decode("utf-8", "replace").strip() or None
                 if not rec["torch"]:
@@ -119,6 +129,8 @@ for py, source in cands:
         break
 print(json.dumps({"candidates": out}))
 """
+PROBE = "\n".join(Path(__file__).parent.parent.joinpath(f).read_text() for f in ("files/trust.py", "host/childpy.py")) \
+    + _SEARCH
 
 
 def _as_list(python) -> list[str]:
@@ -137,7 +149,7 @@ def choose(host: Host, ctx: GatherContext) -> dict:
     # An explicit --deep-python is used as given (its answer says whether it has torch); otherwise the search.
     spec = json.dumps({"first": first, "then": [], "servers": False} if explicit else {"first": [], "then": then},
                       sort_keys=True, separators=(",", ":"))
-    res = host.run([*own, "-I", "-S", "-c", PROBE, "20", spec], timeout=max(ctx.timeout, 25.0))
+    res = host.run(python_argv(own, "-c", PROBE, "20", spec, site=False), timeout=max(ctx.timeout, 25.0))
     if not_recorded(res):  # a snapshot from before #33: the interpreter it ran is the one its policy named
         return {"python": _as_list(explicit) if explicit else own, "source": "--deep-python" if explicit else
                 "the target's own", "torch": "unknown", "candidates": []}

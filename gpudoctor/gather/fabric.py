@@ -7,9 +7,8 @@ import re
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 
-# -I -S: no site-packages, no user env: the probe needs only the stdlib and starts in a fraction of the time.
-FAST = ["-I", "-S"]
 
 # One program on the target scans sysfs (one round trip over SSH, one key in a snapshot).
 PROBE = r"""
@@ -135,7 +134,7 @@ def tp_groups(topo: dict, size: int) -> list[dict]:
 
 def probe_argv(python: list[str], ctx: GatherContext) -> list[str]:
     """The sysfs probe's command line (gather/prestart.py starts the same one at CLI entry)."""
-    return [*python, *FAST, "-c", PROBE]
+    return python_argv(python, "-c", PROBE, site=False)
 
 
 def gather(host: Host, ctx: GatherContext) -> dict:

@@ -24,7 +24,7 @@ import re
 from pathlib import PurePosixPath
 
 from gpudoctor.gather.context import GatherContext
-from gpudoctor.gather.fabric import FAST
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
 from gpudoctor.catalog.xid import parse_line
@@ -116,7 +116,8 @@ def parse_dmesg(text: str, uptime: float | None, window: float | None) -> list[l
 
 
 def kmsg_argv(python: list[str], window: float | None, t: float, kmsg: str = "/dev/kmsg") -> list[str]:
-    return [*python, *FAST, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg]
+    return python_argv(python, "-c", _PY_KMSG, str(window or 0), str(MAX_RECORDS), str(MAX_XIDS), str(t), kmsg,
+                       site=False)
 
 
 def probe_argv(python: list[str], ctx: GatherContext) -> list[str]:

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gpudoctor.model import probe as _probe
+from gpudoctor.host.childpy import python_argv
 
 
 @lru_cache(maxsize=1)
@@ -27,7 +28,7 @@ def gather(host, ctx) -> dict:
     timeout = float(getattr(ctx, "timeout", None) or 10.0)
     # The program maps absolute paths as the host's file operations do (Host._path: tests root a host in a temp dir).
     args = {"paths": paths, "root": host._path("/")[:-1]}
-    res = host.run([*host.python, "-c", _source(), json.dumps(args)], timeout=timeout)
+    res = host.run(python_argv(host.python, "-c", _source(), json.dumps(args)), timeout=timeout)
     probe_meta = {"rc": res.rc, "duration_s": round(res.duration_s, 4), "timed_out": res.timed_out}
     if res.timed_out:
         return _failed(paths, f"the model probe did not answer in {timeout:g} s", probe_meta)

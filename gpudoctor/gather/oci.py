@@ -17,6 +17,7 @@ import re
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 
 # (engine, directory, shape): containerd = DIR/<namespace>/<id>/config.json, userdata = DIR/<id>/userdata/config.json
 STATE_DIRS = (
@@ -121,7 +122,7 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     listings = host.batch([("listdir", d[1]) for d in dirs], t)
     if not any(_candidates(d[2], x) for d, x in zip(dirs, listings)):
         return {"containers": [], "error": None}  # no container here: no probe to start
-    res = host.run([*host.python, "-I", "-S", "-c", _PROBE, json.dumps(dirs), str(MAX_CONTAINERS)], timeout=ctx.timeout)
+    res = host.run(python_argv(host.python, "-c", _PROBE, json.dumps(dirs), str(MAX_CONTAINERS), site=False), timeout=ctx.timeout)
     if not res.ok:
         return {"containers": [], "error": f"OCI state probe {res.describe()}"}
     try:

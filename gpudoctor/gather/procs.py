@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from gpudoctor.bench.server.marker import PREFIX
 from gpudoctor.gather.context import GatherContext
-from gpudoctor.gather.fabric import FAST
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host import Host
 from gpudoctor.host.replay import not_recorded
 
@@ -206,8 +206,8 @@ def serving_ports(ctx: GatherContext) -> list[int]:
 
 def probe_argv(python: list[str], ctx: GatherContext, root: str = "") -> list[str]:
     """The process scan's command line (gather/prestart.py starts the same one at CLI entry)."""
-    return [*python, *FAST, "-c", _PY_PROCS, str(min(ctx.timeout, 5.0)), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
-            *map(str, serving_ports(ctx))]
+    return python_argv(python, "-c", _PY_PROCS, str(min(ctx.timeout, 5.0)), root + "/dev/nvidia", str(MAX_PIDS), PREFIX,
+            *map(str, serving_ports(ctx)), site=False)
 
 
 def gather(host: Host, ctx: GatherContext) -> dict | None:

@@ -16,6 +16,7 @@ import threading
 import time
 
 from gpudoctor.errors import HostUnreachable
+from gpudoctor.host.childpy import python_argv
 
 
 class AgentUnavailable(Exception):
@@ -114,7 +115,7 @@ class Agent:
         if chan is None:
             raise AgentTimeout(f"{host.name}: no SSH session opened within {wait:g} s (sshd's MaxSessions, or a "
                                f"loaded target)")
-        argv = [*host.python, "-I", "-S", "-c", source()]
+        argv = python_argv(host.python, "-c", source(), site=False)
         try:
             chan.settimeout(max(0.05, deadline - time.perf_counter()))
             chan.exec_command(host.command_line(argv, stdin=True))

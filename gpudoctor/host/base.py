@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from gpudoctor.host.childpy import python_argv
+
+
 @dataclass
 class CommandResult:
     """What a command did. rc None means it did not finish (timed out) or could not start."""
@@ -120,7 +123,7 @@ class Host:
         data = json.dumps(req, separators=(",", ":")).encode()
         big = "data" in req or len(data) > 32 << 10  # writes and long path lists travel on stdin
         tail = ["-", str(len(data))] if big else [data.decode()]
-        res = self.run([*self.python, "-I", "-S", "-c", program("oneshot"), *tail], timeout=timeout,
+        res = self.run(python_argv(self.python, "-c", program("oneshot"), *tail, site=False), timeout=timeout,
                        input=data if big else None)
         if res.timed_out:
             return None

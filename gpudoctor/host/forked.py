@@ -42,6 +42,7 @@ class Forked:
             code = 1
             try:
                 os.setsid()
+                os.chdir("/")  # as host/childpy.CWD: nothing of the working directory is imported (#40)
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(w_out, 1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import InputError
 from gpudoctor.host.base import CommandResult, FileRead, Host, StatResult
+from gpudoctor.host.environ import is_environ, scrub_raw
 
 
 def _key(op: str, *args) -> str:
@@ -57,6 +58,13 @@ def _run_key(host: Host, argv) -> str:
     return _key("run", argv)
 
 
+def _kept(res: FileRead) -> dict:
+    """A read as the transcript keeps it: a process's environment only as host/environ.py allows (#40)."""
+    if res.data is not None and is_environ(res.path):
+        res = FileRead(res.path, scrub_raw(res.data), res.error)
+    return res.to_json()
+
+
 @dataclass
 class RecordingHost(Host):
     """Wraps a live host and keeps a transcript of every answer (secrets are never read, so none are kept)."""
@@ -86,7 +94,7 @@ class RecordingHost(Host):
 
     def read_file(self, path, timeout=3.0, max_bytes=4 << 20):
         res = self.inner.read_file(path, timeout, max_bytes)
-        self._keep(_key("read", path), res.to_json())
+        self._keep(_key("read", path), _kept(res))
         return res
 
     def stat_many(self, paths, timeout=3.0):
@@ -116,7 +124,7 @@ class RecordingHost(Host):
         for op, r in zip(ops, res):
             kind = op[0]
             if kind == "read":
-                self._keep(_key("read", op[1]), r.to_json())
+                self._keep(_key("read", op[1]), _kept(r))
             elif kind in ("listdir", "statvfs"):
                 self._keep(_key(kind, op[1]), r)
             elif kind == "stat":

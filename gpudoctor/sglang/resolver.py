@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from gpudoctor.findings import Finding, Status
+from gpudoctor.host.childpy import CWD, child_env, python_argv
 
 FIELDS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
           "max_running_requests", "page_size", "tp_size", "context_length", "attention_backend", "mem_fraction_static",
@@ -179,8 +180,8 @@ def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 6
     import tempfile
 
     code = f"FIELDS = {FIELDS!r}\nDRAFT_ALGOS = {DRAFT_ALGOS!r}\nSTUB_VERSIONS = {STUB_VERSIONS!r}\n" + _SCRIPT
-    env = dict(os.environ if env is None else env)
-    argv = [python or sys.executable, "-c", code]
+    env = child_env() if env is None else dict(env)  # a caller's environment as given; -I ignores its PYTHON*
+    argv = python_argv([python or sys.executable], "-c", code)
     with tempfile.TemporaryDirectory(prefix="gpudoctor-fakesmi-") as tmp:
         if device is not None:
             prof = DEVICES[device]
@@ -192,7 +193,8 @@ def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 6
             env["PATH"] = tmp + os.pathsep + env.get("PATH", "")
             argv.append(json.dumps(prof))
         try:
-            cp = subprocess.run(argv, input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout, env=env)
+            cp = subprocess.run(argv, input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout, env=env,
+                                cwd=CWD)
         except subprocess.TimeoutExpired:
             return [{"ok": None, "error_type": "Timeout", "error": f"SGLang's resolver did not answer in {timeout:g} s"}] * len(jobs)
         except OSError as exc:

@@ -39,14 +39,19 @@ def test_a_replaced_file_keeps_its_mode_with_special_bits_and_an_explicit_mode_w
     assert oct(f.stat().st_mode & 0o7777) == "0o600"
 
 
-def test_a_replaced_file_keeps_its_owner(tmp_path):
+def test_a_root_written_replacement_belongs_to_root_unless_the_caller_names_an_owner(tmp_path):
+    """#40: root replacing another user's file does not hand root's content to that user (nor keep their setgid)."""
     needs.root()  # chown
     f = tmp_path / "f"
     f.write_bytes(b"old")
     os.chown(f, 65534, 33)
+    os.chmod(f, 0o2664)
     atomic_write(f, b"new")
     st = f.stat()
-    assert (st.st_uid, st.st_gid, f.read_bytes()) == (65534, 33, b"new")
+    assert (st.st_uid, st.st_gid, f.read_bytes()) == (0, 0, b"new") and st.st_mode & 0o7777 == 0o664
+    atomic_write(f, b"newer", owner=(65534, 33))
+    st = f.stat()
+    assert (st.st_uid, st.st_gid, f.read_bytes()) == (65534, 33, b"newer")
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path):

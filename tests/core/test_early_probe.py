@@ -11,9 +11,10 @@ import pytest
 
 from gpudoctor import entry
 from gpudoctor.host import early
-from gpudoctor.cuda_probe import FAST, PROBE
+from gpudoctor.cuda_probe import PROBE
+from gpudoctor.host.childpy import python_argv
 
-PROBE_ARGV = (sys.executable, *FAST, "-c", PROBE)
+PROBE_ARGV = tuple(python_argv([sys.executable], "-c", PROBE, site=False))
 
 
 def test_the_probe_starts_before_click_or_the_cli_is_imported():

@@ -325,6 +325,9 @@ def load(path: str) -> Campaign:
     """Read and validate a campaign file; any problem raises ConfigError naming FILE:LINE."""
     from gpudoctor.errors import ConfigError
 
+    from gpudoctor.files.inputs import trusted
+
+    trusted(path, what="campaign", error=ConfigError)  # it names the servers root starts (#40)
     doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)

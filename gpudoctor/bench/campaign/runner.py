@@ -27,6 +27,7 @@ from gpudoctor.bench.campaign.file import Campaign, Config
 from gpudoctor.bench.client.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.client.load import LevelSpec
 from gpudoctor.bench.server.marker import server_env
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.bench.client.prompts import build, load_names, load_source, misfit
 from gpudoctor.bench.records.results import CRASHED, ERROR, OK, ResultStore, key
 from gpudoctor.bench.server.remote import HostLauncher, reap_remote_orphan, reap_run_dir
@@ -138,7 +139,7 @@ def _tail(text: str, n: int = 3) -> str:
 
 def _is_gpudoctor(argv: list[str]) -> bool:
     """`gpudoctor ...` or `PYTHON -m gpudoctor ...`: a command that understands --host and --inventory."""
-    return bool(argv) and (os.path.basename(argv[0]) == "gpudoctor" or argv[1:3] == ["-m", "gpudoctor"])
+    return bool(argv) and (os.path.basename(argv[0]) == "gpudoctor" or ["-m", "gpudoctor"] in (argv[1:3], argv[2:4]))
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -547,7 +548,7 @@ class Runner:
         A bare `gpudoctor` that is not on PATH (gpudoctor run as `python -m gpudoctor`) is this gpudoctor."""
         argv = list(argv)
         if argv and argv[0] == "gpudoctor" and shutil.which("gpudoctor") is None:
-            argv = [sys.executable, "-m", "gpudoctor", *argv[1:]]
+            argv = python_argv([sys.executable], "-m", "gpudoctor", *argv[1:])  # -I: not the cwd's gpudoctor (#40)
         if self.camp.is_remote and _is_gpudoctor(argv) and not _has_flag(argv, "--host"):
             argv += ["--host", self.camp.target]
             if self.inventory_path and not _has_flag(argv, "--inventory"):

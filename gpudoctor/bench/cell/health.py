@@ -384,7 +384,7 @@ shift 2
 case $out in "~/"*) out=$HOME/${out#"~/"} ;; esac
 mkdir -p "$(dirname "$out")" || exit 90
 rm -f "$out" "$out.ready"
-setsid nohup "$py" -c "$@" "$out" > "$out.err" 2>&1 < /dev/null &
+setsid nohup "$py" -I -c "$@" "$out" > "$out.err" 2>&1 < /dev/null &
 echo "pid=$!"
 echo "out=$out"
 """

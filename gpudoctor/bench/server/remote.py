@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gpudoctor.errors import HostError
 from gpudoctor.host.base import Host
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.log import get_logger
 
 DEFAULT_REMOTE_DIR = "~/.cache/gpudoctor/bench"
@@ -230,7 +231,7 @@ class HostLauncher:
         if self.dir is None:
             return
         try:
-            res = self._run([*self.host.python, "-c", _PY_TAIL, self.remote_log, str(self.offset), str(SYNC_CAP)],
+            res = self._run(python_argv(self.host.python, "-c", _PY_TAIL, self.remote_log, str(self.offset), str(SYNC_CAP)),
                             timeout=30.0)
             d = json.loads(res.stdout) if res.ok else {"error": res.describe()}
         except (HostError, ValueError) as exc:
