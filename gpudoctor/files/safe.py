@@ -186,7 +186,12 @@ def create_excl(dirfd: int, name: str, mode: int = 0o600, flags: int = os.O_WRON
 def open_regular(dirfd: int, name: str, flags: int, mode: int = 0o600, path: str = "") -> int:
     """Open (or create) `name` in dirfd without following a link, and only if it is a regular file we own: for a
     lock file that is kept between runs."""
-    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dirfd)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unsafe("is a link; gpudoctor does not open it as root", path=path or name) from None
+        raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or not _trusted_uid(st.st_uid) or st.st_nlink > 1:
         os.close(fd)
