@@ -68,9 +68,12 @@ def _trusted_link(link: os.stat_result, parent: os.stat_result) -> bool:
             and (not _others_can_write(parent) or bool(parent.st_mode & stat.S_ISVTX)))
 
 
-def open_dir(path: str, *, create: bool = False, mode: int = 0o755) -> int:
+def open_dir(path: str, *, create: bool = False, mode: int = 0o755, strict: bool = False) -> int:
     """The directory at `path` as an O_DIRECTORY fd, walked without following untrusted links. `create` makes the
-    missing components (mode `mode`). Raises Unsafe (a refused link, not a directory) or OSError (ENOENT...)."""
+    missing components (mode `mode`). `strict`: every directory on the way must be one nobody but root (or us) can
+    change (sshd's StrictModes: owned by root or us, not writable by others unless sticky), so that later path-based
+    writes below it land where the walk did. Raises Unsafe (a refused link, not a directory, a directory another
+    user controls) or OSError (ENOENT...)."""
     path = os.path.abspath(path)
     fd = os.open("/", _DIR)
     try:
@@ -115,12 +118,26 @@ def open_dir(path: str, *, create: bool = False, mode: int = 0o755) -> int:
                     os.close(fd)
                     fd, shown = os.open("/", _DIR), ""
                 continue
+            if strict:
+                _check_ancestor(nfd, here)
             os.close(fd)
             fd, shown = nfd, here
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _check_ancestor(fd: int, here: str) -> None:
+    st = os.fstat(fd)
+    if not _trusted_uid(st.st_uid):
+        os.close(fd)
+        raise Unsafe(f"is owned by {owner_name(st.st_uid)}: gpudoctor does not write below another user's directory "
+                     "as root", path=here)
+    if _others_can_write(st) and not st.st_mode & stat.S_ISVTX:
+        os.close(fd)
+        raise Unsafe(f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): gpudoctor does not write below "
+                     "it as root", path=here)
 
 
 def _open_sub(fd: int, name: str, here: str) -> int:
@@ -143,9 +160,10 @@ def check_owned(fd: int, path: str) -> None:
                      "it as root (chmod go-w, or choose another path)", path=path)
 
 
-def owned_dir(path: str, *, create: bool = True, mode: int = 0o755) -> int:
-    """open_dir, created if absent, and refused unless it belongs to us and nobody else can write it."""
-    fd = open_dir(path, create=create, mode=mode)
+def owned_dir(path: str, *, create: bool = True, mode: int = 0o755, strict: bool = True) -> int:
+    """open_dir (strict: every directory above it too), created if absent, and refused unless it belongs to us and
+    nobody else can write it."""
+    fd = open_dir(path, create=create, mode=mode, strict=strict)
     try:
         check_owned(fd, path)
     except BaseException:

@@ -275,7 +275,7 @@ def _check_dst(dst: str) -> None:
         raise safe.Unsafe(f"--to is a link (owned by {safe.owner_name(st.st_uid)}); gpudoctor stages into a real "
                           "directory only", path=dst)
     near = probe.nearest_existing(dst)
-    fd = safe.open_dir(near if os.path.isdir(near) else os.path.dirname(near))
+    fd = safe.open_dir(near if os.path.isdir(near) else os.path.dirname(near), strict=True)
     try:
         if os.path.abspath(near) == os.path.abspath(dst):
             safe.check_owned(fd, dst)
