@@ -77,3 +77,14 @@ def cli(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def public():
+    """A directory like /tmp that the attacker can reach: root's, sticky, 1777 (under /dev/shm; removed after)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="gpudoctor-hostile-pub-", dir=str(SHM)))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
