@@ -637,14 +637,19 @@ def _write_record(plan: StagePlan, state: str, log, marker: dict | None = None) 
                                                                      for f in plan.files]}
     if marker:
         rec["staged_at"] = marker["staged_at"]
-    from gpudoctor.files.atomic import atomic_write
-
     for d in probe.state_dirs():
         path = os.path.join(d, probe.STATE_SUBDIR, probe.record_key(plan.dst) + ".json")
+        try:  # a state dir another user controls (root's HOME under sudo) is skipped: the record names a source
+            fd = safe.owned_dir(os.path.dirname(path))
+        except (OSError, InputError) as exc:
+            log.debug("model.stage.record_unwritable", path=path, error=str(exc))
+            continue
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, json.dumps(rec, indent=1) + "\n")
+            # 0644 as before: an ordinary user's `model verify` reads it to tell "wiped" from "never staged"
+            safe.write_at(fd, os.path.basename(path), json.dumps(rec, indent=1) + "\n", safe.output_mode(public=True))
             return path
         except OSError as exc:
             log.debug("model.stage.record_unwritable", path=path, error=str(exc))
+        finally:
+            os.close(fd)
     return None
