@@ -1,7 +1,7 @@
 """#40 item 3: root staging into /dev/shm never follows what another user planted there.
 
-An ordinary user (uid 65534) makes the model directory first — after a reboot anyone can — and plants links to a root
-file (a victim in the test's own tmp), a part file, the lock file, or DST itself as a link. `model stage --apply` as
+An ordinary user (uid 65534) makes the model directory first — after a reboot anyone can — and plants links to a
+root file (a victim in the test's own tmp), a part file, the lock file, or DST itself as a link. `model stage --apply` as
 root must refuse in one line naming the owner (exit 3) and leave the victim byte for byte as it was. The staged copy
 of a setuid or world-writable source file loses those bits; a source link pointing outside the source is refused.
 """
