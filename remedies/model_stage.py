@@ -5,8 +5,9 @@ index last, verified by headers, boot-id marker written last.
 The source is the one the user configures (`gpudoctor fix --model-source [DST=]SRC`), else the one the persistent
 stage record names (root's state dir, read only when root owns it and nobody else can write it: probe.read_record).
 Never the staging marker: it lies inside DST, a directory anyone may have made first in /dev/shm (#40). Plan refuses
-when no source is known and when the checks already say the tmpfs or the memory cgroup has no room; apply refuses (through stage) while a server holds files under DST. On this machine
-the stage runs in-process; on a remote host it runs that host's `gpudoctor model stage` (refused when it has none).
+when no source is known and when the checks already say the tmpfs or the memory cgroup has no room; apply refuses
+(through stage) while a server holds files under DST, and when another user owns DST. On this machine the stage runs
+in-process; on a remote host it runs that host's `gpudoctor model stage` (refused when it has none).
 Verify re-gathers the model facts and re-runs the model checks; rollback removes the marker (the copy stays, but it is
 no longer vouched for), since the state before was a broken model anyway.
 """
