@@ -76,6 +76,10 @@ class ModelStage(Remedy):
             if os.path.normpath(src) == os.path.normpath(dst):
                 skipped.append(f"{dst}: the source is the destination itself")
                 continue
+            if v.get("others_control"):
+                skipped.append(f"{dst}: {v['others_control']}: gpudoctor does not stage into a directory another "
+                               "user controls as root (remove it, then fix again)")
+                continue
             if dst in no_room:
                 skipped.append(f"{dst}: " + "; ".join(no_room[dst]))
                 continue

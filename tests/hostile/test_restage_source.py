@@ -73,8 +73,14 @@ def test_a_record_another_user_can_write_is_not_a_source(tmp_path, shm_name, mon
     os.chmod(rec, 0o644)  # root's own record: now it is the source (and the stage itself refuses nobody's DST)
     plan = eng.plan(gather(host, GatherContext(name="gpu1", model_paths=[str(shm_name)], timeout=20),
                            only={"model", "tools"}))
-    (change,) = plan.changes
-    assert change.data["actions"][0]["src"] == str(evil)
-    (out,) = eng.apply(plan)
+    assert plan.changes == []  # a trusted source now, but the directory is nobody's: refused at plan
+    (ref,) = plan.refusals
+    assert "owned by nobody" in ref.reason, ref.reason
+    # and apply refuses too (stage's own check), were a plan made before the directory changed hands
+    from gpudoctor.remedy import Change, Plan
+
+    change = Change("model.stage", "gpu1", "restage", data={"actions": [{"dst": str(shm_name), "src": str(evil),
+                                                                          "need": 0}], "skipped": [], "gpudoctor": None})
+    (out,) = eng.apply(Plan(changes=[change]))
     assert out.result != "applied" and "owned by nobody" in out.detail, out.detail
     assert sorted(os.listdir(shm_name)) == sorted(["config.json", probe.MARKER_NAME])
