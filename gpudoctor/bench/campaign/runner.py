@@ -223,6 +223,10 @@ class Runner:
         try:
             lock = os.fdopen(safe.open_regular(dfd, ".lock", os.O_WRONLY | os.O_CREAT, 0o600, path=str(lock_path)),
                              "w")
+        except BaseException:
+            if created:
+                os.rmdir(self.dir)
+            raise
         finally:
             os.close(dfd)
         try:
