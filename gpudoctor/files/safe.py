@@ -231,6 +231,11 @@ def unlink_at(dirfd: int, name: str) -> None:
         pass
 
 
+def rename_at(dirfd: int, src: str, dst: str) -> None:
+    """Rename within dirfd: a link at dst is replaced, never followed."""
+    os.rename(src, dst, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+
+
 def fsync_fd(dirfd: int) -> None:
     try:
         os.fsync(dirfd)
@@ -257,7 +262,7 @@ def write_at(dirfd: int, name: str, data: bytes | str, mode: int) -> None:
             fh.flush()
             os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        rename_at(dirfd, tmp, name)
     except BaseException:
         unlink_at(dirfd, tmp)
         raise

@@ -478,7 +478,7 @@ class _OpenFile:
             os.close(self.sfd)
             self.sfd = self.dfd = None
         pause()
-        os.rename(self.part, self.base, src_dir_fd=self.pfd, dst_dir_fd=self.pfd)  # a link at NAME is replaced
+        safe.rename_at(self.pfd, self.part, self.base)  # a link at NAME is replaced
 
 
 def _test_pause_fn():
