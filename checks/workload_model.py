@@ -139,8 +139,12 @@ def check_complete(facts: dict):
             via = f" named by {w['index']}" if w.get("index") else ""
             ev.append(f"{path}: {len(v.get('files') or {})} files, {_b(v.get('bytes'))}; {w.get('shards')} weight "
                       f"file(s){via}, each size == 8 + N + max data_offsets end (checked in {secs * 1000:.1f} ms)")
+            who = v.get("others_control")
+            if who:
+                ev.append(f"{path}: {who}: contents can change after verification")
             out.append(Finding("workload.model.complete", Status.OK,
-                               f"{path}: complete, {w.get('shards')} shard(s), {human_bytes(v.get('bytes'))}",
+                               f"{path}: complete, {w.get('shards')} shard(s), {human_bytes(v.get('bytes'))}"
+                               + (f"; {who}: contents can change after verification" if who else ""),
                                subject=path, evidence=ev, data={"bytes": v.get("bytes"), "shards": w.get("shards")}))
             continue
         probs = v.get("problems") or []

@@ -2,10 +2,12 @@
 interrupted) from its persistent source, with gpudoctor.model.stage — parallel copies into temp names, config and
 index last, verified by headers, boot-id marker written last.
 
-The source is the one the user configures (`gpudoctor fix --model-source [DST=]SRC`), else the one the staging marker
-or the persistent stage record names. Plan refuses when no source is known and when the checks already say the tmpfs
-or the memory cgroup has no room; apply refuses (through stage) while a server holds files under DST. On this machine
-the stage runs in-process; on a remote host it runs that host's `gpudoctor model stage` (refused when it has none).
+The source is the one the user configures (`gpudoctor fix --model-source [DST=]SRC`), else the one the persistent
+stage record names (root's state dir, read only when root owns it and nobody else can write it: probe.read_record).
+Never the staging marker: it lies inside DST, a directory anyone may have made first in /dev/shm (#40). Plan refuses
+when no source is known and when the checks already say the tmpfs or the memory cgroup has no room; apply refuses
+(through stage) while a server holds files under DST, and when another user owns DST. On this machine the stage runs
+in-process; on a remote host it runs that host's `gpudoctor model stage` (refused when it has none).
 Verify re-gathers the model facts and re-runs the model checks; rollback removes the marker (the copy stays, but it is
 no longer vouched for), since the state before was a broken model anyway.
 """
@@ -63,14 +65,20 @@ class ModelStage(Remedy):
         for dst in dict.fromkeys(f.subject for f in found):
             p = paths[dst]
             v = p.get("verify") or {}
-            rec, marker = p.get("record") or {}, v.get("marker") or {}
-            src = configured.get(dst) or configured.get("*") or rec.get("source") or marker.get("source")
+            rec = p.get("record") or {}
+            src = configured.get(dst) or configured.get("*") or rec.get("source")
             if not src:
-                skipped.append(f"{dst}: no source to stage from (no staging marker or stage record names one): "
+                named = " (the staging marker inside it is not trusted for this)" if (v.get("marker") or {}).get(
+                    "source") else ""
+                skipped.append(f"{dst}: no source to stage from (no stage record names one){named}: "
                                f"pass --model-source {dst}=SRC")
                 continue
             if os.path.normpath(src) == os.path.normpath(dst):
                 skipped.append(f"{dst}: the source is the destination itself")
+                continue
+            if v.get("others_control"):
+                skipped.append(f"{dst}: {v['others_control']}: gpudoctor does not stage into a directory another "
+                               "user controls as root (remove it, then fix again)")
                 continue
             if dst in no_room:
                 skipped.append(f"{dst}: " + "; ".join(no_room[dst]))

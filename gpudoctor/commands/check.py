@@ -237,7 +237,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     import json
 
     from gpudoctor import snapshot as snap
-    from gpudoctor.files.atomic import atomic_write
+    from gpudoctor.files import safe
 
     output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
@@ -248,7 +248,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     if output == "-":
         click.echo(text, nl=False)
     else:
-        atomic_write(output, text)
+        safe.write_file(output, text)  # 0600, never through a link (#40)
         click.echo(f"wrote {output} ({len(text) // 1024} KiB, {len(doc['transcript'])} recorded reads)", err=True)
     raise SystemExit(0)
 

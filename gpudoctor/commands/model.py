@@ -136,8 +136,9 @@ def _render_verify(rep: dict) -> None:
     for n in rep["notes"]:
         click.echo(f"  note      {n}")
     if rep["complete"]:
+        who = f"; {rep['others_control']}: contents can change after verification" if rep.get("others_control") else ""
         click.echo(f"COMPLETE: {len(rep['files'])} files, {human_bytes(rep['bytes'])} "
-                   f"(checked in {rep['seconds'] * 1000:.1f} ms)")
+                   f"(checked in {rep['seconds'] * 1000:.1f} ms){who}")
         return
     click.echo(f"INCOMPLETE: {len(rep['problems'])} problem(s)")
     for p in rep["problems"]:

@@ -55,7 +55,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
 
 
-def append_jsonl_atomic(path: str | os.PathLike, records: list[dict]) -> None:
+def append_jsonl_atomic(path: str | os.PathLike, records: list[dict], *, mode: int | None = None) -> None:
     """Append JSON records to a JSONL file by rewriting it atomically (small result files only)."""
     import json
 
@@ -64,4 +64,4 @@ def append_jsonl_atomic(path: str | os.PathLike, records: list[dict]) -> None:
     if existing and not existing.endswith(b"\n"):
         existing += b"\n"
     extra = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
-    atomic_write(target, existing + extra)
+    atomic_write(target, existing + extra, mode=mode)

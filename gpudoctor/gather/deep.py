@@ -16,11 +16,14 @@ from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 
 # One rank of the probe; the gather starts one per GPU of the group (threads over Host.run), rendezvous by file.
-# argv: rank world rendezvous-file device bytes iters
+# argv: rank world rendezvous-name device bytes iters; the file lies in $GPUDOCTOR_NCCL_DIR, a private mkdtemp
+# directory (#40: never a fixed name in /tmp another user could make first)
 PROBE = r"""
 import json, os, sys, time
 rank, world, rdv, dev, nbytes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                         int(sys.argv[5]), int(sys.argv[6]))
+if not os.path.isabs(rdv):
+    rdv = os.path.join(os.environ["GPUDOCTOR_NCCL_DIR"], rdv)
 try:
     import torch, torch.distributed as dist
 except ImportError as e:
@@ -112,18 +115,25 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
     import threading
 
     devs = [int(x[3:]) for x in group["gpus"]]
-    # A stable name keeps the argv stable, so a snapshot of this probe replays; a stale file is removed first.
-    rdv = "/tmp/.gpudoctor-nccl-" + "_".join(map(str, devs))
-    host.run(["rm", "-f", rdv], timeout=5)
+    # The rendezvous file lies in a private directory made for this group (mktemp -d on the target: 0700, a fresh
+    # name); its own name depends only on the GPUs, so the argv is stable and a snapshot of this probe replays.
+    rdv = "gpudoctor-nccl-" + "_".join(map(str, devs))
+    made = host.run(["mktemp", "-d", "-t", "gpudoctor-nccl.XXXXXXXXXX"], timeout=10)
+    scratch = made.stdout.strip() if made.ok and made.stdout.strip().startswith("/") else None
+    rec = {"tp": tp, **group, "devices": devs, "bytes": nbytes, "iters": 20}
+    if scratch is None and not not_recorded(made):  # a replay never recorded it; live, no directory: not measured
+        rec["error"] = f"no private directory for the NCCL rendezvous: {made.describe()}"
+        return rec
+    env = {"NCCL_NVLS_ENABLE": "0", **({"GPUDOCTOR_NCCL_DIR": scratch} if scratch else {})}
     results: dict = {}
 
     def rank(r):
         args = [str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"]
         res = host.run(python_argv(python, "-", *args), timeout=max(ctx.timeout, 180), input=PROBE.encode(),
-                       env={"NCCL_NVLS_ENABLE": "0"})
+                       env=env)
         if not_recorded(res):  # a snapshot from before #33
             res = host.run(python_argv(python, "-c", PROBE_BEFORE_33, *args), timeout=max(ctx.timeout, 180),
-                           env={"NCCL_NVLS_ENABLE": "0"})
+                           env=env)
         results[r] = res
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(devs))]
@@ -131,8 +141,8 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
         t.start()
     for t in threads:
         t.join()
-    host.run(["rm", "-f", rdv], timeout=5)
-    rec = {"tp": tp, **group, "devices": devs, "bytes": nbytes, "iters": 20}
+    if scratch:
+        host.run(["rm", "-rf", "--", scratch], timeout=10)
     failed = [res for res in results.values() if not res.ok]
     gone = next((res for res in failed if "No module named 'torch'" in res.stderr), None)
     if gone is not None:  # recorded before the probe said so itself (#33): torch was missing, nothing failed

@@ -46,6 +46,12 @@ def _strip_flags(rest: list) -> list:
     return rest
 
 
+def _rdv(args: list) -> list:
+    """The deep tier's NCCL rendezvous by its name alone: it lies in a private scratch directory now (#40), a fixed
+    path in /tmp before, and the directory does not change the answer."""
+    return [a.rsplit("/", 1)[-1].lstrip(".") if isinstance(a, str) and "gpudoctor-nccl-" in a else a for a in args]
+
+
 def _run_key(host: Host, argv) -> str:
     """Key of a command; the target's python interpreter path is normalised so replays match anywhere."""
     argv = list(argv)
@@ -186,9 +192,9 @@ class ReplayHost(Host):
                 except ValueError:
                     continue
                 if isinstance(args, list) and args and isinstance(args[0], str) and _is_python(args[0]):
-                    roles.setdefault(json.dumps(_strip_flags(args[1:])), key)
+                    roles.setdefault(json.dumps(_rdv(_strip_flags(args[1:]))), key)
             self._roles = roles
-        key = self._roles.get(json.dumps(_strip_flags(list(argv[1:]))))
+        key = self._roles.get(json.dumps(_rdv(_strip_flags(list(argv[1:])))))
         return self.transcript.get(key) if key is not None else None
 
     def nvml(self, timeout):

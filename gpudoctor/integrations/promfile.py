@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-from gpudoctor.files.atomic import atomic_write
 
 # Nagios order, as in exit codes: 0 ok (and info), 1 warn, 2 fail, 3 unknown.
 STATUS_VALUE = {"ok": 0, "info": 0, "warn": 1, "fail": 2, "unknown": 3}
@@ -81,5 +80,8 @@ def render(results, *, now: float | None = None) -> str:
 
 
 def write_prom(path: str | os.PathLike, results, *, now: float | None = None) -> None:
-    """Write the text exposition to `path` atomically (mode 0644, readable by node_exporter)."""
-    atomic_write(path, render(results, now=now), mode=0o644)
+    """Write the text exposition to `path` atomically (mode 0644, readable by node_exporter), never through a link
+    planted at its name or on its way (files/safe.py)."""
+    from gpudoctor.files import safe
+
+    safe.write_file(path, render(results, now=now), public=True)

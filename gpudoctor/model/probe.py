@@ -299,7 +299,8 @@ def verify_model(path: str, revision: str = "main") -> dict:
     t0 = time.perf_counter()
     rep: dict = {"path": path, "kind": None, "bad_input": None, "complete": False, "dir": None, "revision": None,
                  "problems": [], "notes": [], "weights": {"format": None, "index": None, "shards": 0, "bytes": 0},
-                 "files": {}, "bytes": 0, "partials": [], "marker": None, "marker_error": None, "seconds": 0.0}
+                 "files": {}, "bytes": 0, "partials": [], "marker": None, "marker_error": None, "seconds": 0.0,
+                 "others_control": None}
     problems, notes = rep["problems"], rep["notes"]
     try:
         st = os.stat(path)
@@ -311,6 +312,9 @@ def verify_model(path: str, revision: str = "main") -> dict:
         rep["kind"] = "not_a_dir"
         rep["bad_input"] = "not a directory (give the model directory or a models--org--name cache folder)"
         return rep
+    rep["others_control"] = others_control(path)
+    if rep["others_control"]:
+        notes.append(f"{rep['others_control']}: contents can change after verification")
 
     model_dir = path
     if is_hf_repo(path):
@@ -701,10 +705,45 @@ def record_key(dst: str) -> str:
     return hashlib.sha256(a.encode()).hexdigest()[:16] + "-" + (os.path.basename(a) or "root")
 
 
+def others_control(path: str) -> str | None:
+    """Whether someone other than root and this user can change what lies in `path` (a link or directory): "owned by
+    eve", "writable by others (mode 0777)", or None. A verification of such a directory vouches only for now."""
+    try:
+        lst, st = os.lstat(path), os.stat(path)
+    except OSError:
+        return None
+    for s in (lst, st):
+        if s.st_uid not in (0, os.geteuid()):
+            try:
+                import pwd
+
+                who = pwd.getpwuid(s.st_uid).pw_name
+            except (KeyError, ImportError):
+                who = f"uid {s.st_uid}"
+            return f"owned by {who}" + (" (a link)" if stat.S_ISLNK(s.st_mode) else "")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def trusted_file(path: str) -> bool:
+    """A state file this process may act on: a regular file (not a link) owned by root or by us, that nobody else
+    can write (#40: a restage takes its source from it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
 def read_record(dst: str, root: str = "") -> tuple[dict | None, str | None]:
-    """The persistent record of the last stage into dst (survives the tmpfs wipe), and where it was read."""
+    """The persistent record of the last stage into dst (survives the tmpfs wipe), and where it was read. A record
+    another user could have written is not read (trusted_file)."""
     for d in state_dirs(root):
         p = os.path.join(d, STATE_SUBDIR, record_key(dst) + ".json")
+        if not trusted_file(p):
+            continue
         val, err = read_json_file(p)
         if err is None and isinstance(val, dict):
             return val, p

@@ -17,12 +17,14 @@ import fnmatch
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 from gpudoctor.errors import InputError, LockHeld, RemedyError
+from gpudoctor.files import safe
 from gpudoctor.model import human_bytes, probe
 
 CHUNK = 64 << 20  # work unit: a 64 MiB range of one file
@@ -175,6 +177,14 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
         raise InputError("--to is a Hugging Face cache folder; stage into a plain directory", path=dst)
 
     files, _, _ = probe.walk_files(rep["dir"])
+    src_root = os.path.realpath(src)
+    outside = sorted(n for n, info in files.items() if info["link"] and not _inside(info["real"], src_root))
+    if outside:
+        n = outside[0]
+        raise InputError(f"--from: {n} is a link to {files[n]['real']}, outside the source; gpudoctor does not copy "
+                         f"what a link outside the model names" + (f" (+{len(outside) - 1} more)"
+                                                                   if len(outside) > 1 else ""), path=src)
+    _check_dst(dst)
     excluded = sorted(n for n in files if any(fnmatch.fnmatch(n, pat) for pat in exclude))
     for n in excluded:
         del files[n]
@@ -257,6 +267,22 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
     return plan
 
 
+def _check_dst(dst: str) -> None:
+    """Refuse before anything runs: DST (or the directory it would be made in) reached through a link another user
+    controls, DST a link, or DST a directory another user owns or can write (safe.py's rules; Unsafe, exit 3)."""
+    if os.path.islink(dst):
+        st = os.lstat(dst)
+        raise safe.Unsafe(f"--to is a link (owned by {safe.owner_name(st.st_uid)}); gpudoctor stages into a real "
+                          "directory only", path=dst)
+    near = probe.nearest_existing(dst)
+    fd = safe.open_dir(near if os.path.isdir(near) else os.path.dirname(near), strict=True)
+    try:
+        if os.path.abspath(near) == os.path.abspath(dst):
+            safe.check_owned(fd, dst)
+    finally:
+        os.close(fd)
+
+
 def _problem_line(p: dict) -> str:
     sizes = ""
     if p.get("expected") is not None or p.get("actual") is not None:
@@ -294,13 +320,6 @@ def _part(path: str) -> str:
     return os.path.join(d, f".{b}{probe.PART_SUFFIX}")
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 class _Copier:
     """Copies byte ranges with the fastest primitive the kernel allows between the two filesystems."""
 
@@ -310,8 +329,8 @@ class _Copier:
 
     _FALLBACK = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP)
 
-    def copy(self, sfd: int, dfd: int, tmp: str, off: int, length: int, tick) -> None:
-        """Copy [off, off+length) of sfd into dfd (the file at tmp). auto = copy_file_range (same filesystem,
+    def copy(self, sfd: int, dfd: int, off: int, length: int, tick) -> None:
+        """Copy [off, off+length) of sfd into dfd. auto = copy_file_range (same filesystem,
         may reflink), else sendfile (one in-kernel copy), else pread/pwrite; each refuses before copying a byte."""
         method = self.method  # read once: another thread may switch it while this one copies
         if method in ("auto", "copy_file_range"):
@@ -324,7 +343,7 @@ class _Copier:
                 self.method = method = "sendfile"  # across filesystems (disk -> tmpfs) the kernel says EXDEV
         if method == "sendfile":
             try:
-                self._sendfile(sfd, tmp, off, length, tick)
+                self._sendfile(sfd, dfd, off, length, tick)
                 return
             except OSError as exc:
                 if self.method != "sendfile" or exc.errno not in self._FALLBACK or getattr(exc, "copied", 0):
@@ -343,9 +362,9 @@ class _Copier:
             tick(n)
 
     @staticmethod
-    def _sendfile(sfd, tmp, off, length, tick):
+    def _sendfile(sfd, part_fd, off, length, tick):
         start, end = off, off + length
-        dfd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)  # sendfile writes at the fd's position: one per chunk
+        dfd = safe.reopen(part_fd, os.O_WRONLY)  # sendfile writes at the fd's position: one per chunk
         try:
             os.lseek(dfd, off, os.SEEK_SET)
             while off < end:
@@ -378,25 +397,68 @@ class _Copier:
             tick(n)
 
 
-class _OpenFile:
-    """One file being copied: shared fds, chunks left, finalised (fsync, mode, mtime, rename) by its last chunk."""
+class _Dirs:
+    """DST and its subdirectories as fds (safe.subdir: created 0755, never through a link), opened once each."""
 
-    def __init__(self, f: StageFile, dst: str, chunks: int):
-        self.f, self.final, self.tmp, self.left = f, os.path.join(dst, f.name), _part(os.path.join(dst, f.name)), chunks
+    def __init__(self, dst: str, fd: int):
+        self.dst, self.fds, self.lock = dst, {"": fd}, threading.Lock()
+
+    def of(self, name: str) -> tuple[int, str]:
+        """(fd of the directory holding `name`, its base name)."""
+        d, base = os.path.split(name)
+        with self.lock:
+            if d not in self.fds:
+                self.fds[d] = safe.subdir(self.fds[""], d, root=self.dst)
+            return self.fds[d], base
+
+    def of_existing(self, name: str) -> tuple[int, str]:
+        d, base = os.path.split(name)
+        with self.lock:
+            if d not in self.fds:
+                self.fds[d] = safe.subdir(self.fds[""], d, create=False, root=self.dst)
+            return self.fds[d], base
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+class _OpenFile:
+    """One file being copied: shared fds, chunks left, finalised (fsync, mode, mtime, rename) by its last chunk.
+    The part file is created O_EXCL|O_NOFOLLOW in DST's fd (a planted part file or link is removed first, never
+    written through); the source is opened O_NOFOLLOW and must still be a regular file."""
+
+    def __init__(self, f: StageFile, dirs: _Dirs, chunks: int):
+        self.f, self.dirs, self.left = f, dirs, chunks
+        self.final = os.path.join(dirs.dst, f.name)
+        self.tmp = _part(self.final)  # its path, for messages
         self.lock = threading.Lock()
-        self.sfd = self.dfd = None
+        self.sfd = self.dfd = self.pfd = None
+        self.base = self.part = ""
 
     def fds(self):
         with self.lock:
             if self.sfd is None:
-                os.makedirs(os.path.dirname(self.final), exist_ok=True)
-                self.sfd = os.open(self.f.src, os.O_RDONLY | os.O_CLOEXEC)
+                self.pfd, self.base = self.dirs.of(self.f.name)
+                self.part = f".{self.base}{probe.PART_SUFFIX}"
+                sfd = os.open(self.f.src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+                st = os.fstat(sfd)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(sfd)
+                    raise OSError(errno.ESTALE, "the source is no longer a regular file", self.f.src)
+                self.sfd = sfd
                 try:
                     os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 except OSError:
                     pass
-                self.dfd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                safe.unlink_at(self.pfd, self.part)
+                self.dfd = safe.create_excl(self.pfd, self.part, 0o600)
         return self.sfd, self.dfd
+
+    def discard(self) -> None:
+        if self.pfd is not None and self.part:
+            safe.unlink_at(self.pfd, self.part)
 
     def chunk_done(self, pause) -> None:
         with self.lock:
@@ -407,7 +469,7 @@ class _OpenFile:
             self.fds()
         try:
             os.fsync(self.dfd)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
-            os.fchmod(self.dfd, self.f.mode)
+            os.fchmod(self.dfd, safe.staged_mode(self.f.mode))
             os.utime(self.dfd, ns=(self.f.mtime_ns, self.f.mtime_ns))
             try:
                 os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)  # do not double the RAM the model takes
@@ -418,7 +480,7 @@ class _OpenFile:
             os.close(self.sfd)
             self.sfd = self.dfd = None
         pause()
-        os.rename(self.tmp, self.final)
+        safe.rename_at(self.pfd, self.part, self.base)  # a link at NAME is replaced
 
 
 def _test_pause_fn():
@@ -432,7 +494,6 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
     when the plan refuses or the copy fails verification, LockHeld when another stage writes DST."""
     import fcntl
 
-    from gpudoctor.files.atomic import atomic_write
     from gpudoctor.log import get_logger
 
     log = get_logger("gpudoctor.model.stage", dst=plan.dst)
@@ -442,8 +503,14 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
     pause = _test_pause_fn()
     chunk = int(os.environ.get("GPUDOCTOR_TEST_STAGE_CHUNK", "0") or 0) or CHUNK
     method = method or os.environ.get("GPUDOCTOR_STAGE_COPY", "auto")
-    os.makedirs(plan.dst, exist_ok=True)
-    lock_fd = os.open(os.path.join(plan.dst, probe.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    dst_fd = safe.owned_dir(plan.dst)  # DST is ours: another user's directory or a link is refused (Unsafe)
+    dirs = _Dirs(plan.dst, dst_fd)
+    try:
+        lock_fd = safe.open_regular(dst_fd, probe.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600,
+                                    path=os.path.join(plan.dst, probe.LOCK_NAME))
+    except BaseException:
+        dirs.close()
+        raise
     try:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -452,12 +519,12 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
         copied = 0
         if not plan.nothing_to_copy:
             _write_record(plan, "staging", log)
-            _unlink(os.path.join(plan.dst, probe.MARKER_NAME))  # first: from here on DST is not vouched for
+            safe.unlink_at(dst_fd, probe.MARKER_NAME)  # first: from here on DST is not vouched for
             for f in plan.files:
                 if f.role in ("index", "config") and f.action == "copy":
-                    _unlink(os.path.join(plan.dst, f.name))
+                    _unlink_in(dirs, f.name)
             for name in plan.stale:
-                _unlink(os.path.join(plan.dst, name))
+                _unlink_in(dirs, name)
             log.info("model.stage.started", files=sum(f.action == "copy" for f in plan.files), bytes=plan.to_copy)
             copier = _Copier(method)
             lock = threading.Lock()
@@ -474,7 +541,7 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
             phases += [[f] for f in plan.files if f.action == "copy" and f.role == "config"]
             with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="stage") as pool:
                 for phase in phases:
-                    _run_phase(pool, phase, plan.dst, chunk, copier, tick, pause)
+                    _run_phase(pool, phase, dirs, chunk, copier, tick, pause)
             copied = total[0]
             method = copier.method
         pause()
@@ -490,7 +557,7 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
                   "files": [{"name": f.name, "size": f.size, **({"sha256": f.sha256} if f.sha256 else {})}
                             for f in plan.files]}
         pause()
-        atomic_write(os.path.join(plan.dst, probe.MARKER_NAME), json.dumps(marker, indent=1) + "\n")
+        safe.write_at(dst_fd, probe.MARKER_NAME, json.dumps(marker, indent=1) + "\n", safe.output_mode(public=True))
         record_at = _write_record(plan, "staged", log, marker)
         secs = time.perf_counter() - t0
         log.info("model.stage.finished", bytes=copied, seconds=round(secs, 3))
@@ -501,6 +568,16 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
                 "marker": os.path.join(plan.dst, probe.MARKER_NAME), "record": record_at, "boot_id": marker["boot_id"]}
     finally:
         os.close(lock_fd)
+        dirs.close()
+
+
+def _unlink_in(dirs: _Dirs, name: str) -> None:
+    """Remove DST/name through DST's fds: a link is removed, never followed; a missing directory is fine."""
+    try:
+        fd, base = dirs.of_existing(name)
+    except FileNotFoundError:
+        return
+    safe.unlink_at(fd, base)
 
 
 def _size_of(path: str) -> int | str:
@@ -510,7 +587,7 @@ def _size_of(path: str) -> int | str:
         return errno.errorcode.get(exc.errno or 0, "absent")
 
 
-def _run_phase(pool, files: list[StageFile], dst: str, chunk: int, copier: _Copier, tick, pause) -> None:
+def _run_phase(pool, files: list[StageFile], dirs: _Dirs, chunk: int, copier: _Copier, tick, pause) -> None:
     """Copy files in chunk-sized units on the pool; each file is renamed into place by its last chunk."""
     if not files:
         return
@@ -518,7 +595,7 @@ def _run_phase(pool, files: list[StageFile], dst: str, chunk: int, copier: _Copi
     opened = []
     for f in files:
         n = max(1, -(-f.size // chunk))
-        of = _OpenFile(f, dst, n)
+        of = _OpenFile(f, dirs, n)
         opened.append(of)
         units += [(of, i * chunk, min(chunk, f.size - i * chunk)) for i in range(n)]
 
@@ -526,7 +603,7 @@ def _run_phase(pool, files: list[StageFile], dst: str, chunk: int, copier: _Copi
         pause()
         if length > 0:
             sfd, dfd = of.fds()
-            copier.copy(sfd, dfd, of.tmp, off, length, tick)
+            copier.copy(sfd, dfd, off, length, tick)
         of.chunk_done(pause)
 
     futs = [pool.submit(work, *u) for u in units]
@@ -547,7 +624,7 @@ def _run_phase(pool, files: list[StageFile], dst: str, chunk: int, copier: _Copi
                     except OSError:
                         pass
             of.sfd = of.dfd = None
-            _unlink(of.tmp)
+            of.discard()
         exc = failed[0].exception() if failed else KeyboardInterrupt()
         if isinstance(exc, OSError):
             raise RemedyError(f"copy failed: {exc.strerror or exc} ({getattr(exc, 'filename', None) or ''})") from exc
@@ -562,14 +639,19 @@ def _write_record(plan: StagePlan, state: str, log, marker: dict | None = None) 
                                                                      for f in plan.files]}
     if marker:
         rec["staged_at"] = marker["staged_at"]
-    from gpudoctor.files.atomic import atomic_write
-
     for d in probe.state_dirs():
         path = os.path.join(d, probe.STATE_SUBDIR, probe.record_key(plan.dst) + ".json")
+        try:  # a state dir another user controls (root's HOME under sudo) is skipped: the record names a source
+            fd = safe.owned_dir(os.path.dirname(path))
+        except (OSError, InputError) as exc:
+            log.debug("model.stage.record_unwritable", path=path, error=str(exc))
+            continue
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, json.dumps(rec, indent=1) + "\n")
+            # 0644 as before: an ordinary user's `model verify` reads it to tell "wiped" from "never staged"
+            safe.write_at(fd, os.path.basename(path), json.dumps(rec, indent=1) + "\n", safe.output_mode(public=True))
             return path
         except OSError as exc:
             log.debug("model.stage.record_unwritable", path=path, error=str(exc))
+        finally:
+            os.close(fd)
     return None

@@ -143,8 +143,9 @@ class Healer:
     def save(self, inc: Incident) -> None:
         """Append the incident to DIR/heals.jsonl (after the runner has noted what it retracted)."""
         from gpudoctor.files.atomic import append_jsonl_atomic
+        from gpudoctor.files.safe import output_mode
 
-        append_jsonl_atomic(self.dir / "heals.jsonl", [asdict(inc)])
+        append_jsonl_atomic(self.dir / "heals.jsonl", [asdict(inc)], mode=output_mode())
 
     def judge(self):
         """(diagnosis, gate result) of the target now; a transport failure raises HostError."""

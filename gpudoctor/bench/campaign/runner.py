@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.bench.server import logscan
 from gpudoctor.bench.campaign.file import Campaign, Config
@@ -216,9 +217,19 @@ class Runner:
             raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another --out",
                              path=str(self.dir))
         created = not self.dir.exists()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # --out is ours (#40): created 0755, refused when another user owns or can write it or a directory above it
+        # (every later write in it goes by path); the lock is opened without following a link
+        dfd = safe.owned_dir(str(self.dir))
         lock_path = self.dir / ".lock"
-        lock = open(lock_path, "w")
+        try:
+            lock = os.fdopen(safe.open_regular(dfd, ".lock", os.O_WRONLY | os.O_CREAT, 0o600, path=str(lock_path)),
+                             "w")
+        except BaseException:
+            if created:
+                os.rmdir(self.dir)
+            raise
+        finally:
+            os.close(dfd)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(lock.fileno()).st_ino != os.stat(lock_path).st_ino:  # a finished run removed it meanwhile
@@ -252,8 +263,8 @@ class Runner:
             self.counter = self.load_counter()
         except HostError as exc:
             raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
-        shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
-        (self.dir / "campaign.json").write_text(json.dumps(
+        safe.write_file(self.dir / "campaign.yaml", Path(self.camp.path).read_bytes())
+        safe.write_file(self.dir / "campaign.json", json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
              "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
              "request_rates": self.camp.request_rates,
@@ -411,7 +422,7 @@ class Runner:
                     return None
                 continue
             dest.mkdir(parents=True, exist_ok=True)
-            atomic_write(dest / name, got.data)
+            atomic_write(dest / name, got.data, mode=safe.output_mode())
         return str(dest)
 
     def load_counter(self) -> Counter:

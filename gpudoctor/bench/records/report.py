@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -343,6 +344,9 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
         if not isinstance(meta, dict) or not all(isinstance(meta.get(k), (str, type(None))) for k in ("name", "baseline")):
             raise InputError("campaign.json must be an object whose name and baseline are strings",
                              path=str(d / "campaign.json"))
+    from gpudoctor.files import safe
+
+    os.close(safe.owned_dir(str(d), create=False))  # ours (#40): plots and reports below it are written by path
     baseline = baseline or meta.get("baseline")
     title = meta.get("name") or d.name
     order = Order(records, meta)
@@ -351,7 +355,9 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     heals = []
     if (d / "heals.jsonl").exists():
         heals = [json.loads(x) for x in (d / "heals.jsonl").read_text().splitlines() if x.strip()]
-    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped))
-    atomic_write(d / "results.csv", render_csv(records, baseline))
+    mode = safe.output_mode()
+    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped),
+                 mode=mode)
+    atomic_write(d / "results.csv", render_csv(records, baseline), mode=mode)
     return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs],
             "plots_skipped": skipped}

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from gpudoctor.files.atomic import append_jsonl_atomic
+from gpudoctor.files.safe import output_mode
 
 SCHEMA = "gpudoctor.bench/3"
 # /3 added per_request and steady (every level: the per-request series and its steady window), provenance (what
@@ -124,8 +125,18 @@ class ResultStore:
     def keys(self) -> set[tuple]:
         return {key(r) for r in self.load()}
 
+    def ours(self) -> None:
+        """Before the first write: DIR is created, or refused when another user owns or can write it (#40)."""
+        if not getattr(self, "_ours", False):
+            import os
+
+            from gpudoctor.files import safe
+
+            os.close(safe.owned_dir(str(self.dir)))
+            self._ours = True
+
     def append(self, rec: dict) -> dict:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ours()
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
         rec = {"schema": SCHEMA, **rec, **self.stamp}
@@ -137,7 +148,7 @@ class ResultStore:
                     rec[m] = None
             if isinstance(rec.get("steady"), dict):  # a failed level has no steady state to report
                 rec["steady"] = {"status": "not_measured", "why": f"the level is {rec['status']}"}
-        append_jsonl_atomic(self.path, [rec])
+        append_jsonl_atomic(self.path, [rec], mode=output_mode())
         return rec
 
     def retract(self, keys: list[tuple], why: str) -> list[dict]:
@@ -151,7 +162,8 @@ class ResultStore:
         gone = [{**r, "retracted": why} for r in recs if key(r) in keys]
         if not gone:
             return []
-        append_jsonl_atomic(self.dir / "retracted.jsonl", gone)
+        self.ours()
+        append_jsonl_atomic(self.dir / "retracted.jsonl", gone, mode=output_mode())
         kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs if key(r) not in keys)
-        atomic_write(self.path, kept)
+        atomic_write(self.path, kept, mode=output_mode())
         return gone
