@@ -34,7 +34,7 @@ def init_process_group(backend, init_method, rank, world_size):
     path = init_method[len("file://"):]
     d = os.path.dirname(path)
     st = os.stat(d)
-    with open(os.environ["RDV_LOG"] + "." + str(rank), "w") as fh:
+    with open(RDV_LOG + "." + str(rank), "w") as fh:
         json.dump({"path": path, "dir_mode": st.st_mode & 0o7777, "dir_uid": st.st_uid}, fh)
     open(path, "a").close()
 def all_reduce(x): pass
@@ -44,13 +44,18 @@ def destroy_process_group(): pass
 
 
 def test_the_rendezvous_lies_in_a_private_fresh_directory(tmp_path, victim):
-    fake = tmp_path / "fake"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(FAKE_TORCH + "from . import distributed\n")
-    (fake / "torch" / "distributed.py").write_text(FAKE_DIST)
-    py = tmp_path / "python3"
-    py.write_text(f"#!/bin/sh\nPYTHONPATH={fake} RDV_LOG={tmp_path}/rdv exec {sys.executable} \"$@\"\n")
-    py.chmod(0o755)
+    # an interpreter with "torch" in its own site-packages: a venv, since the deep child runs `python -I` (no
+    # PYTHONPATH, no user site) in a minimal environment
+    import subprocess
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH + "from . import distributed\n")
+    (site / "torch" / "distributed.py").write_text(f"RDV_LOG = {str(tmp_path / 'rdv')!r}\n" + FAKE_DIST)
+    py = venv / "bin" / "python3"
     tmp = Path(tempfile.gettempdir())
     fixed = tmp / ".gpudoctor-nccl-0_1"  # where main met, a name anyone can make first
     before = digest(victim)
