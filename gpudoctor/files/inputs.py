@@ -81,7 +81,7 @@ def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, 
 
 def trusted(path, *, what: str = "file", error=InputError) -> None:
     """As root, a file whose content gpudoctor obeys (an inventory names programs it runs and hosts it marks ready; a
-    campaign names servers it starts) must be root's, like sshd's StrictModes (#40): the file and every directory above
+    campaign names servers it starts) must be root's, like sshd's StrictModes: the file and every directory above
     it owned by root and writable by no other user (files/trust.py); else one line naming the part, its owner and its
     mode (`error`, exit 3). An ordinary user's gpudoctor reads what that user chooses."""
     p = os.fspath(path)

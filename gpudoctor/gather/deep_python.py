@@ -27,7 +27,7 @@ from gpudoctor.host.replay import not_recorded
 
 # argv: deadline_s, then the candidates to try before and after the serving processes as JSON
 # {"first": [[python, source], ...], "then": [[python, source], ...], "servers": whether to look for them}.
-# After files/trust.py's and host/childpy.py's text (#40): the same trust test and child python as everywhere.
+# After files/trust.py's and host/childpy.py's text: the same trust test and child python as everywhere.
 _SEARCH = r"""
 import json, os, shutil, subprocess, sys, time
 dl = time.monotonic() + float(sys.argv[1])
@@ -90,7 +90,7 @@ def servers():
             except OSError:
                 exe = None
             py = exe if is_py(exe) else None
-        if py:  # another user's process names it: used only where root may trust it (#40)
+        if py:  # another user's process names it: used only where root may trust it
             found.append([py, "the %s server's interpreter (pid %s)" % (what, d), untrusted(py)])
     return found
 

@@ -47,7 +47,7 @@ def _strip_flags(rest: list) -> list:
 
 
 def _rdv(args: list) -> list:
-    """The deep tier's NCCL rendezvous by its name alone: it lies in a private scratch directory now (#40), a fixed
+    """The deep tier's NCCL rendezvous by its name alone: it lies in a private scratch directory now, a fixed
     path in /tmp before, and the directory does not change the answer."""
     return [a.rsplit("/", 1)[-1].lstrip(".") if isinstance(a, str) and "gpudoctor-nccl-" in a else a for a in args]
 
@@ -65,7 +65,7 @@ def _run_key(host: Host, argv) -> str:
 
 
 def _kept(res: FileRead) -> dict:
-    """A read as the transcript keeps it: a process's environment only as host/environ.py allows (#40)."""
+    """A read as the transcript keeps it: a process's environment only as host/environ.py allows."""
     if res.data is not None and is_environ(res.path):
         res = FileRead(res.path, scrub_raw(res.data), res.error)
     return res.to_json()
