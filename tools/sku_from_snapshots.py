@@ -46,7 +46,7 @@ def runs_of(path: str) -> list[dict]:
         if not g["figs"]:
             continue
         causes = sorted({c["name"] for c in g["causes"].values()} | {c for f in g["figs"] for c in f["causes"]})
-        out.append({"path": path, "day": day, "driver": driver, "gpu": g["rec"].get("index"), "name": res.get("name"),
+        out.append({"path": path, "created": created, "day": day, "driver": driver, "gpu": g["rec"].get("index"), "name": res.get("name"),
                     "torch": res.get("torch"), "backend": res.get("backend"), "before": res.get("before") or {},
                     "figs": {f["kind"]: f for f in g["figs"]}, "causes": causes})
     return out
@@ -60,6 +60,13 @@ def entry(paths: list[str], *, min_runs: int, margin: float) -> dict:
     from gpudoctor.errors import InputError
 
     runs = [r for p in paths for r in runs_of(p)]
+    seen = {}
+    for r in runs:  # one run counted once: the same snapshot (or a copy of it) given twice is not a second run
+        key = (r["created"], r["gpu"])
+        if key in seen:
+            raise InputError(f"{r['path']} is the run {seen[key]} already gave (GPU {r['gpu']}, same snapshot): "
+                             "each run counts once")
+        seen[key] = r["path"]
     if not runs:
         raise InputError("no measured GPU in " + ", ".join(paths) + " (a `gpudoctor snapshot --deep` is needed)")
     sick = [r for r in runs if r["causes"]]

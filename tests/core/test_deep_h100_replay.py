@@ -110,3 +110,10 @@ def test_a_contended_run_is_refused_as_a_floor_source():
     r = subprocess.run([sys.executable, "-I", str(REPO / "tools" / "sku_from_snapshots.py"), "--min-runs", "1", snap],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 3 and "is not a healthy run" in r.stderr and "contention" in r.stderr, r.stderr
+
+
+def test_the_same_run_given_twice_counts_once():
+    snap = str(H100 / "h100-deep-healthy.snapshot.json")
+    r = subprocess.run([sys.executable, "-I", str(REPO / "tools" / "sku_from_snapshots.py"), "--min-runs", "2", snap,
+                        snap], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 3 and "each run counts once" in r.stderr, r.stderr
