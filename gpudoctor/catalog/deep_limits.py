@@ -12,7 +12,7 @@ import stat
 from functools import lru_cache
 from importlib import resources
 
-from gpudoctor.errors import InputError
+from gpudoctor.errors import ConfigError
 
 # PCIe transfer rate per lane (GT/s) and line-code efficiency: 8b/10b to Gen2, 128b/130b Gen3-5, Gen6 FLIT (242/256).
 GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
@@ -51,7 +51,7 @@ MIN_RUNS, MARGIN = 3, 0.90
 
 def table() -> dict:
     """The SKU table: the shipped one, with a site's entries (SITE_TABLE, or $GPUDOCTOR_SKU_TABLE) first. Each is
-    checked as it is loaded (table_problems): a bad entry is an InputError naming the file and the entry."""
+    checked as it is loaded (table_problems): a bad entry is a ConfigError naming the file and the entry."""
     site = os.environ.get(SITE_ENV) or SITE_TABLE
     try:
         st = os.stat(site)
@@ -59,7 +59,7 @@ def table() -> dict:
     except FileNotFoundError:
         key = None
     except OSError as exc:
-        raise InputError(f"cannot read the site SKU table: {exc.strerror}", path=site) from None
+        raise ConfigError(f"cannot read the site SKU table: {exc.strerror}", path=site) from None
     return _load(key)
 
 
@@ -72,13 +72,13 @@ def _load(site_key) -> dict:
         return shipped
     site, uid, mode = site_key[0], site_key[3], site_key[4]
     if uid not in (0, os.geteuid()) or mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise InputError("the site SKU table must belong to root and be writable by no one else (it sets the floors "
+        raise ConfigError("the site SKU table must belong to root and be writable by no one else (it sets the floors "
                          f"gpudoctor judges by; owner uid {uid}, mode {stat.S_IMODE(mode):o})", path=site)
     from gpudoctor.files.inputs import read_json
 
-    doc = read_json(site, what="site SKU table", max_bytes=1 << 20)
+    doc = read_json(site, what="site SKU table", max_bytes=1 << 20, error=ConfigError)
     if not isinstance(doc, dict) or doc.get("schema") != "gpudoctor.gpu_skus/1" or not isinstance(doc.get("skus"), list):
-        raise InputError('a site SKU table is {"schema": "gpudoctor.gpu_skus/1", "skus": [ENTRY, ...]} (each entry '
+        raise ConfigError('a site SKU table is {"schema": "gpudoctor.gpu_skus/1", "skus": [ENTRY, ...]} (each entry '
                          "as tools/sku_from_snapshots.py writes it)", path=site)
     _refuse(table_problems({"floors_default": {}, "skus": doc["skus"]}), site)
     mine = {s["sku"] for s in doc["skus"]}
@@ -89,7 +89,7 @@ def _load(site_key) -> dict:
 def _refuse(problems: list[str], path: str) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise InputError(f"bad SKU entry: {problems[0]}{more}", path=path)
+        raise ConfigError(f"bad SKU entry: {problems[0]}{more}", path=path)
 
 
 def sku_for(name: str | None) -> dict | None:

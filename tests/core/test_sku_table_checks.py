@@ -13,7 +13,7 @@ import pytest
 
 from gpudoctor.catalog import deep_limits
 from gpudoctor.catalog.deep_limits import SITE_ENV, sku_for, table, table_problems
-from gpudoctor.errors import InputError
+from gpudoctor.errors import ConfigError
 from tests.console import gpudoctor
 
 from . import deep_captures as dc
@@ -75,6 +75,15 @@ def test_a_site_entry_replaces_the_shipped_one_and_judges_by_its_floors(tmp_path
     assert r.returncode == 1
 
 
+def test_a_site_table_that_is_no_json_is_one_line_exit_3(tmp_path):
+    p = tmp_path / "gpu_skus.json"
+    p.write_text('{"schema": "gpudoctor.gpu_skus/1",\n "skus": [}\n')
+    os.chmod(p, 0o644)
+    r = gpudoctor("check", "--snapshot", H100_DEEP, env={"PATH": "/usr/bin:/bin", "GPUDOCTOR_INVENTORY": "", SITE_ENV: str(p)})
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 3 and len(lines) == 1 and f"{p}:2: " in lines[0], lines
+
+
 @pytest.mark.parametrize("edit, mode, words", [
     (lambda s: s.update(memory_gbs=3.35), 0o644, "bad SKU entry: H100 SXM: memory_gbs 3.35 is not a memory bandwidth"),
     (lambda s: s["floors"]["gemm"].update(floor=0.9), 0o644, "bad SKU entry: H100 SXM gemm: floor 0.9 above its healthy"),
@@ -98,7 +107,7 @@ def test_a_bad_shipped_table_refuses_at_load(monkeypatch):
     monkeypatch.setattr(deep_limits.json, "loads", lambda text, _orig=json.loads: bad)
     deep_limits._load.cache_clear()
     try:
-        with pytest.raises(InputError) as exc:
+        with pytest.raises(ConfigError) as exc:
             deep_limits._load(None)
         assert "gpu_skus.json: bad SKU entry: H100 SXM: memory_gbs 3.35" in exc.value.one_line()
     finally:
