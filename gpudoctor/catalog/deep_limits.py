@@ -266,8 +266,10 @@ def table_problems(t: dict | None = None) -> list[str]:
             fv, hv = f.get("floor"), f.get("healthy")
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (fv, hv)):
                 bad.append(f"{where} {kind}: floor {fv!r} and healthy {hv!r} must be ratios (numbers)")
-            elif not (0 < fv < hv <= 1):
-                bad.append(f"{where} {kind}: floor {fv} above its healthy ratio {hv} (must be 0 < floor < healthy <= 1)")
+            elif not (0 < fv and hv <= 1):
+                bad.append(f"{where} {kind}: floor {fv}, healthy {hv}: ratios must be 0 < floor < healthy <= 1")
+            elif fv >= hv:
+                bad.append(f"{where} {kind}: floor {fv} at or above its healthy ratio {hv}: a healthy card would fail")
             elif fv < 0.85 * hv:
                 bad.append(f"{where} {kind}: floor {fv} is below 85 % of the healthy {hv}: a card that lost that much "
                            "would pass")

@@ -32,9 +32,9 @@ def h100(t):
     (lambda t: h100(t).update(bf16_dense_tflops=1.979), "H100 SXM: bf16_dense_tflops 1.979 is not a dense bf16 peak"),
     (lambda t: h100(t).update(bf16_dense_tflops="989"), "H100 SXM: bf16_dense_tflops \"989\" is not a number"),
     (lambda t: h100(t).update(nvlink_gbs_per_link=900), "H100 SXM: nvlink_gbs_per_link 900 is not an NVLink rate"),
-    (lambda t: h100(t)["floors"]["gemm"].update(floor=0.76), "H100 SXM gemm: floor 0.76 above its healthy ratio 0.76"),
-    (lambda t: h100(t)["floors"]["gemm"].update(floor=0.7, healthy=1.2), "floor 0.7 above its healthy ratio 1.2"),
-    (lambda t: h100(t)["floors"]["d2d"].update(floor=0), "H100 SXM d2d: floor 0 above its healthy ratio"),
+    (lambda t: h100(t)["floors"]["gemm"].update(floor=0.76), "H100 SXM gemm: floor 0.76 at or above its healthy ratio 0.76"),
+    (lambda t: h100(t)["floors"]["gemm"].update(floor=0.7, healthy=1.2), "floor 0.7, healthy 1.2: ratios must be 0 < floor < healthy <= 1"),
+    (lambda t: h100(t)["floors"]["d2d"].update(floor=0), "H100 SXM d2d: floor 0, healthy 0.87: ratios must be"),
     (lambda t: h100(t)["floors"]["d2d"].update(source="a guess"), 'must start with "measured"'),
     (lambda t: h100(t)["floors"]["d2d"].update(source="assumed from a neighbour"), "needs assumed_from"),
     (lambda t: h100(t).update(match=["^NVIDIA H100 (80GB"]), "H100 SXM: match '^NVIDIA H100 (80GB' is not a regular"),
@@ -86,7 +86,7 @@ def test_a_site_table_that_is_no_json_is_one_line_exit_3(tmp_path):
 
 @pytest.mark.parametrize("edit, mode, words", [
     (lambda s: s.update(memory_gbs=3.35), 0o644, "bad SKU entry: H100 SXM: memory_gbs 3.35 is not a memory bandwidth"),
-    (lambda s: s["floors"]["gemm"].update(floor=0.9), 0o644, "bad SKU entry: H100 SXM gemm: floor 0.9 above its healthy"),
+    (lambda s: s["floors"]["gemm"].update(floor=0.9), 0o644, "bad SKU entry: H100 SXM gemm: floor 0.9 at or above its healthy"),
     (lambda s: None, 0o664, "must belong to root and be writable by no one else"),
 ])
 def test_a_bad_site_table_is_one_line_exit_3(tmp_path, edit, mode, words):
