@@ -49,8 +49,12 @@ def findings_of(spec: CheckSpec, facts: dict) -> list[Finding]:
     place a finding gets its remedy (a finding with remediable=False declines it). A crash is an unknown finding."""
     from gpudoctor.findings import Status
 
+    from gpudoctor.errors import ConfigError
+
     try:
         res = spec.fn(facts)
+    except ConfigError:
+        raise  # a bad configuration a check reads (the SKU table): one line and exit 3, not an unknown finding
     except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other findings
         res = Finding(spec.id, Status.UNKNOWN, f"check crashed: {type(exc).__name__}: {exc}")
     out = [res] if isinstance(res, Finding) else list(res or [])

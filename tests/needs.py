@@ -139,8 +139,9 @@ LABS: dict[str, str] = {
                "chroot it fails \"Couldn't open /dev/null: Permission denied\"",
     "slurm-lab": "it runs Debian's munged, slurmctld and slurmd (tests/slurmlab.py); both CI stages run it now "
                  "(22.05 on Debian 12, 24.11 in the trixie stage): name it only for a stage without those packages",
-    "podman": "gpudoctor inside its podman container must see the kind 'podman' (tests/boundary/test_podman_cdi.py); "
-              "in the chroot it sees 'vm'",
+    "podman": "the stage's root filesystem has no podman or runc; in the chroot gpudoctor inside its container saw "
+              "the kind 'vm' (tests/boundary/test_podman_cdi.py), fixed since (test_container_kind_chroot.py) but not "
+              "yet re-run in the stage",
     "transformers-lab": "its venv is torch CPU for CI's Python 3.11 (tests/bench/transformers_lab.py); on Python 3.13 "
                         "pip would fetch the 5 GB CUDA torch",
 }

@@ -95,6 +95,17 @@ def unit_of(cgroup: str | None) -> str | None:
     return None
 
 
+def engine_of_cgroup(text: str | None) -> str | None:
+    """podman or docker when a cgroup path names one of its containers (libpod-ID.scope, /libpod_parent/libpod-ID,
+    docker-ID.scope, /docker/ID), else None."""
+    t = text or ""
+    if re.search(r"(^|/)libpod-[0-9a-f]{12,}(\.scope)?(/|$)", t, re.M):
+        return "podman"
+    if re.search(r"(^|/)docker-[0-9a-f]{12,}\.scope(/|$)|/docker/[0-9a-f]{12,}(/|$)", t, re.M):
+        return "docker"
+    return None
+
+
 def driver_of(cgroup: str | None) -> str | None:
     """Docker/containerd/podman's cgroup driver as the container's cgroup path shows it (hidden by a cgroup namespace)."""
     c = cgroup or ""
@@ -112,19 +123,26 @@ def detect(facts: dict) -> Platform:
     p = facts.get("platform") or {}
     name = None
     env = _text(p.get("containerenv"))
-    if env is not None:  # podman writes /run/.containerenv (engine="podman-4.3.1", name="…")
+    if env is not None:  # podman writes /run/.containerenv into every container (engine="podman-4.3.1", name="…"
+        # only when privileged: else it is empty, or "graphRootMounted=1"); no VM or bare host has it in its root
         m = re.search(r'^engine="([^"]*)"', env, re.M)
-        if m and m.group(1).startswith("podman") or kind in ("bare", "docker"):
+        if m and m.group(1).startswith("podman") or kind in ("bare", "docker", "vm"):
+            if kind == "vm":
+                ev.append("not a VM: the hypervisor flag shows through a container too")
             kind = "podman"
             ev.append("/run/.containerenv exists" + (f" (engine {m.group(1)})" if m else ""))
         if n := re.search(r'^name="([^"]*)"', env, re.M):
             name = n.group(1) or None
+    cg = own_cgroup(_text(p.get("self_cgroup")))
+    if kind in ("bare", "vm"):
+        if engine := engine_of_cgroup(cg):
+            kind = engine
+            ev.append(f"this process's cgroup {cg} is a {engine} container's")
     k8s = p.get("kubernetes") or {}
     if k8s.get("serviceaccount") or k8s.get("env"):
         kind = "kubernetes"
         ev.append("a Kubernetes service account is mounted" if k8s.get("serviceaccount")
                   else "KUBERNETES_SERVICE_HOST is set")
-    cg = own_cgroup(_text(p.get("self_cgroup")))
     unit = unit_of(cg) if kind not in ("docker", "podman", "kubernetes", "lxc") else None
     return Platform(kind, ev, name, unit, cg, driver_of(cg))
 

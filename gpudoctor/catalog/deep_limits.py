@@ -5,9 +5,14 @@ source), and each measured figure of a deep child's record as a ratio to its lim
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from functools import lru_cache
 from importlib import resources
+
+from gpudoctor.errors import ConfigError
 
 # PCIe transfer rate per lane (GT/s) and line-code efficiency: 8b/10b to Gen2, 128b/130b Gen3-5, Gen6 FLIT (242/256).
 GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
@@ -30,10 +35,61 @@ def link_gbs(gen, width) -> float | None:
     return GT_S[gen] * width * ENCODING[gen] / 8
 
 
-@lru_cache(maxsize=1)
+SHIPPED = "data/gpu_skus.json"
+SITE_TABLE = "/etc/gpudoctor/gpu_skus.json"  # a site's own measured SKUs (tools/sku_from_snapshots.py writes entries)
+SITE_ENV = "GPUDOCTOR_SKU_TABLE"  # another path for the site table (tests; an image that keeps it elsewhere)
+
+# What a plausible entry holds, per field: (low, high, what it is). A datasheet figure typed in TB/s or MB/s, or a
+# sparsity figure in PFLOP/s, falls outside (H200: 4800 GB/s, 989 TFLOP/s; GB300: 8000 GB/s, ~2500 TFLOP/s dense).
+RANGES = {"memory_gbs": (100.0, 20000.0, "a memory bandwidth in GB/s (100-20000)"),
+          "bf16_dense_tflops": (10.0, 5000.0, "a dense bf16 peak in TFLOP/s (10-5000)"),
+          "nvlink_gbs_per_link": (1.0, 200.0, "an NVLink rate per link and direction in GB/s (1-200)")}
+# How a floor is derived from measured runs (docs/deep.md "Floors from measurements"): at least MIN_RUNS healthy runs,
+# healthy = the lowest run's ratio rounded to 0.01, floor = MARGIN x healthy rounded down to 0.01.
+MIN_RUNS, MARGIN = 3, 0.90
+
+
 def table() -> dict:
-    """The shipped SKU table."""
-    return json.loads(resources.files("gpudoctor").joinpath("data/gpu_skus.json").read_text())
+    """The SKU table: the shipped one, with a site's entries (SITE_TABLE, or $GPUDOCTOR_SKU_TABLE) first. Each is
+    checked as it is loaded (table_problems): a bad entry is a ConfigError naming the file and the entry."""
+    site = os.environ.get(SITE_ENV) or SITE_TABLE
+    try:
+        st = os.stat(site)
+        key = (site, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
+    except FileNotFoundError:
+        key = None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the site SKU table: {exc.strerror}", path=site) from None
+    return _load(key)
+
+
+@lru_cache(maxsize=4)
+def _load(site_key) -> dict:
+    path = str(resources.files("gpudoctor").joinpath(SHIPPED))
+    shipped = json.loads(resources.files("gpudoctor").joinpath(SHIPPED).read_text())
+    _refuse(table_problems(shipped), path)
+    if site_key is None:
+        return shipped
+    site, uid, mode = site_key[0], site_key[3], site_key[4]
+    if uid not in (0, os.geteuid()) or mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError("the site SKU table must belong to root and be writable by no one else (it sets the floors "
+                         f"gpudoctor judges by; owner uid {uid}, mode {stat.S_IMODE(mode):o})", path=site)
+    from gpudoctor.files.inputs import read_json
+
+    doc = read_json(site, what="site SKU table", max_bytes=1 << 20, error=ConfigError)
+    if not isinstance(doc, dict) or doc.get("schema") != "gpudoctor.gpu_skus/1" or not isinstance(doc.get("skus"), list):
+        raise ConfigError('a site SKU table is {"schema": "gpudoctor.gpu_skus/1", "skus": [ENTRY, ...]} (each entry '
+                         "as tools/sku_from_snapshots.py writes it)", path=site)
+    _refuse(table_problems({"floors_default": {}, "skus": doc["skus"]}), site)
+    mine = {s["sku"] for s in doc["skus"]}
+    return {**shipped, "site": site, "skus": [{**s, "site": site} for s in doc["skus"]]
+            + [s for s in shipped["skus"] if s["sku"] not in mine]}
+
+
+def _refuse(problems: list[str], path: str) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"bad SKU entry: {problems[0]}{more}", path=path)
 
 
 def sku_for(name: str | None) -> dict | None:
@@ -134,6 +190,7 @@ def figures(result: dict, driver_gpu: dict | None = None, peer_link=None, pair_p
             fl = floor_for(sku, kind)
             if fl:
                 fig["floor"], fig["floor_source"], fig["healthy"] = fl["floor"], fl["source"], fl["healthy"]
+                fig["floor_assumed_from"] = fl.get("assumed_from") if fl["source"].startswith("assumed") else None
         out.append(fig)
     return out
 
@@ -175,37 +232,99 @@ def figure_line(fig: dict) -> str:
         s += f", {fig['ratio_current']:.2f} of the {fmt_link(fig.get('loaded_link'))} it ran at"
     if fig["floor"] is not None:
         s += f", floor {fig['floor']:.2f}"
+        if fig.get("floor_assumed_from"):
+            s += f" assumed from {fig['floor_assumed_from']}"
     return s
 
 
 def table_problems(t: dict | None = None) -> list[str]:
-    """What is wrong with a SKU table: a number without a source, or a floor a healthy card would fail (above its
-    healthy ratio) or one so far below it that a sick card passes (under 85 % of healthy: DCGM's H200 HBM floor is
-    2333 MB/s of 4.8 TB/s)."""
-    t = t or table()
+    """What is wrong with a SKU table, one line per problem naming the entry: a number without a source, a number
+    outside its field's plausible range (RANGES: a TB/s or MB/s typed for GB/s), a bad match pattern, and a floor
+    not 0 < floor < healthy <= 1 (a floor at or above healthy fails a healthy card), one under 85 % of healthy (a card
+    that lost that much would pass: DCGM's H200 HBM floor is 2333 MB/s of 4.8 TB/s), or one that does not say whether
+    it was measured or assumed, and from what."""
+    t = table() if t is None else t
     bad = []
 
     def floors(where, fl):
-        for kind, f in (fl or {}).items():
-            if not f.get("source"):
+        if not isinstance(fl, dict):
+            bad.append(f"{where}: floors is not a mapping of figure to {{floor, healthy, source}}")
+            return
+        for kind, f in fl.items():
+            if not isinstance(f, dict):
+                bad.append(f"{where} {kind}: not a {{floor, healthy, source}} mapping")
+                continue
+            src = f.get("source")
+            if not src or not isinstance(src, str):
                 bad.append(f"{where} {kind}: floor without a source")
-            if not (0 < f.get("floor", 0) <= f.get("healthy", 0) <= 1):
-                bad.append(f"{where} {kind}: floor {f.get('floor')} above its healthy ratio {f.get('healthy')}")
-            elif f["floor"] < 0.85 * f["healthy"]:
-                bad.append(f"{where} {kind}: floor {f['floor']} is below 85 % of the healthy {f['healthy']}: a card "
-                           "that lost that much would pass")
+            elif not src.startswith(("measured", "assumed")):
+                bad.append(f"{where} {kind}: the source must start with \"measured\" (where, when, how) or "
+                           "\"assumed\" (from what)")
+            elif src.startswith("assumed") and not f.get("assumed_from"):
+                bad.append(f"{where} {kind}: an assumed floor needs assumed_from (what it is assumed from, for the "
+                           "finding's text)")
+            fv, hv = f.get("floor"), f.get("healthy")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (fv, hv)):
+                bad.append(f"{where} {kind}: floor {fv!r} and healthy {hv!r} must be ratios (numbers)")
+            elif not (0 < fv and hv <= 1):
+                bad.append(f"{where} {kind}: floor {fv}, healthy {hv}: ratios must be 0 < floor < healthy <= 1")
+            elif fv >= hv:
+                bad.append(f"{where} {kind}: floor {fv} at or above its healthy ratio {hv}: a healthy card would fail")
+            elif fv < 0.85 * hv:
+                bad.append(f"{where} {kind}: floor {fv} is below 85 % of the healthy {hv}: a card that lost that much "
+                           "would pass")
 
-    floors("default", t.get("floors_default"))
+    floors("default", t.get("floors_default") or {})
+    seen = set()
     for s in t.get("skus") or []:
-        name = s.get("sku", "?")
-        if not s.get("source") or "NVIDIA" not in s["source"] or "http" not in s["source"]:
+        if not isinstance(s, dict):
+            bad.append(f"SKU entry {brief(s)}: not a mapping")
+            continue
+        name = s.get("sku")
+        if not name or not isinstance(name, str):
+            bad.append(f"SKU entry {brief(s)}: no sku name")
+            continue
+        if name in seen:
+            bad.append(f"{name}: listed twice")
+        seen.add(name)
+        src = s.get("source")
+        if not isinstance(src, str) or "NVIDIA" not in src or "http" not in src:
             bad.append(f"{name}: memory and bf16 figures without an NVIDIA source (name and URL)")
-        for k in ("memory_gbs", "bf16_dense_tflops"):
-            if not isinstance(s.get(k), (int, float)) or s[k] <= 0:
-                bad.append(f"{name}: {k} missing")
+        match = s.get("match")
+        if not isinstance(match, list) or not match or not all(isinstance(p, str) for p in match):
+            bad.append(f"{name}: match must be a list of regular expressions for NVML's product name")
+        else:
+            for p in match:
+                try:
+                    re.compile(p)
+                except re.error as exc:
+                    bad.append(f"{name}: match {p!r} is not a regular expression ({exc})")
+        for k, (lo, hi, what) in RANGES.items():
+            v = s.get(k)
+            if v is None and k == "nvlink_gbs_per_link":
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                bad.append(f"{name}: {k} missing" if v is None else f"{name}: {k} {brief(v)} is not a number")
+            elif not lo <= v <= hi:
+                bad.append(f"{name}: {k} {v:g} is not {what}")
         if s.get("nvlink_gbs_per_link") and not s.get("nvlink_source"):
             bad.append(f"{name}: NVLink rate without a source")
-        if set((s.get("floors") or {})) != {"d2d", "gemm"}:
+        if not isinstance(s.get("floors"), dict) or set(s["floors"]) != {"d2d", "gemm"}:
             bad.append(f"{name}: needs floors for d2d and gemm")
-        floors(name, s.get("floors"))
+        floors(name, s.get("floors") or {})
     return bad
+
+
+def brief(v) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def derive_floor(ratios: list[float], margin: float = MARGIN) -> dict:
+    """{healthy, floor} from the ratios of healthy runs (docs/deep.md): healthy is the lowest run's ratio rounded to
+    0.01 (the card does at least that on a normal day), the floor MARGIN of it rounded down to 0.01 (twice the 5 %
+    run-to-run spread the H200 showed)."""
+    if not ratios:
+        raise ValueError("no runs")
+    healthy = round(min(ratios), 2)
+    return {"healthy": healthy, "floor": math.floor(round(healthy * margin * 100, 6)) / 100}

@@ -20,7 +20,9 @@ def sglang():
               help="The model's config.json or model directory (default: --model-path when it is a local directory).")
 @click.option("--draft-config", "draft_config", metavar="PATH",
               help="The draft model's config.json or directory (default: a local --speculative-draft-model-path).")
-@click.option("--gpu-mem-gib", type=Finite(1, 65536), default=141.0, show_default=True, metavar="GIB", help="Memory of one GPU (H200: 141).")
+@click.option("--gpu-mem-gib", type=Finite(1, 65536), default=None, metavar="GIB",
+              help="Memory of one GPU (H200: 141) [default: this machine's GPU; with none, and no --gpu, the memory "
+                   "plan is not judged].")
 @click.option("--gpu", "gpu", default=None, metavar="NAME",
               help="The GPU model (h200, h100, b200, rtx_pro_6000, a100_80g, l40s): its nvidia-smi memory replaces "
                    "--gpu-mem-gib and its SM decides which KV cache dtypes SGLang allows [default: this machine's, "
@@ -62,6 +64,10 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
     Every finding names the SGLang source file and function that enforces it, and the fix.
 
     \b
+    Without --gpu or --gpu-mem-gib the GPU is this machine's (NVML); with none found the
+    memory plan is not judged: a warning (exit 1), never "valid" on an assumed GPU.
+
+    \b
     Exit codes: 0 valid, 1 warnings, 2 invalid (SGLang would fail), 3 bad input.
     """
     from gpudoctor.sglang import validate
@@ -69,10 +75,10 @@ def validate_cmd(model_config, draft_config, gpu_mem_gib, gpu, gpus, input_len, 
     if not args:
         raise InputError("no SGLang arguments: put them after --, e.g. gpudoctor sglang validate -- --model-path M")
     local = None
-    if gpu is None and click.get_current_context().get_parameter_source("gpu_mem_gib").name == "DEFAULT":
+    if gpu is None and gpu_mem_gib is None:
         from gpudoctor.sglang.localgpu import this_machine
 
-        gpu, local = this_machine()
+        gpu, local = this_machine()  # none found: gpu_mem_gib stays None and validate does not judge the memory
     result = validate(
         list(args), model_config, draft_config,
         gpu_mem_gib=gpu_mem_gib, gpus=gpus, input_len=input_len, output_len=output_len,

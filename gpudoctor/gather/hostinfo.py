@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from gpudoctor.boundary.platform import engine_of_cgroup
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
 
@@ -31,7 +32,8 @@ def parse_driver_version(text: str) -> dict:
 
 
 def detect_container(reads: dict) -> dict:
-    """Decide lxc | docker | vm | bare from what the guest can see; keep the evidence."""
+    """Decide lxc | docker | podman | vm | bare from what the guest can see; keep the evidence. A VM only when no
+    container shows (platform.detect refines it with /run/.containerenv and the probe's own cgroup)."""
     ev = []
     env1 = reads.get("/proc/1/environ") or ""
     sysd = (reads.get("/run/systemd/container") or "").strip()
@@ -53,6 +55,12 @@ def detect_container(reads: dict) -> dict:
     elif "/lxc/" in cgroup or "lxc.payload" in cgroup:
         kind = "lxc"
         ev.append("/proc/1/cgroup names lxc")
+    elif engine := engine_of_cgroup(cgroup):
+        kind = engine
+        ev.append(f"/proc/1/cgroup names {engine}")
+    # Only when no container shows: the hypervisor flag is also set inside any container on a VM, and in a chroot
+    # /proc/1 may be the outer init, which says nothing of this root (gpudoctor never asks systemd-detect-virt,
+    # which answers for the machine, not for the root the probe runs in).
     if kind == "bare" and (re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.M) or
                            re.search(r"QEMU|KVM|VMware|Xen|Firecracker|Amazon EC2|Google|Microsoft", vendor + product)):
         kind = "vm"

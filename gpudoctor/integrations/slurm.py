@@ -39,6 +39,9 @@ IN_SERVICE = frozenset({"IDLE", "MIXED", "ALLOCATED"})  # base states of a node 
 # flags that do not take a node out of service: a job ending, a ping late by a second after a resume, a
 # reservation for users (a MAINT reservation adds MAINTENANCE), scheduler bookkeeping
 HARMLESS = frozenset({"COMPLETING", "NOT_RESPONDING", "RESERVED", "PLANNED", "CLOUD", "DYNAMIC_NORM"})
+# The Slurm releases whose drain and resume gpudoctor is written and tested against (the labs: Debian 12's 22.05,
+# Debian 13's 24.11). Outside them a node is left as it is, and the one line says which version was read where.
+KNOWN_SLURM = ((22, 5), (24, 11))
 
 
 def node_name(env: dict | None = None) -> str:
@@ -60,6 +63,7 @@ class NodeInfo:
     state: str | None  # scontrol's State=, e.g. "IDLE+COMPLETING+DRAIN"
     reason: str | None  # without the trailing "[user@time]"
     maintenance: tuple[str, ...] = field(default_factory=tuple)  # active MAINT reservations that hold the node
+    version: str | None = None  # the node's Version= (its slurmd's release), as scontrol showed it
 
     @property
     def base(self) -> str:
@@ -100,17 +104,38 @@ _REASON_TAIL = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")
 
 def parse_show_node(text: str) -> NodeInfo:
     """State and Reason from `scontrol show node NAME` (Reason runs to the end of its line, any length)."""
-    state = reason = None
+    state = reason = version = None
     for line in text.splitlines():
         m = re.search(r"(?:^|\s)State=(\S+)", line)
         if m and state is None:
             state = m.group(1)
+        free_text = line.lstrip().startswith(("Reason=", "Comment=", "Extra="))  # anyone's words: not the version
+        if version is None and not free_text and (v := re.search(r"(?:^|\s)Version=(\S+)", line)):
+            version = v.group(1)
         idx = line.find("Reason=")
         if reason is None and idx >= 0 and line[:idx].strip() == "":
             reason = _REASON_TAIL.sub("", line[idx + len("Reason="):]).strip() or None
             if reason == "(null)":
                 reason = None
-    return NodeInfo(state, reason)
+    return NodeInfo(state, reason, version=version)
+
+
+def version_problem(version: str | None, node: str) -> str | None:
+    """Why the node's Slurm is not one gpudoctor knows (KNOWN_SLURM), in one line with what was read where; None
+    when it is one."""
+    where = f"`scontrol show node {node}`"
+    lo, hi = (f"{a}.{b:02d}" for a, b in KNOWN_SLURM)
+    m = re.match(r"^(\d+)\.(\d+)(?:\.\S+)?$", version or "")
+    if not m:
+        said = f"Version={_short(version, 40)}" if version else "no Version="
+        return (f"the Slurm version is unknown ({where} shows {said}); gpudoctor drains and resumes only on the "
+                f"releases it knows ({lo} to {hi})")
+    v = (int(m.group(1)), int(m.group(2)))
+    if KNOWN_SLURM[0] <= v <= KNOWN_SLURM[1]:
+        return None
+    rel = "older" if v < KNOWN_SLURM[0] else "newer"
+    return (f"Slurm {version} (Version= of {where}) is {rel} than the releases gpudoctor knows ({lo} to {hi}): how "
+            "it keeps a drain and its reason across a resume is not guessed")
 
 
 def parse_reservations(text: str) -> list[dict]:
@@ -196,6 +221,9 @@ def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> Sl
     info = read_node(host, node, timeout=timeout)
     if isinstance(info, str):
         return SlurmAction("failed", f"{node} left as is: its state could not be read ({info})")
+    unknown = version_problem(info.version, node)
+    if unknown:
+        return SlurmAction("kept", f"{node} left as is: {unknown}")
     act = decide(info, result.passed, node, result.headline)
     if act.argv is None:
         return act

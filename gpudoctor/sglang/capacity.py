@@ -268,6 +268,22 @@ def _gdn_state_per_req(a: ParsedArgs, m: ModelFacts, tp: int) -> float:
     return m.linear_layers * (conv + ssm)
 
 
+def not_judged(a: ParsedArgs, model: ModelFacts, draft: ModelFacts | None) -> Finding:
+    """The memory plan without a GPU to plan for: a warning that says what is known (the weights per GPU) and what
+    would judge it — never a plan on an assumed card."""
+    tp, pp = a.get("tp_size") or 1, a.get("pp_size") or 1
+    w = model.weights_bytes / (tp * pp)
+    ev = [f"weights {model.weights_bytes / GIB:.1f} GiB / (tp {tp} x pp {pp}) = {w / GIB:.1f} GiB per GPU "
+          f"({model.weights_source})", "no --gpu, no --gpu-mem-gib, and no GPU read from this machine (NVML)"]
+    if draft is not None and draft.weights_bytes:
+        ev.append(f"draft weights {draft.weights_bytes / GIB:.2f} GiB / tp {tp} = {draft.weights_bytes / tp / GIB:.2f} "
+                  "GiB per GPU")
+    return F("sglang.memory.not_judged", "warn",
+             f"memory plan not judged: no GPU to plan for ({w / GIB:.1f} GiB of weights per GPU; whether they, the KV "
+             "cache and max_running_requests fit depends on the GPU's memory)", source="gpudoctor", evidence=ev,
+             fix="pass --gpu (h200, h100, b200, ...) or --gpu-mem-gib for the GPU the server runs on")
+
+
 def memory_findings(a: ParsedArgs, model: ModelFacts | None, draft: ModelFacts | None, opt: Options,
                     res: Resolved) -> tuple[list[Finding], dict | None]:
     out: list[Finding] = []

@@ -70,8 +70,11 @@ def _facts(cfg, path_hint: str | None) -> ModelFacts | None:
     return load_model(str(cfg))
 
 
+ASSUMED_GIB = 141.0  # only for SGLang's own memory-dependent defaults when no GPU is known; never for the plan
+
+
 def validate(argv: list[str], model_config: dict | str | ModelFacts | None = None, draft_config=None, *,
-             gpu_mem_gib: float = 141.0, input_len: int | None = None, output_len: int | None = None,
+             gpu_mem_gib: float | None = 141.0, input_len: int | None = None, output_len: int | None = None,
              env: dict | None = None, fork_algorithms=(), extra_flags: list[dict] | None = None,
              gpus: int | None = None, sglang_version: str = "0.5.23", weights_bytes: int | None = None,
              auto_configs: bool = True, gpu: str | None = None, paths_here: bool = True) -> ValidationResult:
@@ -81,6 +84,8 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     auto_configs, a local --model-path / --speculative-draft-model-path directory is read when not given.
     gpu: a rules.GPUS key (h200, b200, rtx_pro_6000, ...): its nvidia-smi memory replaces gpu_mem_gib and its SM
     decides the KV cache dtypes and kernels SGLang allows.
+    gpu_mem_gib None (and no gpu): no GPU is known — SGLang's memory-dependent defaults are resolved for an assumed
+    ASSUMED_GIB card and say so, and the memory plan is not judged (a warning, sglang.memory.not_judged).
     paths_here: the paths in argv are this machine's (False: a remote server's, e.g. a campaign's target).
     Raises InputError for unreadable configs (CLI: one line, exit 3).
     """
@@ -88,6 +93,9 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
         if gpu not in rules.GPUS:
             raise InputError(f"unknown --gpu {gpu!r} (known: {', '.join(sorted(rules.GPUS))})")
         gpu_mem_gib = rules.GPUS[gpu].memory_mib / 1024
+    gpu_unknown = gpu_mem_gib is None
+    if gpu_unknown:
+        gpu_mem_gib = ASSUMED_GIB
     try:
         table = argparser.load_table(sglang_version)
     except KeyError as exc:
@@ -138,8 +146,16 @@ def validate(argv: list[str], model_config: dict | str | ModelFacts | None = Non
     findings += launch.launch_findings(parsed, model, opt, res)
     findings += launch.late_value_findings(parsed, res)
     findings += launch.draft_context_findings(parsed, model, draft, opt, res)
-    mem_findings, plan = capacity.memory_findings(parsed, model, draft, opt, res)
-    findings += mem_findings
+    if gpu_unknown:
+        for key in ("mem_fraction_source", "chunked_prefill_source"):
+            if key in res.values and not str(res.values[key]).startswith("--"):
+                res.values[key] = f"{res.values[key]} (assumed: no GPU given or found)"
+        plan = None
+        if model is not None and model.weights_bytes is not None:
+            findings.append(capacity.not_judged(parsed, model, draft))
+    else:
+        mem_findings, plan = capacity.memory_findings(parsed, model, draft, opt, res)
+        findings += mem_findings
     res.values.setdefault("tp_size", parsed.get("tp_size"))
     if res.values.get("speculative_algorithm") is None:
         res.values.setdefault("max_running_requests", parsed.get("max_running_requests"))

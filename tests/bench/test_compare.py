@@ -4,6 +4,7 @@ tests/fixtures/bench2/) and on this round's, measured against real stand-in proc
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -150,3 +151,51 @@ def test_no_difference_says_how_many_trials_would_detect_the_effect(tmp_path):
     # sd 10 on 340: 5 % = 17 -> d = 1.7 -> 7 per side (t-based power, 80 %)
     assert t["need"]["trials_per_side"] == 7
     assert "≈7 trials per side (4 more) would detect 5%" in cmp.need_text(t)
+
+
+def _agree(line: str) -> tuple[float, float, float]:
+    """A, B and the change printed on one metric line; the change is (B - A) / A to the printed precision."""
+    m = re.search(r": A ([\d.e+]+) B ([\d.e+]+) ([+-][\d.]+)% \[", line)
+    assert m, line
+    a, b, pct = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert abs((b - a) / a * 100 - pct) < 0.1, line
+    return a, b, pct
+
+
+def test_a_b_and_the_change_always_agree_and_are_named(tmp_path):
+    """One trial per side with per-request values: the change is the per-request mean's, so A and B are too, and the
+    line names them; the levels' throughputs, which can move the other way (B ran at a higher concurrency's share),
+    are shown beside, named as such. Before: `tok/s: A 340 B 400 -9.1% [...]` (a real H100's: `A 44.31 B 37.44
+    -45.4%`)."""
+    a = synthetic(tmp_path, "a", "580.159.04", 1.0)
+    b = synthetic(tmp_path, "b", "580.159.04", 1.10)
+    recs = load(b / "results.jsonl")
+    for r in recs:  # B's level throughput up although each request decodes slower
+        r["output_tok_per_s"] = r["steady"]["metrics"]["output_tok_per_s"] = 400.0
+    (b / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cmp.compare(cmp.load_side(str(a)), cmp.load_side(str(b)))
+    t = res["cells"][0]["metrics"]["output_tok_per_s"]
+    assert t["quantity"] == "per-request mean" and t["level"] == [340.0, 400.0]
+    assert t["rel"] == pytest.approx((t["b"] - t["a"]) / t["a"]) and t["rel"] < 0
+    lines = cmp.render_text(res)
+    [tok] = [ln for ln in lines if ln.lstrip().startswith("tok/s")]
+    assert tok.lstrip().startswith("tok/s (per-request mean): A "), tok
+    a_, b_, pct = _agree(tok)
+    assert pct == pytest.approx(-9.1, abs=0.05) and b_ < a_
+    assert "the levels' tok/s: A 340 B 400" in tok
+    for ln in lines:  # every metric line of every cell agrees with itself
+        if re.match(r"^\s+\S.*: A [\d.]+ B [\d.]+ [+-]", ln):
+            _agree(ln)
+    md = "\n".join(cmp.render_markdown_table(res, "t"))
+    assert "per-request mean: bootstrap of the per-request mean" in md
+
+
+def test_trials_compare_their_mean_and_say_so(tmp_path):
+    a = synthetic(tmp_path, "a", "x", 1.0, trials=3)
+    b = synthetic(tmp_path, "b", "x", 1.2, trials=3)
+    res = cmp.compare(cmp.load_side(str(a)), cmp.load_side(str(b)))
+    t = res["cells"][0]["metrics"]["output_tok_per_s"]
+    assert t["quantity"] == "mean of the trials" and "level" not in t
+    [tok] = [ln for ln in cmp.render_text(res) if ln.lstrip().startswith("tok/s")]
+    assert tok.lstrip().startswith("tok/s (mean of the trials): A 340 B 283.3 -16.7% ["), tok
+    _agree(tok)

@@ -14,7 +14,8 @@ from gpudoctor.gate import GateResult
 from gpudoctor.host.local import LocalHost
 from gpudoctor.integrations.slurm import MAX_REASON, SlurmAction, apply, decide, make_reason, read_node, NodeInfo
 
-SHOW = ("NodeName=gpu01 Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=1\n"
+SHOW = ("NodeName=gpu01 Arch=x86_64\n   NodeAddr=gpu01 NodeHostName=gpu01 Version=22.05.8\n"
+        "   State=IDLE+DRAIN ThreadsPerCore=1\n"
         "   Reason=gpudoctor: old [root@2024-05-02T09:00:00]\n")
 RESV = ("ReservationName=users1 StartTime=2026-12-01T21:30:26 EndTime=2026-12-01T22:30:26\n"
         "   Nodes=gpu[01-02] NodeCnt=2 Flags=SPEC_NODES State=ACTIVE\n"

@@ -39,7 +39,10 @@ def case_argv(case: dict, dirs: dict[str, Path]) -> list[str]:
         opts += ["--model-config", str(dirs[case["model"]])]
     if case.get("draft"):
         opts += ["--draft-config", str(dirs[case["draft"]])]
-    opts += [str(x) for x in case.get("options", [])]
+    own = [str(x) for x in case.get("options", [])]
+    if not {"--gpu", "--gpu-mem-gib"} & set(own):
+        opts += [str(x) for x in CORPUS["gpu_options"]]
+    opts += own
     args = [sub.get(str(a), str(a)) for a in case["args"]]
     return opts + ["--"] + args
 

@@ -166,7 +166,9 @@ def compare_metric(ra: list[dict], rb: list[dict], metric: str, *, effect: float
     out = {"metric": metric, "basis": basis, "trials": [len(va), len(vb)]}
     if not va or not vb:
         return {**out, "verdict": NOT_ENOUGH, "why": "no value on " + ("A" if not va else "B")}
+    # a and b are always the quantity the change and its interval are of, named in `quantity`
     out["a"], out["b"] = sum(va) / len(va), sum(vb) / len(vb)
+    out["quantity"] = "level" if len(va) == len(vb) == 1 else "mean of the trials"
     if len(va) >= 2 and len(vb) >= 2:
         w = stats.welch(va, vb)
         out.update(test="Welch t on trial values", diff=w["diff"], lo=w["lo"], hi=w["hi"], p=w["p"])
@@ -185,12 +187,12 @@ def compare_metric(ra: list[dict], rb: list[dict], metric: str, *, effect: float
         pa, pb = f(xa), f(xb)
         lo, hi = stats.bootstrap_diff(xa, xb, f)
         mw = stats.mann_whitney(xa, xb) if statname != "p99" else {"p": None}  # M-W tests location, not a tail
-        # The change is the per-request statistic's, relative to A's, expressed in the metric's unit (so the
-        # difference and its interval come from the same estimator): diff / a = (pb - pa) / pa.
-        scale = out["a"] / pa if pa else 1.0
-        out.update(test=f"bootstrap of the per-request {statname} ({len(xa)} vs {len(xb)} requests)"
+        # The change, its interval and A and B are all the per-request statistic's (the levels' own values, which
+        # this test does not compare, are kept beside as `level`): A, B and the change always agree.
+        out.update(level=[out["a"], out["b"]], a=pa, b=pb, quantity=f"per-request {statname}",
+                   test=f"bootstrap of the per-request {statname} ({len(xa)} vs {len(xb)} requests)"
                         + (" + Mann-Whitney U" if mw["p"] is not None else ""),
-                   diff=(pb - pa) * scale, lo=lo * scale, hi=hi * scale, p=mw["p"], per_request=[pa, pb])
+                   diff=pb - pa, lo=lo, hi=hi, p=mw["p"], per_request=[pa, pb])
         sd = math.sqrt((stats._mean_var(xa)[1] + stats._mean_var(xb)[1]) / 2) if len(xa) > 1 < len(xb) else 0
         need = stats.trials_needed(sd, effect * abs(pa)) if pa else None
         out["need"] = None if need is None else {"requests_per_side": need, "effect": effect}
@@ -427,7 +429,10 @@ def render_text(result: dict, verdict_of_gate: dict | None = None) -> list[str]:
                 extra = f"; {need_text(m)}"
             if m.get("why") and "test" in m:
                 extra += f"; {m['why']}"
-            lines.append(f"  {label}: A {m['a']:.4g} B {m['b']:.4g} {fmt_diff(m)} → {m['verdict']} ({tail}{extra})")
+            if m.get("level"):
+                extra += f"; the levels' {label}: A {m['level'][0]:.4g} B {m['level'][1]:.4g}"
+            lines.append(f"  {label} ({m.get('quantity') or 'level'}): A {m['a']:.4g} B {m['b']:.4g} {fmt_diff(m)} → "
+                         f"{m['verdict']} ({tail}{extra})")
     for side, cells in (("A", result["only_a"]), ("B", result["only_b"])):
         if cells:
             lines.append("")
@@ -447,7 +452,8 @@ def render_text(result: dict, verdict_of_gate: dict | None = None) -> list[str]:
 
 def render_markdown_table(result: dict, title: str) -> list[str]:
     """The seed's table for report.md: per cell, A and B's tok/s, each metric's change with its interval, the test
-    and the verdict."""
+    and the verdict. A and B are the quantity the change is of, which the test column names (the levels' tok/s, the
+    mean of the trials', or the per-request mean)."""
     lines = [f"### {title}", "", "| cell | tok/s A | tok/s B | Δ tok/s [95 % CI] | Δ TTFT p50 | Δ TTFT p99 | Δ ITL p50 | "
              "Δ e2e p50 | test | verdict |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for c in result["cells"]:
@@ -470,7 +476,8 @@ def render_markdown_table(result: dict, title: str) -> list[str]:
             verdict += "; " + "; ".join(c["notes"])
         lines.append(f"| {cell_text(c['cell'])} | {num(t.get('a'))} | {num(t.get('b'))} | {fmt_diff(t)} | "
                      f"{rel(ms.get('ttft_ms_p50'))} | {rel(ms.get('ttft_ms_p99'))} | {rel(ms.get('itl_ms_p50'))} | "
-                     f"{rel(ms.get('e2e_ms_p50'))} | {(t.get('test') or '—')} | "
+                     f"{rel(ms.get('e2e_ms_p50'))} | "
+                     f"{(t.get('quantity') + ': ' if t.get('quantity') and t.get('test') else '') + (t.get('test') or '—')} | "
                      + " ".join(verdict.split()).replace("|", "\\|")[:400] + " |")
     for w in result["warnings"]:
         lines.append(f"\nWarning: {w}")
