@@ -31,7 +31,9 @@ if inject and int(inject.split(":", 1)[0]) == st["calls"]:  # the admin, just be
 st["log"].append(" ".join(args))
 if args[:2] == ["show", "node"]:
     r = f"   Reason={st['reason']} [root@2026-12-05T10:00:00]\n" if st["reason"] else ""
-    sys.stdout.write(f"NodeName={args[2]} Arch=x86_64\n   State={st['state']} ThreadsPerCore=1\n{r}")
+    version = "24.11.5" if os.environ.get("SC_KEEPS_REASON") else "22.05.8"
+    sys.stdout.write(f"NodeName={args[2]} Arch=x86_64\n   State={st['state']} ThreadsPerCore=1\n"
+                     f"   Version={version}\n{r}")
 elif args[:2] == ["show", "reservation"]:
     print("No reservations in the system")
 elif args[0] == "update":
