@@ -47,7 +47,7 @@ def show(inventory_path, as_json):
                                            BUILTIN_PROFILES[name], inv.path))
                 for name, where in known_profiles(inv.profiles)]
     if as_json:
-        doc = {"path": inv.path, "example": inv.example, **inv.to_json(),
+        doc = {"schema": "gpudoctor.inventory/1", "path": inv.path, "example": inv.example, **inv.to_json(),
                "gate_profiles": {n: {"source": w, **_profile_json(p)} for n, w, p in profiles}}
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         raise SystemExit(EXIT_OK)
@@ -115,7 +115,7 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
             detail = r.stdout.strip() if ok else r.describe()
         except GpudoctorError as exc:
             ok, detail = False, exc.one_line()
-        return {"role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
+        return {"schema": "gpudoctor.inventory-ping/1", "role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
                 "detail": detail}
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
