@@ -23,8 +23,7 @@ from tests.test_install_script import CHECKOUT, NOBODY, SOURCES, _system_python,
 def root_box():
     """A world-enterable directory with a copy of the checkout, a private dir (0700) holding root's `python3`
     (a link to the distribution's, as pyenv's shim leads to a private interpreter), and Debian's wheel for the build."""
-    if os.geteuid() != 0:
-        needs.unavailable(f"install.sh's root route needs root{needs.MARK}")
+    needs.root()
     if not shutil.which("setpriv"):
         needs.missing("unshare", "setpriv (util-linux)")
     system = _system_python()

@@ -474,6 +474,8 @@ def standin(args):
     The options are those of `python3 -m gpudoctor.bench.standin` (`gpudoctor bench standin --help` lists them);
     any other flag is accepted and shown in /server_info, so it can stand in for `python3 -m sglang.launch_server`
     in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
+
+    Exit codes: 0 stopped (SIGTERM or ^C: a server's stop signal), 3 bad input.
     """
     from gpudoctor.bench.standin.server import main
 

@@ -76,7 +76,7 @@ def common(f):
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
 @alias("-l", "--list", "-a", "--verbose-findings", "show_all", hidden_aliases=["-a", "--verbose-findings"], is_flag=True,
-       help="List every finding with its evidence (old spellings -a, --verbose-findings still work).")
+       help="List every finding with its evidence.")
 @click.option("--deep", is_flag=True, help="Also measure each GPU against its physical limit (host and device copies, "
               "bf16 GEMM, P2P; <= 30 s per GPU) and NCCL all-reduce per TP group (occupies the GPUs; torch, else "
               "CUDA through ctypes).")
@@ -243,6 +243,9 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
     Secrets never go in: only NCCL_*/CUDA_VISIBLE_* variables are read, with key-like names redacted.
+    Without -o the snapshot goes to stdout when that is a pipe or file (gpudoctor snapshot > s.json).
+
+    Exit codes: 0 written, 3 bad input or nothing could be gathered.
     """
     import json
 
@@ -273,7 +276,10 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable: {schema, checks: [{id, layer, summary, depends_on, remedy}]}.")
 def list_checks(markdown, as_json):
-    """List every check id, its layer and one-line purpose."""
+    """List every check id, its layer and one-line purpose.
+
+    Exit codes: 0 listed.
+    """
     from gpudoctor.checkreg import all_checks
 
     specs = all_checks()

@@ -62,7 +62,7 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     With --npd: 0 ok, 1 problem, 2 unknown, and exactly one line of output.
     """
     if npd and as_json:  # NPD reads exactly one line of text: JSON is not its format
-        raise click.UsageError("--npd prints node-problem-detector's one line; it does not combine with --json")
+        raise click.UsageError("--npd and --json do not combine (NPD reads one line of text)")
     if npd:
         raise SystemExit(_gate_npd((host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
                                     snapshot_path), recovery_file))

@@ -36,7 +36,10 @@ def inventory():
 @inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the validated inventory as JSON.")
 def show(inventory_path, as_json):
-    """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy."""
+    """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy.
+
+    Exit codes: 0 shown, 3 bad inventory.
+    """
     from gpudoctor.inventory import load_inventory
 
     from gpudoctor.gate import BUILTIN_PROFILES, known_profiles, profile_from
@@ -85,6 +88,8 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
 
     SPECS are host names, fnmatch patterns ("ct2*"), groups ("@h200") or "all" (the default).
     Unknown or changed host keys are refused unless --accept-new-host-key (unknown keys only).
+
+    Exit codes: 0 every target answered, 3 bad inventory or a target that could not be reached (unknown).
     """
     from concurrent.futures import ThreadPoolExecutor
 

@@ -25,7 +25,7 @@ def completion(shell):
     from gpudoctor.cli import cli
 
     comp = get_completion_class(shell)(cli, {}, "gpudoctor", "_GPUDOCTOR_COMPLETE")
-    click.echo(comp.source())
+    click.echo(comp.source(), nl=False)
     raise SystemExit(0)
 
 

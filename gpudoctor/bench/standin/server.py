@@ -40,7 +40,11 @@ PROG = "python3 -m gpudoctor.bench.standin"
 def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Namespace, list[str]]:
     """The stand-in's options; `on_error(message)` replaces argparse's usage-and-exit-2 (the gpudoctor command's
     one line, exit 3)."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
+                                epilog="Any other flag is accepted and shown in /server_info, so it stands in for "
+                                       "sglang.launch_server in a campaign's server.command. Exit codes: 0 stopped "
+                                       "(SIGTERM or ^C), 3 bad input (gpudoctor bench standin; argparse's 2 when run "
+                                       "as python3 -m gpudoctor.bench.standin).")
     if on_error is not None:
         p.error = on_error
     p.add_argument("model", nargs="?", default=None, help="vLLM flavor: `vllm serve MODEL`'s positional model")
