@@ -290,3 +290,14 @@ def test_a_process_scan_past_its_deadline_refuses(tmp_path, shm_dir, state_dir, 
     plan = st.plan_stage(str(tmp_path / "m"), str(shm_dir))
     assert plan.busy and plan.busy[0]["stuck"]
     assert any("could not tell whether processes use" in r and "did not answer in 0 s" in r for r in plan.refusals)
+
+
+def test_dry_run_exits_as_fix_does(cli, tmp_path, shm_dir, state_dir):
+    """docs/cli.md (#41): a dry run with a copy planned is 1, as `fix`'s; once DST is whole it is 0."""
+    write_model(tmp_path / "m", shards=2)
+    assert cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir).code == 1
+    assert cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--apply").code == 0
+    r = cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir)
+    assert r.code == 0 and "nothing to copy" in r.out, r.out + r.err
+    doc = json.loads(cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--json").out)
+    assert doc["schema"] == "gpudoctor.model-stage/1"
