@@ -55,6 +55,9 @@ GLOBAL = {
 }
 
 
+GLOBAL_NOTE = "Global options, before or after the command: -v/-vv, -q, --json, --color WHEN, -i FILE (docs/cli.md)."
+
+
 def _merge(concept: str, ctx: click.Context, param: click.Parameter, value):
     """One global option's callback, wherever it was given: fold it into Settings, apply, return the resolved value."""
     s = settings(ctx)
@@ -181,6 +184,8 @@ def adopt(cmd: click.Command) -> click.Command:
     cmd.params = params
     if not cmd.short_help and cmd.help:
         cmd.short_help = summary(cmd.help)
+    if not isinstance(cmd, click.Group) and cmd.add_help_option:  # (bench standin prints argparse's own help)
+        cmd.epilog = (cmd.epilog + "\n\n" if cmd.epilog else "") + GLOBAL_NOTE
     if isinstance(cmd, click.Group):
         if type(cmd) is click.Group:  # the plain groups of gpudoctor/commands/*.py gain did-you-mean
             cmd.__class__ = DidYouMeanGroup
