@@ -88,6 +88,17 @@ def test_verbose_counts_wherever_it_is_given():
         assert conventions.last.verbose == level, args
 
 
+def test_each_v_shows_more_and_q_nothing_but_errors():
+    events = {}
+    for flags in (["-q"], [], ["-v"], ["-vv"], ["-v", "-v"]):
+        r = gpudoctor(*flags[:1], "check", "--timeout", "5", *flags[1:], timeout=120)  # a live check of this machine
+        assert r.returncode in (0, 1, 2, 3) and "Traceback" not in r.stderr
+        events[" ".join(flags)] = set(re.findall(r'"event": "([a-z.]+)"', r.stderr))
+    assert "probe.finished" in events["-v"] and "command.finished" not in events["-v"]
+    assert {"probe.finished", "command.finished"} <= events["-vv"] == events["-v -v"]  # -vv was -v (#41)
+    assert "probe.finished" not in events["-q"] | events[""]
+
+
 def test_check_takes_v_after_its_name_and_json_before_it():
     plain = gpudoctor("check", "--snapshot", EXAMPLE)
     after = gpudoctor("check", "--snapshot", EXAMPLE, "-v")  # exit 3 "no such option: -v" before #41
