@@ -160,6 +160,8 @@ class _PipeAware(SafeStream):
         self.pipe_closed = True
 
     def write(self, s) -> int:
+        if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here: shell completion's script
+            s = bytes(s).decode("utf-8", "replace")
         try:
             return super().write(s)
         except BrokenPipeError:

@@ -71,8 +71,6 @@ class SafeStream:
         self.raw_stream = inner
 
     def write(self, s) -> int:
-        if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here (shell completion's script)
-            s = bytes(s).decode("utf-8", "replace")
         if isinstance(s, str):
             s = printable(s, keep_newlines=True)
         return self.raw_stream.write(s)
