@@ -75,8 +75,8 @@ def common(f):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema: docs/json-schema.md).")
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
-@alias("-l", "--list", "-a", "--verbose-findings", "show_all", hidden_aliases=["-a", "--verbose-findings"], is_flag=True,
-       help="List every finding with its evidence.")
+@alias("-a", "--all-findings", "--verbose-findings", "show_all", hidden_aliases=["--verbose-findings"], is_flag=True,
+       help="List every finding (each subject of a healthy row) with its evidence. Not --all: every host.")
 @click.option("--deep", is_flag=True, help="Also measure each GPU against its physical limit (host and device copies, "
               "bf16 GEMM, P2P; <= 30 s per GPU) and NCCL all-reduce per TP group (occupies the GPUs; torch, else "
               "CUDA through ctypes).")

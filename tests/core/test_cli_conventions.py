@@ -148,11 +148,12 @@ def test_fix_snapshot_is_the_name_and_facts_still_works():
     assert "--snapshot FILE" in help_text and "--facts" not in help_text
 
 
-def test_check_list_is_the_name_and_a_still_works():
-    new, old = gpudoctor("check", "--snapshot", EXAMPLE, "-l"), gpudoctor("check", "--snapshot", EXAMPLE, "-a")
+def test_check_a_is_all_findings_and_verbose_findings_still_works():
+    new, old = gpudoctor("check", "--snapshot", EXAMPLE, "-a"), gpudoctor("check", "--snapshot", EXAMPLE, "--verbose-findings")
     assert new.stdout == old.stdout and new.returncode == old.returncode == 2
+    assert gpudoctor("check", "--snapshot", EXAMPLE, "--all-findings").stdout == new.stdout
     help_text = gpudoctor("check", "--help").stdout
-    assert "-l, --list" in help_text and "--verbose-findings" not in help_text and "-a," not in help_text
+    assert "-a, --all-findings" in help_text and "--verbose-findings" not in help_text
 
 
 def test_bench_load_model_name():
