@@ -16,7 +16,13 @@
 #                  full path: it works before ~/.local/bin is on PATH, and never runs another install's gpudoctor
 # When `gpudoctor` in the calling shell is not this install's (not on PATH yet, or root's /usr/local/bin/gpudoctor
 # found first), install.sh says so in one line.
-# environment: PYTHON (default python3), GPUDOCTOR_HOME (the venv), GPUDOCTOR_BIN (where the command is linked)
+# As root the install is for every user: when root's python3 lies under a directory others cannot enter (pyenv's
+# /root/.pyenv under a 0700 /root), the venv is made with the distribution's /usr/bin/python3, and install.sh says so;
+# where there is none (or PYTHON= names the private one), it says in one line that only root can run gpudoctor.
+# The manual page (gpudoctor manpage) goes to GPUDOCTOR_MAN (root: /usr/local/share/man/man1, else
+# ~/.local/share/man/man1); the commit of the checkout is recorded for `gpudoctor --version`.
+# environment: PYTHON (default python3), GPUDOCTOR_HOME (the venv), GPUDOCTOR_BIN (where the command is linked),
+#              GPUDOCTOR_MAN (where the manual page goes)
 set -eu
 
 say() { printf 'install.sh: %s\n' "$*" >&2; }
@@ -47,6 +53,11 @@ fi
 
 src=$(cd "$(dirname "$0")" && pwd)
 [ -f "$src/pyproject.toml" ] || die "$src/pyproject.toml: not found (run install.sh from a gpudoctor checkout)"
+# every extra named must be one pyproject.toml defines: a typo would install without it, silently
+known=$(sed -n '/^\[project.optional-dependencies\]/,/^\[/s/^\([A-Za-z0-9_-]*\) *=.*/\1/p' "$src/pyproject.toml" | tr '\n' ' ')
+for x in $(printf '%s' "$extras" | tr ',' ' '); do
+  case " $known" in *" $x "*) ;; *) die "--extras: unknown extra '$x' (valid: $(printf '%s' "${known% }" | tr ' ' ','))";; esac
+done
 if [ -n "$wheels" ]; then
   [ -d "$wheels" ] || die "--wheels $wheels: no such directory"
   wheels=$(cd "$wheels" && pwd)
@@ -54,6 +65,32 @@ fi
 
 py=${PYTHON:-python3}
 command -v "$py" >/dev/null 2>&1 || die "$py: not found (Debian/Ubuntu, as root: apt-get update && apt-get install python3; or set PYTHON=)"
+
+# closed PYTHON: the directory on the way to PYTHON's real interpreter that users other than root cannot enter
+# (or the interpreter they cannot execute); empty when every user can run it
+closed() {
+  "$1" -I -c 'import os, stat, sys
+def shut(p):
+    bad = "" if os.stat(p).st_mode & stat.S_IXOTH else p
+    while p != os.path.dirname(p):
+        p = os.path.dirname(p)
+        bad = bad if os.stat(p).st_mode & stat.S_IXOTH else p
+    return bad
+exe = os.path.abspath(getattr(sys, "_base_executable", None) or sys.executable)  # what a venv links to
+print(shut(exe) or shut(os.path.realpath(exe)))' 2>/dev/null || true
+}
+if [ "$(id -u)" = 0 ]; then  # root's install is for every user: its interpreter must be one they can run
+  shut=$(closed "$py")
+  if [ -n "$shut" ]; then
+    if [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] && [ -z "$(closed /usr/bin/python3)" ] \
+        && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+      say "$py lies under $shut, which other users cannot enter: the venv uses /usr/bin/python3, so every user can run gpudoctor"
+      py=/usr/bin/python3
+    else
+      say "note: $py lies under $shut, which other users cannot enter: $bin/gpudoctor will run for root only (set PYTHON= to a python3 every user can run)"
+    fi
+  fi
+fi
 ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "$py does not run"
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$py is Python $ver; gpudoctor needs Python >= 3.10"
 
@@ -78,6 +115,9 @@ if ! "$home/bin/python" -c 'import sys' >/dev/null 2>&1; then
     fi
   fi
   rm -f "$log"
+elif [ "$(id -u)" = 0 ]; then
+  shut=$(closed "$home/bin/python")
+  [ -z "$shut" ] || say "note: the venv $home runs a python under $shut, which other users cannot enter: remove $home and run install.sh again so that every user can run gpudoctor"
 fi
 
 spec=$src
@@ -91,12 +131,24 @@ if ! (cd "$src" && "$home/bin/python" -m pip --disable-pip-version-check install
   die "pip install failed (above); nothing was linked"
 fi
 
+# the commit `gpudoctor --version` names (gpudoctor/buildinfo.py); none from a directory that is not a git checkout
+commit=''
+if command -v git >/dev/null 2>&1; then commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || true); fi
+case $commit in ''|*[!0-9a-f]*) rm -f "$home/gpudoctor-commit";; *) printf '%s\n' "$commit" > "$home/gpudoctor-commit";; esac
+
 mkdir -p "$bin"
 if [ -e "$bin/gpudoctor" ] && [ ! -L "$bin/gpudoctor" ]; then
   say "replacing $bin/gpudoctor (an earlier install) with a link to $home/bin/gpudoctor"
 fi
 ln -sfn "$home/bin/gpudoctor" "$bin/gpudoctor.new.$$" && mv -f "$bin/gpudoctor.new.$$" "$bin/gpudoctor"
 version=$("$bin/gpudoctor" --version 2>/dev/null || true)
+# the manual page, from the commands' own help (quietly none where gpudoctor cannot run yet)
+if [ "$(id -u)" = 0 ]; then man=${GPUDOCTOR_MAN:-/usr/local/share/man/man1}; else man=${GPUDOCTOR_MAN:-$HOME/.local/share/man/man1}; fi
+if mkdir -p "$man" 2>/dev/null && "$bin/gpudoctor" manpage > "$man/.gpudoctor.1.$$" 2>/dev/null; then
+  mv -f "$man/.gpudoctor.1.$$" "$man/gpudoctor.1"
+else
+  rm -f "$man/.gpudoctor.1.$$"
+fi
 say "installed ${version:-gpudoctor}: $bin/gpudoctor -> $home/bin/gpudoctor"
 # What `gpudoctor` means in the calling shell: this install, nothing yet, or another install found first on PATH.
 found=$(command -v gpudoctor 2>/dev/null || true)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gpudoctor import __version__
+from gpudoctor import __version__, conventions
 from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError
 from gpudoctor.term import SafeStream
 
@@ -27,11 +27,17 @@ COMMANDS = {
     "bench": ("gpudoctor.commands.bench:bench", "The benchmark stage: load generator, campaigns, reports."),
     "sglang": ("gpudoctor.commands.sglang:sglang", "Validate SGLang arguments before a long model load; explain a failed server log."),
     "inventory": ("gpudoctor.commands.inventory:inventory", "Show the inventory and test SSH to every host."),
+    "completion": ("gpudoctor.commands.shell:completion", "Print the shell completion script (bash, zsh, fish)."),
+    "manpage": ("gpudoctor.commands.shell:manpage", "Print the manual page, built from every command's help."),
 }
 
 
-class LazyGroup(click.Group):
-    """A click group whose subcommands are imported only when used."""
+class Interrupted(Exception):
+    """Ctrl-C during a command: cli.main says one line and exits 130 (click would print a blank line and Abort)."""
+
+
+class LazyGroup(conventions.DidYouMeanGroup):
+    """A click group whose subcommands are imported only when used; each follows gpudoctor.conventions."""
 
     def list_commands(self, ctx):
         return list(COMMANDS)
@@ -41,7 +47,17 @@ class LazyGroup(click.Group):
             return None
         target, _ = COMMANDS[name]
         mod, attr = target.split(":")
-        return getattr(importlib.import_module(mod), attr)
+        return conventions.adopt(getattr(importlib.import_module(mod), attr))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        extra.setdefault("obj", conventions.Settings())  # before any option's callback runs
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
 
     def format_commands(self, ctx, formatter):
         rows = [(n, COMMANDS[n][1]) for n in self.list_commands(ctx)]
@@ -51,10 +67,10 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="gpudoctor")
-@click.option("-v", "--verbose", count=True, help="More log detail on stderr (-v info, -vv debug).")
-@click.pass_context
-def cli(ctx, verbose):
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, help="Show the version and git commit.",
+              callback=lambda ctx, p, v: _print_version(ctx) if v and not ctx.resilient_parsing else None)
+@conventions.root_options
+def cli():
     """gpudoctor keeps GPU inference hosts healthy.
 
     \b
@@ -65,12 +81,17 @@ def cli(ctx, verbose):
       gpudoctor fix                        show the plan (dry run); --apply to change
       gpudoctor gate --profile benchmark   pre-flight gate before a campaign
 
-    Exit codes: 0 ok, 1 warning, 2 failure, 3 unknown or bad input.
+    \b
+    Global options (-v, -q, --json, --color, -i) go before or after the command.
+    Exit codes: 0 ok, 1 warning, 2 failure, 3 unknown or bad input, 130 interrupted (docs/cli.md).
     """
-    from gpudoctor import log
 
-    log.set_defaults(verbose)
-    ctx.ensure_object(dict)
+
+def _print_version(ctx) -> None:
+    from gpudoctor.buildinfo import commit
+
+    click.echo(f"gpudoctor {__version__} (commit {commit()})")
+    ctx.exit(0)
 
 
 def _is_live_check(args: list[str]) -> bool:
@@ -98,6 +119,7 @@ def main(argv=None) -> None:
     stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw.
     A reader that went away (`gpudoctor checks | head`) ends the run quietly with EXIT_PIPE."""
     args = list(sys.argv[1:] if argv is None else argv)
+    conventions.last = conventions.Settings()
     _prestart_probes(args)
     saved = sys.stdout, sys.stderr
     out, err = _PipeAware(sys.stdout), _PipeAware(sys.stderr)
@@ -139,6 +161,8 @@ class _PipeAware(SafeStream):
         self.pipe_closed = True
 
     def write(self, s) -> int:
+        if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here: shell completion's script
+            s = bytes(s).decode("utf-8", "replace")
         try:
             return super().write(s)
         except BrokenPipeError:
@@ -157,6 +181,8 @@ def _say_notes() -> None:
     """What the command asked to say at its end (gpudoctor.commands.NOTES: which inventory it read)."""
     commands = sys.modules.get("gpudoctor.commands")
     notes = getattr(commands, "NOTES", None)
+    if notes and conventions.last.quiet:  # -q: no notes
+        notes.clear()
     while notes:
         try:
             click.echo(notes.pop(0), err=True)
@@ -243,8 +269,10 @@ def _run(argv) -> None:
         _drop_notes()
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
         msg = " ".join(exc.format_message().split())
+        from gpudoctor.host.early import command_args
+
         args = list(sys.argv[1:] if argv is None else argv)
-        if args[:1] == ["gate"] and "--npd" in args:  # node-problem-detector's contract: one line on stdout, 0/1/2
+        if command_args(args)[:1] == ["gate"] and "--npd" in args:  # node-problem-detector's contract: one line on stdout, 0/1/2
             from gpudoctor.integrations.npd import error_verdict
 
             code, line = error_verdict(f"{cmd}: {msg}")
@@ -256,15 +284,20 @@ def _run(argv) -> None:
         _drop_notes()
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
         _close_connections()
-        click.echo("Aborted.", err=True)
+        _drop_notes()
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            click.echo("gpudoctor: interrupted", err=True)
+            sys.exit(conventions.EXIT_INTERRUPTED)
+        click.echo("gpudoctor: aborted (no answer on standard input)", err=True)
         sys.exit(EXIT_UNKNOWN)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C: one line, 130, whatever the command (docs/cli.md)
         _close_connections()
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
-    except PermissionError as exc:  # an ordinary user's --apply (#40): which permission failed, never a traceback
+        _drop_notes()
+        click.echo("gpudoctor: interrupted", err=True)
+        sys.exit(conventions.EXIT_INTERRUPTED)
+    except PermissionError as exc:  # an ordinary user's --apply: which permission failed, never a traceback
         _drop_notes()
         what = f"{exc.strerror or 'permission denied'}: {exc.filename}" if exc.filename else str(exc)
         click.echo(f"gpudoctor: {what}: this needs root (gpudoctor runs as uid {os.geteuid()})", err=True)

@@ -25,11 +25,11 @@ class _CurrentStderr:
 
 
 def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
-    """Configure structlog once: level from -v count, JSON lines when not on a TTY."""
+    """Configure structlog once: level from -v count (-1 for -q), JSON lines when not on a TTY."""
     global _configured
     import structlog
 
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)  # -1: -q
     if json_logs is None:
         json_logs = not sys.stderr.isatty()
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)

@@ -127,6 +127,7 @@ def test_an_ordinary_users_install_lands_in_local_bin_linked_to_its_own_venv(use
 @pytest.mark.parametrize("args, env, line", [
     (["--bogus"], {}, "install.sh: unknown option '--bogus' (see ./install.sh --help)"),
     (["--extras", "test;rm"], {}, "install.sh: --extras 'test;rm': only comma-separated extra names (test,plots)"),
+    (["--extras", "test,plotz"], {}, "install.sh: --extras: unknown extra 'plotz' (valid: plots,tokenizers,test)"),
     (["--wheels", "/nonexistent"], {}, "install.sh: --wheels /nonexistent: no such directory"),
     ([], {"PYTHON": "/nonexistent/python3"},
      "install.sh: /nonexistent/python3: not found (Debian/Ubuntu, as root: apt-get update && apt-get install python3; "

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from gpudoctor.conventions import alias
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, CannotJudge, InputError
 from gpudoctor.files.inputs import finite, http_url, output_dir, seconds
 from gpudoctor.options import Count, NumberList
@@ -105,8 +106,8 @@ def bench():
 @click.option("--api", type=click.Choice(["native", "completions", "chat"]), default="native", show_default=True,
               help="SGLang's /generate, or the OpenAI-compatible /v1/completions or /v1/chat/completions "
                    "(SGLang, vLLM, ...).")
-@click.option("--model", default=None,
-              help="OpenAI APIs: the model name requests carry [default: the one /v1/models lists; none when it "
+@alias("--model-name", "--model", "model", hidden_aliases=["--model"], default=None, metavar="NAME",
+       help="OpenAI APIs: the model name requests carry [default: the one /v1/models lists; none when it "
                    "lists none or several, so a pinned server uses its own].")
 @click.option("--server-kind", type=click.Choice(["sglang", "vllm", "openai"]), default=None,
               help="OpenAI APIs: the dialect. sglang|vllm add ignore_eos, per-chunk usage and token-id prompts; "
@@ -191,7 +192,8 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     request schema only: a request may end early; the tokens it produced are counted (usage, else the tokenizer,
     else one per chunk) and the record says how many ended short. Levels already recorded ok in --out are kept; a
     level recorded as failed is measured again.
-    Exit codes: 0 every level ok, 2 a level crashed, errored or was skipped, or nothing was measured, 3 bad input.
+    Exit codes: 0 every level recorded ok in --out (also when an earlier run had measured them all), 2 a level
+    crashed, errored or was skipped, 3 bad input.
     """
     import asyncio
     import json
@@ -284,8 +286,9 @@ def load(server_url, api, model, server_kind, concurrency, request_rate, arrival
     if json_out:
         for rec in written:
             click.echo(json.dumps(rec, sort_keys=True))
+    # every level recorded ok in --out, now or by an earlier run: 0, as `bench run --resume` of a finished run
     bad = [r for r in written if r["status"] != "ok"]
-    raise SystemExit(EXIT_FAIL if bad or not written else EXIT_OK)
+    raise SystemExit(EXIT_FAIL if bad else EXIT_OK)
 
 
 def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_file, time_scale, block_tokens,
@@ -339,7 +342,8 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
 @click.option("--rerun-suspect", is_flag=True,
               help="Measure again only the levels an earlier run into --out recorded as suspect (the host changed "
                    "during them); their old records go to retracted.jsonl.")
-def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect):
+@click.option("--json", "json_out", is_flag=True, help="The outcome as JSON on stdout (schema gpudoctor.bench-run/1).")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, json_out=False):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -362,16 +366,24 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
         counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
                               host_key_policy="accept-new" if accept_new_host_key else None,
                               rerun_suspect=rerun_suspect)
-    click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
-                     else EXIT_WARN)
+    code = EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"]) else EXIT_WARN
+    if json_out:
+        import json
+
+        click.echo(json.dumps({"schema": "gpudoctor.bench-run/1", "results": f"{out_dir}/results.jsonl",
+                               "counts": dict(counts), "exit_code": code}, sort_keys=True))
+    else:
+        click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    raise SystemExit(code)
 
 
 @bench.command("report")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots (matplotlib, the `plots` extra, is then not needed).")
-def report(out_dir, baseline, no_plots):
+@click.option("--json", "json_out", is_flag=True,
+              help="The files written as JSON on stdout (schema gpudoctor.bench-report/1).")
+def report(out_dir, baseline, no_plots, json_out=False):
     """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
 
     \b
@@ -385,6 +397,13 @@ def report(out_dir, baseline, no_plots):
     from gpudoctor.bench.records.report import write_report
 
     written = write_report(out_dir, baseline=baseline, plots=not no_plots)
+    if json_out:
+        import json
+
+        click.echo(json.dumps({"schema": "gpudoctor.bench-report/1", "report": written["report"],
+                               "csv": written["csv"], "plots": list(written["plots"]),
+                               "plots_skipped": written.get("plots_skipped")}, sort_keys=True))
+        raise SystemExit(EXIT_OK)
     click.echo(written["report"])
     click.echo(written["csv"])
     for p in written["plots"]:
@@ -431,7 +450,8 @@ def compare(a, b, fail_if, effect, min_effect, json_out):
     result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect)
     verdict = cmp.gate(result, rules) if rules else None
     if json_out:
-        click.echo(json.dumps({**result, "gate": verdict}, default=str, sort_keys=True))
+        click.echo(json.dumps({"schema": "gpudoctor.bench-compare/1", **result, "gate": verdict}, default=str,
+                              sort_keys=True))
     else:
         for line in cmp.render_text(result, verdict):
             click.echo(line)
@@ -460,6 +480,8 @@ def standin(args):
     The options are those of `python3 -m gpudoctor.bench.standin` (`gpudoctor bench standin --help` lists them);
     any other flag is accepted and shown in /server_info, so it can stand in for `python3 -m sglang.launch_server`
     in a campaign's server.command. Runs until SIGTERM or ^C. See docs/bench.md.
+
+    Exit codes: 0 stopped (SIGTERM or ^C: a server's stop signal), 3 bad input.
     """
     from gpudoctor.bench.standin.server import main
 

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from gpudoctor.conventions import alias
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
 from gpudoctor.files.inputs import http_url, output_file, seconds
@@ -74,7 +75,8 @@ def common(f):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema: docs/json-schema.md).")
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
-@click.option("--verbose-findings", "-a", "show_all", is_flag=True, help="Show every finding with its evidence.")
+@alias("-a", "--all-findings", "--verbose-findings", "show_all", hidden_aliases=["--verbose-findings"], is_flag=True,
+       help="List every finding (each subject of a healthy row) with its evidence. Not --all: every host.")
 @click.option("--deep", is_flag=True, help="Also measure each GPU against its physical limit (host and device copies, "
               "bf16 GEMM, P2P; <= 30 s per GPU) and NCCL all-reduce per TP group (occupies the GPUs; torch, else "
               "CUDA through ctypes).")
@@ -114,7 +116,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     Exit codes (Nagios): 0 ok, 1 warning, 2 failure, 3 unknown (could not probe) or bad input.
     """
     if explain:
-        raise SystemExit(_explain(explain))
+        raise SystemExit(_explain(explain, as_json))
     if prom_path:
         output_file(prom_path, "--prom file")  # before anything runs: a typo in the path is not found an hour later
     if all_hosts or groups:
@@ -198,15 +200,24 @@ def _check_fleet(inventory, all_hosts, groups, parallel, timeout, as_json, prom_
     return result.exit_code
 
 
-def _explain(check_id: str) -> int:
+def _explain(check_id: str, as_json: bool = False) -> int:
     from gpudoctor.checkreg import all_checks
 
     specs = {c.id: c for c in all_checks()}
+    if check_id not in specs and "[" in check_id:  # the key as the table prints it: id[subject]
+        check_id = check_id.split("[", 1)[0]
     if check_id not in specs:
         near = [i for i in specs if check_id.split(".")[0] in i]
         raise InputError(f"unknown check id {check_id!r}" + (f"; did you mean one of: {', '.join(near[:6])}" if near else
                                                             "; `gpudoctor checks` lists them"))
     c = specs[check_id]
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"schema": "gpudoctor.check-explain/1", "id": c.id, "layer": c.layer,
+                               "summary": c.summary, "doc": c.doc, "depends_on": list(c.depends_on),
+                               "remedy": c.remedy}, indent=2))
+        return 0
     click.echo(f"{c.id}  (layer {c.layer})\n\n{c.summary}\n\n{c.doc}")
     if c.depends_on:
         click.echo(f"\nIts findings can be symptoms of: {', '.join(c.depends_on)} — each finding only of those its evidence "
@@ -218,7 +229,9 @@ def _explain(check_id: str) -> int:
 
 @click.command("snapshot")
 @common
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the snapshot JSON ('-' for stdout).")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="Where to write the snapshot JSON ('-' for stdout; the default when stdout is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="The snapshot is JSON (schema gpudoctor.snapshot/1) anyway.")
 @click.option("--deep", is_flag=True, help="Also record the deep tier: each GPU measured against its physical limit and "
               "the NCCL all-reduce probe per TP group (occupies the GPUs).")
 @click.option("--deep-python", metavar="PATH", help="Python with torch for --deep (default: the first with torch of a "
@@ -228,18 +241,26 @@ def _explain(check_id: str) -> int:
 @click.option("--unit", "units", multiple=True, metavar="UNIT",
               help="Also record this systemd unit's device policy (repeatable); replays with the snapshot.")
 def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, output, deep, deep_python, deep_force=False,
-             units=()):
+             units=(), as_json=False):
     """Gather a host's facts (and the raw reads behind them) into one JSON file.
 
     Diagnose it anywhere later with `gpudoctor check --snapshot FILE` — for bug reports, CI and replay.
     Secrets never go in: only NCCL_*/CUDA_VISIBLE_* variables are read, with key-like names redacted.
+    Without -o the snapshot goes to stdout when that is a pipe or file (gpudoctor snapshot > s.json).
+
+    Exit codes: 0 written, 3 bad input or nothing could be gathered.
     """
     import json
 
     from gpudoctor import snapshot as snap
     from gpudoctor.files import safe
 
-    output_file(output, "snapshot file")
+    if output is None:  # like `git show`: to a pipe or file by default; not a screenful of JSON on a terminal
+        if sys.stdout.isatty():
+            raise InputError("snapshot: give -o FILE (or -o - for this terminal), or pipe it: gpudoctor snapshot > s.json")
+        output = "-"
+    if output != "-":
+        output_file(output, "snapshot file")
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, deep=deep,
                            deep_python=deep_python, units=units, deep_force=deep_force) as target:
         target.connect()
@@ -256,17 +277,21 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
 @click.command("checks")
 @click.option("--markdown", is_flag=True, help="Print docs/checks.md.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable: a list of {id, layer, summary, depends_on, remedy}.")
+              help="Machine-readable: {schema, checks: [{id, layer, summary, depends_on, remedy}]}.")
 def list_checks(markdown, as_json):
-    """List every check id, its layer and one-line purpose."""
+    """List every check id, its layer and one-line purpose.
+
+    Exit codes: 0 listed.
+    """
     from gpudoctor.checkreg import all_checks
 
     specs = all_checks()
     if as_json:
         import json
 
-        click.echo(json.dumps([{"id": c.id, "layer": c.layer, "summary": c.summary, "depends_on": list(c.depends_on),
-                                "remedy": c.remedy} for c in specs], indent=2))
+        click.echo(json.dumps({"schema": "gpudoctor.checks/1", "checks": [
+            {"id": c.id, "layer": c.layer, "summary": c.summary, "depends_on": list(c.depends_on), "remedy": c.remedy}
+            for c in specs]}, indent=2))
     elif markdown:
         click.echo("# Checks\n\nGenerated by `gpudoctor checks --markdown`. Ids are stable; `gpudoctor check --explain ID`"
                    " prints the details.\n")

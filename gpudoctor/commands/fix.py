@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from gpudoctor.conventions import alias
 from gpudoctor.errors import InputError
 from gpudoctor.files.inputs import seconds
 
@@ -68,10 +69,11 @@ Exit codes, dry run (like `terraform plan -detailed-exitcode`, in gpudoctor's Na
   1  changes are planned (drift gpudoctor can repair): re-run with --apply to make them
   2  a remedy refused, or the host fails and nothing can be changed (reasons printed): a human must act
   3  bad input (flag, inventory, snapshot), or the host could not be reached
+
 \b
 Exit codes with --apply: the verdict of `gpudoctor check` re-run after the changes:
   0 ok, 1 warning (e.g. a container restart still pending), 2 failure (also whenever a change failed or was rolled
-  back), 3 unknown or bad input. With --facts (a snapshot, nothing to re-check): 0 applied and verified, 1 a restart
+  back), 3 unknown or bad input. With --snapshot (a snapshot, nothing to re-check): 0 applied and verified, 1 a restart
   pending, 2 a change failed, refused or was rolled back."""
 
 # What --allow can permit: remedies that would otherwise refuse a less durable or riskier way.
@@ -123,9 +125,9 @@ def _confirm(plan, yes: bool) -> bool:
               help="Inventory host to fix over SSH (an LXC guest's Proxmox node too). Default: this machine.")
 @click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
               help="Inventory file (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml).")
-@click.option("--facts", "facts_path", metavar="SNAPSHOT", type=click.Path(dir_okay=False),
-              help="Plan from a snapshot (gpudoctor snapshot) instead of gathering; --apply then acts on this "
-                   "machine or --host.")
+@alias("--snapshot", "--facts", "facts_path", hidden_aliases=["--facts"], metavar="FILE",
+       type=click.Path(dir_okay=False), help="Plan from a snapshot (gpudoctor snapshot) instead of gathering; --apply "
+                                             "then acts on this machine or --host.")
 @click.option("--only", multiple=True, metavar="ID",
               help="Only this remedy (an id from the list above, or a pattern like 'devices.*'; repeatable).")
 @click.option("--yes", "-y", is_flag=True, help="With --apply: do not ask for confirmation (needed without a TTY).")
@@ -158,6 +160,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
               devices.node.create, devices.node.mode, driver.persistence,
               fabric.numa.balancing, fabric.pcie.mrrs (only with a policy), model.stage,
               workload.bench.orphan (stops only servers gpudoctor's bench left running)
+
     \b
     Examples:
       gpudoctor fix                               dry run on this machine: plan and diffs
@@ -166,7 +169,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
       gpudoctor fix --only 'devices.*' --json     one subsystem, machine-readable
       gpudoctor fix --allow nvidia-smi-pm --apply persistence without nvidia-persistenced
       gpudoctor fix --model /dev/shm/Qwen3 --model-source /data/models/Qwen3 --apply
-      gpudoctor fix --facts snap.json             plan from a saved snapshot
+      gpudoctor fix --snapshot snap.json          plan from a saved snapshot
     """
     from gpudoctor.target import open_target
 

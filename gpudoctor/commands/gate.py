@@ -61,6 +61,8 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     3 could not decide (host unreachable, only unknowns, bad input).
     With --npd: 0 ok, 1 problem, 2 unknown, and exactly one line of output.
     """
+    if npd and as_json:  # NPD reads exactly one line of text: JSON is not its format
+        raise click.UsageError("--npd and --json do not combine (NPD reads one line of text)")
     if npd:
         raise SystemExit(_gate_npd((host_name, inventory, expect_gpus, models, sglang_url, timeout, profile,
                                     snapshot_path), recovery_file))

@@ -36,7 +36,10 @@ def inventory():
 @inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the validated inventory as JSON.")
 def show(inventory_path, as_json):
-    """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy."""
+    """Print the resolved inventory: hosts, Proxmox nodes, profiles and policy.
+
+    Exit codes: 0 shown, 3 bad inventory.
+    """
     from gpudoctor.inventory import load_inventory
 
     from gpudoctor.gate import BUILTIN_PROFILES, known_profiles, profile_from
@@ -47,7 +50,7 @@ def show(inventory_path, as_json):
                                            BUILTIN_PROFILES[name], inv.path))
                 for name, where in known_profiles(inv.profiles)]
     if as_json:
-        doc = {"path": inv.path, "example": inv.example, **inv.to_json(),
+        doc = {"schema": "gpudoctor.inventory/1", "path": inv.path, "example": inv.example, **inv.to_json(),
                "gate_profiles": {n: {"source": w, **_profile_json(p)} for n, w, p in profiles}}
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         raise SystemExit(EXIT_OK)
@@ -85,6 +88,8 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
 
     SPECS are host names, fnmatch patterns ("ct2*"), groups ("@h200") or "all" (the default).
     Unknown or changed host keys are refused unless --accept-new-host-key (unknown keys only).
+
+    Exit codes: 0 every target answered, 3 bad inventory or a target that could not be reached (unknown).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -115,7 +120,7 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
             detail = r.stdout.strip() if ok else r.describe()
         except GpudoctorError as exc:
             ok, detail = False, exc.one_line()
-        return {"role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
+        return {"schema": "gpudoctor.inventory-ping/1", "role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
                 "detail": detail}
 
     from gpudoctor.progress import Waiting

@@ -8,9 +8,12 @@ import sys
 
 import click
 
-from gpudoctor.errors import EXIT_FAIL, EXIT_OK, InputError
+from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, InputError
 from gpudoctor.model import human_bytes
 from gpudoctor.options import Count
+
+
+SCHEMA_VERIFY, SCHEMA_STAGE = "gpudoctor.model-verify/1", "gpudoctor.model-stage/1"
 
 
 def _size(n) -> str:
@@ -102,7 +105,7 @@ def verify_cmd(path, as_json, do_hash, revision, jobs):
             holder["prog"].stop()
     code = EXIT_OK if rep["complete"] else EXIT_FAIL
     if as_json:
-        click.echo(json.dumps(rep, indent=1, sort_keys=True))
+        click.echo(json.dumps({"schema": SCHEMA_VERIFY, **rep}, indent=1, sort_keys=True))
         raise SystemExit(code)
     _render_verify(rep)
     raise SystemExit(code)
@@ -181,7 +184,8 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
       gpudoctor model stage --from-hub meta-llama/Llama-3.1-8B --to /dev/shm/llama --exclude 'original/*' --apply
 
     \b
-    Exit codes: 0 planned (dry run) or staged and verified, 2 refused or failed, 3 bad input.
+    Exit codes, as `fix`: 0 staged and verified, or (dry run) nothing to copy; 1 (dry run) a copy is planned:
+    add --apply; 2 refused or failed; 3 bad input.
     """
     from gpudoctor.model import stage as st
 
@@ -190,9 +194,11 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
     if hub:
         src, revision = st.resolve_hub(hub, revision)
     plan = st.plan_stage(src, dst, revision=revision, exclude=tuple(exclude))
+    # a dry run exits as `fix` does: 1 when it would change something, 0 when DST is already whole (docs/cli.md)
+    dry_code = EXIT_WARN if any(f.action == "copy" for f in plan.files) or plan.stale else EXIT_OK
     if as_json and not do_apply:
-        click.echo(json.dumps({"plan": plan.to_json()}, indent=1, sort_keys=True))
-        raise SystemExit(EXIT_FAIL if plan.refusals else EXIT_OK)
+        click.echo(json.dumps({"schema": SCHEMA_STAGE, "plan": plan.to_json()}, indent=1, sort_keys=True))
+        raise SystemExit(EXIT_FAIL if plan.refusals else dry_code)
     if not as_json:
         _render_plan(plan, do_apply)
     if plan.refusals:
@@ -200,8 +206,9 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
             click.echo(f"REFUSED: {r}", err=True)
         raise SystemExit(EXIT_FAIL)
     if not do_apply:
-        click.echo("dry run: nothing changed. Add --apply to stage.")
-        raise SystemExit(EXIT_OK)
+        click.echo("dry run: nothing changed. Add --apply to stage." if dry_code else
+                   "dry run: nothing to copy, DST is already whole.")
+        raise SystemExit(dry_code)
     prog, advance = (None, None) if as_json else _progress(plan.to_copy, "staging")
     try:
         if prog:
@@ -211,7 +218,8 @@ def stage_cmd(src, hub, dst, do_apply, jobs, revision, exclude, as_json):
         if prog:
             prog.stop()
     if as_json:
-        click.echo(json.dumps({"plan": plan.to_json(), "result": res}, indent=1, sort_keys=True))
+        click.echo(json.dumps({"schema": SCHEMA_STAGE, "plan": plan.to_json(), "result": res}, indent=1,
+                              sort_keys=True))
         raise SystemExit(EXIT_OK)
     rate = f" at {human_bytes(res['rate_bps'])}/s" if res["copied_bytes"] and res["rate_bps"] else ""
     click.echo(f"STAGED: copied {human_bytes(res['copied_bytes'])} in {res['seconds']:.1f} s{rate} "

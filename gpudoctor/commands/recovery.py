@@ -80,6 +80,9 @@ def recovery():
     """The recovery ladder: where each host stands on its way back to service (docs/recovery.md)."""
 
 
+recovery.add_command(release)  # `gpudoctor recovery release HOST` is `gpudoctor release HOST` (docs/cli.md)
+
+
 @recovery.command("show")
 @click.option("--recovery-file", type=click.Path(dir_okay=False), default=None, metavar="FILE", help=_FILE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (schema gpudoctor.recovery-show/1).")

@@ -147,17 +147,21 @@ def explain_cmd(log, engine, as_json):
     the port in use, a model or tokenizer path that does not exist.
 
     \b
-    Exit codes: 0 nothing in the log looks like a failure, 1 a failure no known pattern
-    explains (its lines are shown), 2 a known failure named, 3 the log cannot be read.
+    Exit codes (an explanation is this command's job, docs/cli.md): 0 explained, a known
+    failure named (or nothing in the log looks like a failure; --json's failure is then
+    null), 1 a failure no known pattern explains (its lines are shown: read them),
+    3 the log cannot be read.
     """
     from gpudoctor.bench.server import logscan
     from gpudoctor.errors import _printable
 
     text = logscan.read_log(log)
     found = logscan.diagnose(text, None if engine == "any" else engine)
-    code = 0 if found is None else 2 if found.known else 1
+    code = 0 if found is None or found.known else 1
     if as_json:
-        click.echo(json.dumps({"log": log, "exit_code": code, "failure": found.to_json() if found else None}, indent=2))
+        click.echo(json.dumps({"schema": "gpudoctor.sglang-explain/1", "log": log, "exit_code": code,
+                               "explained": found is None or found.known,
+                               "failure": found.to_json() if found else None}, indent=2))
         raise SystemExit(code)
     if found is None:
         click.echo(f"{_printable(log)}: no failure found ({len(text.splitlines())} lines read)")

@@ -9,7 +9,10 @@ started)."""
 import sys
 
 # Options after which `check`/`gate` does not look at this machine's GPUs (a remote host, a snapshot, a fleet, help).
-REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory"}
+REMOTE_OR_OFFLINE = {"--host", "--snapshot", "--all", "--group", "--explain", "--facts", "-h", "--help", "--inventory",
+                     "-i"}
+# The global options (gpudoctor/conventions.py) that may come before the command; those taking a value
+GLOBAL_FLAGS, GLOBAL_VALUED = {"--verbose", "-q", "--quiet", "--json"}, {"--color", "-i", "--inventory"}
 
 EARLY: dict = {}  # argv tuple -> (Popen, perf_counter at start); host/local.py adopts (or kills) them
 
@@ -21,17 +24,23 @@ def _is_verbose_flag(a: str) -> bool:
 
 def command_args(args) -> list:
     """args from the command name on: `gpudoctor -vv check` is a check too (#33: the H200's `-vv check` logs were
-    of a check whose probes had not started early)."""
+    of a check whose probes had not started early); so is `gpudoctor -q --color never check`."""
     args = list(args)
-    while args and _is_verbose_flag(args[0]):
-        args.pop(0)
+    while args:
+        a = args[0]
+        if _is_verbose_flag(a) or a in GLOBAL_FLAGS or a.split("=")[0] in GLOBAL_VALUED and "=" in a:
+            args.pop(0)
+        elif a in GLOBAL_VALUED:
+            del args[:2]
+        else:
+            break
     return args
 
 
 def is_live_check(args) -> bool:
     """`check` or `gate` of this machine (not a remote host, a snapshot, a fleet or help)."""
-    args = command_args(args)
-    return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in args)
+    whole, args = list(args), command_args(args)
+    return bool(args) and args[0] in ("check", "gate") and not any(a.split("=")[0] in REMOTE_OR_OFFLINE for a in whole)
 
 
 def spawn(argv, fork_program: str | None = None) -> None:

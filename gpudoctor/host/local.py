@@ -104,8 +104,14 @@ class LocalHost(Host):
         except subprocess.TimeoutExpired:
             self._kill(proc)
             return CommandResult(list(argv), None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=asked)
-        return CommandResult(list(argv), proc.returncode, out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=asked)
+        res = CommandResult(list(argv), proc.returncode, out.decode("utf-8", "replace"),
+                            err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=asked)
+        from gpudoctor import log
+
+        if log.enabled(2):  # -vv: every command this host ran (-v: each probe's time; #41: -vv was -v)
+            log.get_logger("gpudoctor.host").debug("command.finished", argv=list(argv)[:8], rc=res.rc,
+                                                   seconds=round(res.duration_s, 4))
+        return res
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:

@@ -77,13 +77,13 @@ def test_prefixes_of_each_logger_are_stripped():
         assert logscan.message(line) == "AssertionError: max_running_request is zero", line
 
 
-@pytest.mark.parametrize("name,code", [("max-running-zero-hybrid", 2), ("unknown", 1), ("none", 0)])
+@pytest.mark.parametrize("name,code", [("max-running-zero-hybrid", 0), ("unknown", 1), ("none", 0)])
 def test_explain_cli_exit_codes_and_output(name, code):
     log = str(LOGS / f"{name}.log")
     p = run_cli("sglang", "explain", log)
     assert p.returncode == code, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    if code == 2:
+    if name == "max-running-zero-hybrid":  # explained: 0 (#41: it was 2, as if explaining had failed)
         assert p.stdout.splitlines()[0] == f"{log}:12: AssertionError: max_running_request is zero"
         assert "cause: " in p.stdout and "fix:   lower --max-running-requests" in p.stdout
         assert "max_mamba_cache_size: 2" in p.stdout  # the lines that matter include the budget line
@@ -93,8 +93,8 @@ def test_explain_cli_exit_codes_and_output(name, code):
         assert "no failure found (4 lines read)" in p.stdout
     j = run_cli("sglang", "explain", "--json", log)
     doc = json.loads(j.stdout)
-    assert j.returncode == code and doc["exit_code"] == code
-    assert (doc["failure"] or {}).get("id") == (None if code == 0 else name)
+    assert j.returncode == code and doc["exit_code"] == code and doc["schema"] == "gpudoctor.sglang-explain/1"
+    assert (doc["failure"] or {}).get("id") == (None if name == "none" else name)
 
 
 def test_explain_refuses_what_it_cannot_read_without_waiting(tmp_path):

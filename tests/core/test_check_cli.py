@@ -73,7 +73,9 @@ def test_only_and_explain():
 
 def test_checks_lists_every_id_once():
     r = gd("checks", "--json")
-    ids = [c["id"] for c in json.loads(r.stdout)]
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "gpudoctor.checks/1"
+    ids = [c["id"] for c in doc["checks"]]
     assert len(ids) == len(set(ids)) and "cuda.init" in ids and "devices.node.major" in ids
 
 

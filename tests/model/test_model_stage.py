@@ -35,7 +35,7 @@ def boot_id():
 def test_dry_run_changes_nothing(cli, tmp_path, shm_dir, state_dir):
     write_model(tmp_path / "m", shards=3)
     r = cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir)
-    assert r.code == 0, r.err
+    assert r.code == 1, r.err  # a copy is planned: 1, as `fix`'s dry run (#41)
     assert "tmpfs /dev/shm" in r.out and "copy      7 file(s)" in r.out and "dry run: nothing changed" in r.out
     assert not shm_dir.exists() and not state_dir.exists()
 
@@ -329,3 +329,14 @@ def test_the_stage_bar_speaks_binary_units_as_its_summary_does(tmp_path):
     assert p.returncode == 0, (p.stdout, bar)
     rates = re.findall(r"[\d.]+ ?([kKMG]i?B)/s", bar + p.stdout.decode())
     assert rates and all(u.endswith("iB") for u in rates), (rates, bar)
+
+
+def test_dry_run_exits_as_fix_does(cli, tmp_path, shm_dir, state_dir):
+    """docs/cli.md (#41): a dry run with a copy planned is 1, as `fix`'s; once DST is whole it is 0."""
+    write_model(tmp_path / "m", shards=2)
+    assert cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir).code == 1
+    assert cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--apply").code == 0
+    r = cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir)
+    assert r.code == 0 and "nothing to copy" in r.out, r.out + r.err
+    doc = json.loads(cli("model", "stage", "--from", tmp_path / "m", "--to", shm_dir, "--json").out)
+    assert doc["schema"] == "gpudoctor.model-stage/1"

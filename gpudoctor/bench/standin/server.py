@@ -40,7 +40,11 @@ PROG = "python3 -m gpudoctor.bench.standin"
 def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Namespace, list[str]]:
     """The stand-in's options; `on_error(message)` replaces argparse's usage-and-exit-2 (the gpudoctor command's
     one line, exit 3)."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
+                                epilog="Any other flag is accepted and shown in /server_info, so it stands in for "
+                                       "sglang.launch_server in a campaign's server.command. Exit codes: 0 stopped "
+                                       "(SIGTERM or ^C), 3 bad input (gpudoctor bench standin; argparse's 2 when run "
+                                       "as python3 -m gpudoctor.bench.standin).")
     if on_error is not None:
         p.error = on_error
     p.add_argument("model", nargs="?", default=None, help="vLLM flavor: `vllm serve MODEL`'s positional model")
@@ -53,12 +57,13 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     p.add_argument("--eos-after", type=int, default=0,
                    help="openai flavor: the model emits its end of text after this many tokens (finish_reason stop; "
                         "there is no ignore_eos); 0 = never")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on, as SGLang's --host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="default 30000 (sglang), 8000 (vllm)")
     p.add_argument("--decode-tok-s", type=float, default=50.0, help="tokens/s per request after the first step; 0 = instant")
     p.add_argument("--accept-length", type=float, default=None, help="tokens per verify step; turns speculation on")
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
-    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                   help="SGLang's flag: draft tokens per verify step (reported in /server_info; default: none)")
+    p.add_argument("--ttft-ms", type=float, default=0.0, help="time to the first token, ms (default 0)")
     p.add_argument("--max-running", "--max-running-requests", dest="max_running", type=int, default=0,
                    help="requests decoded at once; the rest queue (0 = no limit)")
     p.add_argument("--max-queued-requests", type=int, default=None,
@@ -68,14 +73,19 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     p.add_argument("--no-tcp-nodelay", action="store_true",
                    help="not SGLang: a server without TCP_NODELAY that writes headers and the first chunk apart "
                         "(Nagle + delayed ACK add ~40 ms)")
-    p.add_argument("--context-length", "--max-model-len", dest="context_length", type=int, default=131072)
+    p.add_argument("--context-length", "--max-model-len", dest="context_length", type=int, default=131072,
+                   help="the context length /server_info and /v1/models report; longer prompts are refused as SGLang "
+                        "does (default 131072)")
     p.add_argument("--startup-s", type=float, default=0.0, help="seconds of 'model loading' before ready")
     p.add_argument("--health-timeout-s", type=float, default=None,
                    help="like SGLANG_HEALTH_CHECK_TIMEOUT (default: that variable, else 20)")
-    p.add_argument("--fail-mode", choices=FAIL_MODES, default="none")
+    p.add_argument("--fail-mode", choices=FAIL_MODES, default="none",
+                   help="how the server fails (after --fail-after-requests/-s): die mid-level, hang, answer HTTP "
+                        "500, send an error chunk, never become ready, die at start; default none")
     p.add_argument("--fail-after-requests", type=int, default=0, help="fail when this many requests arrived")
     p.add_argument("--fail-after-s", type=float, default=0.0, help="fail this many seconds after the first request")
-    p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered")
+    p.add_argument("--death-message", default="CUDA error: an illegal instruction was encountered",
+                   help="the error line a dying server logs (default: CUDA's illegal instruction)")
     p.add_argument("--fail-if-exists", default=None, metavar="PATH",
                    help="the fault acts only while PATH exists (a host condition a remedy can clear, e.g. the GPU gone)")
     p.add_argument("--death-log", default=None, metavar="FILE",
@@ -86,7 +96,7 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     p.add_argument("--require-device", action="append", default=[], metavar="PATH",
                    help="open PATH (O_RDWR) at start, as CUDA's init opens the GPU nodes, and die with torch's 'CUDA "
                         "unknown error' when the kernel refuses it (repeatable; e.g. /dev/nvidia-uvm)")
-    p.add_argument("--log-file", default=None, help="append the log here instead of stderr")
+    p.add_argument("--log-file", default=None, metavar="FILE", help="append the log here instead of stderr")
     p.add_argument("--timing-log", default=None, metavar="FILE",
                    help="stand-in only: append one JSON line per finished request (rid, received, first_sent, "
                         "finished, tokens; wall-clock seconds): the server-side truth for any client")
@@ -100,13 +110,15 @@ def parse_args(argv=None, prog: str = PROG, on_error=None) -> tuple[argparse.Nam
     p.add_argument("--xid-log", default=None, metavar="FILE",
                    help="stand-in only, 'the host changed': append an NVRM Xid kernel log line to FILE once "
                         "--xid-after-requests requests arrived (while --xid-if-exists exists, when given)")
-    p.add_argument("--xid-after-requests", type=int, default=1)
-    p.add_argument("--xid-if-exists", default=None, metavar="PATH")
-    p.add_argument("--xid-code", type=int, default=79)
-    p.add_argument("--model-path", default=None)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--xid-after-requests", type=int, default=1, help="--xid-log: requests before the Xid line (1)")
+    p.add_argument("--xid-if-exists", default=None, metavar="PATH", help="--xid-log: only while PATH exists")
+    p.add_argument("--xid-code", type=int, default=79, help="--xid-log: the Xid number (default 79, fallen off the bus)")
+    p.add_argument("--model-path", default=None, help="SGLang's flag: the model path reported (default standin/model)")
+    p.add_argument("--served-model-name", default=None, help="the model name served (default: --model-path)")
+    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+                   help="SGLang's/vLLM's tensor parallelism, reported in /server_info (default 1)")
+    p.add_argument("--speculative-algorithm", default=None,
+                   help="SGLang's flag, reported in /server_info; --accept-length turns speculation on")
     args, extra = p.parse_known_args(argv)
     args.model_path = args.model_path or args.model or "standin/model"
     args.served_model_name = args.served_model_name or args.model_path
