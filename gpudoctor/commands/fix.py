@@ -176,7 +176,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     options = {"allow": list(allow), "model_sources": _model_sources(model_sources)}
     # a snapshot names its host: its plan applies to this machine only as "localhost", elsewhere with --host
     with open_target(host_name or ("local" if facts_path else None), inventory,
-                     snapshot=_load_facts(facts_path, apply) if facts_path else None, models=() if facts_path else models,
+                     snapshot=_load_facts(facts_path, apply) if facts_path else None,
+                     models=() if facts_path else models,
                      timeout=timeout, units=units,
                      mrrs=int(mrrs) if mrrs else None) as target:
         from gpudoctor.commands import say_inventory
