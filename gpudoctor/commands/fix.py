@@ -179,7 +179,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     options = {"allow": list(allow), "model_sources": _model_sources(model_sources)}
     # a snapshot names its host: its plan applies to this machine only as "localhost", elsewhere with --host
     with open_target(host_name or ("local" if facts_path else None), inventory,
-                     snapshot=_load_facts(facts_path) if facts_path else None, models=() if facts_path else models,
+                     snapshot=_load_facts(facts_path, apply) if facts_path else None,
+                     models=() if facts_path else models,
                      timeout=timeout, units=units,
                      mrrs=int(mrrs) if mrrs else None) as target:
         from gpudoctor.commands import say_inventory
@@ -190,9 +191,14 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
     raise SystemExit(code)
 
 
-def _load_facts(path: str) -> dict:
+def _load_facts(path: str, apply: bool = False) -> dict:
     """A snapshot document from a file that holds one or a bare facts document, validated before anything plans
-    (fix plans from a part of the facts too, e.g. a boundary-only document)."""
+    (fix plans from a part of the facts too, e.g. a boundary-only document). Applied as root, it must be root's own:
+    it names the files the changes are made to (#40)."""
     from gpudoctor import snapshot
+    from gpudoctor.files.inputs import trusted
+
+    if apply:
+        trusted(path, what="facts snapshot")
 
     return snapshot.load_document(path, require=())

@@ -1,9 +1,9 @@
 """Whether root may trust a path another user might control (#40): sshd's StrictModes, for files and interpreters.
 
 A path is trusted when every part of it, from "/" down, and every link it passes through to the file it names, is
-owned by root or by this process's effective user, and no other user can change it: not writable by others, not
-writable by its group unless the group is root's (gid 0). A world-writable directory with the sticky bit (/tmp, /dev/shm)
-may be passed through, since another user can neither rename nor remove what root owns in it; the part after it must
+owned by root or by this process's effective user, and no other user can change it: writable by neither its group
+nor others (the rule files/safe.py applies to writes). A world-writable directory with the sticky bit (/tmp,
+/dev/shm) may be passed through, since another user can neither rename nor remove what root owns in it; the part after it must
 then pass the same test. `untrusted(path)` is None for a trusted path, else one line naming the part, its owner and
 its mode.
 
@@ -64,7 +64,7 @@ def untrusted(path, uids=None):
         sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and not last
         if st.st_mode & stat.S_IWOTH and not sticky_dir:
             return "%s: writable by every user (mode %04o)" % (p, mode)
-        if st.st_mode & stat.S_IWGRP and st.st_gid != 0 and not sticky_dir:
+        if st.st_mode & stat.S_IWGRP and not sticky_dir:
             return "%s: writable by group %d (mode %04o)" % (p, st.st_gid, mode)
         cur = p
     return None

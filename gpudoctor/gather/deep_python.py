@@ -11,8 +11,8 @@ One probe on the target (stdlib, `python -I -S`) does the search and asks each c
 environment, cwd /). An interpreter found through another process (#40) is asked only when root may trust it
 (files/trust.py: it, every directory above it and every link on the way owned by root or by this user and writable by
 no one else); otherwise it is not run at all, and its candidate says why — running it as its owner would still
-measure with code that user controls, and the deep figures decide whether a host goes back to service. Its answer is in a
-snapshot's transcript, so a replay picks the interpreter the recording picked.
+measure with code that user controls, and the deep figures decide whether a host goes back to service. Its answer is
+in a snapshot's transcript, so a replay picks the interpreter the recording picked.
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     listings = host.batch([("listdir", d[1]) for d in dirs], t)
     if not any(_candidates(d[2], x) for d, x in zip(dirs, listings)):
         return {"containers": [], "error": None}  # no container here: no probe to start
-    res = host.run(python_argv(host.python, "-c", _PROBE, json.dumps(dirs), str(MAX_CONTAINERS), site=False), timeout=ctx.timeout)
+    res = host.run(python_argv(host.python, "-c", _PROBE, json.dumps(dirs), str(MAX_CONTAINERS), site=False),
+                   timeout=ctx.timeout)
     if not res.ok:
         return {"containers": [], "error": f"OCI state probe {res.describe()}"}
     try:

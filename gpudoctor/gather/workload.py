@@ -55,7 +55,8 @@ def gather(host: Host, ctx: GatherContext) -> dict:
     shm = mount_of(ml, "/dev/shm") if mounts.ok else None
     out = {"mounts_error": mounts.error, "shm": {"mount": shm, "statvfs": shm_vfs}}
     if ctx.sglang_url:
-        res = host.run(python_argv(host.python, "-c", _READY, ctx.sglang_url, str(min(ctx.timeout, 5.0))), timeout=ctx.timeout)
+        res = host.run(python_argv(host.python, "-c", _READY, ctx.sglang_url, str(min(ctx.timeout, 5.0))),
+                       timeout=ctx.timeout)
         try:
             out["sglang"] = {"url": ctx.sglang_url, **json.loads(res.stdout)}
         except ValueError:

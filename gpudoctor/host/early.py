@@ -100,7 +100,8 @@ def start_probes(args, more=None) -> None:
     from gpudoctor.cuda_probe import PROBE  # stdlib only, like this module
     from gpudoctor.host.childpy import python_argv
 
-    spawn(python_argv([sys.executable], "-c", PROBE, site=False), fork_program=PROBE)  # forked: no second interpreter to start
+    # forked: no second interpreter to start
+    spawn(python_argv([sys.executable], "-c", PROBE, site=False), fork_program=PROBE)
     from gpudoctor.host.nvml import start_early  # stdlib; pynvml is imported in its thread
     # `more`: the gathers' probes (gpudoctor/entry.py passes gather/prestart.py's; host/ does not import gather/).
     # After the cuInit probe, whose start their imports must not delay; before NVML's thread, which would hold the

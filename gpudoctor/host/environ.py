@@ -22,13 +22,9 @@ def keep(name: str) -> bool:
     return name in KEEP or name.startswith(KEEP_PREFIXES)
 
 
-def scrub(env: dict) -> dict:
-    """Only the allowed keys; a secret-looking name's value redacted."""
-    return {k: (REDACTED if SECRET.search(k) else v) for k, v in env.items() if keep(k)}
-
-
 def scrub_raw(raw: bytes) -> bytes:
-    """/proc/PID/environ's bytes (NUL-separated NAME=VALUE) with only what scrub() keeps."""
+    """/proc/PID/environ's bytes (NUL-separated NAME=VALUE) with only the allowed keys, a secret-looking name's value
+    redacted."""
     out = []
     for item in raw.split(b"\0"):
         name, eq, value = item.partition(b"=")

@@ -50,6 +50,9 @@ class RecoveryStore:
         self.aside: str | None = None  # where an unreadable file was moved, for the caller's report
 
     def _read(self) -> dict:
+        from gpudoctor.files.inputs import trusted
+
+        trusted(self.path, what="recovery file")  # as root: the ladder decides drains and resumes (#40)
         try:
             text = self.path.read_text()
         except FileNotFoundError:

@@ -145,3 +145,41 @@ def test_an_ordinary_users_fix_apply_is_one_line_and_changes_nothing(open_tmp):
     line = r.stderr.strip().splitlines()[-1]
     assert "this needs root (gpudoctor runs as uid 65534)" in line and "ermission denied" in line, r.stderr
     assert conf.read_bytes() == before
+
+
+def test_facts_another_user_can_change_are_not_applied_as_root(tmp_path, env):
+    """`fix --facts SNAP --apply` makes its changes to the files the facts name: as root the snapshot must be root's.
+    A dry run (a plan only) still reads it."""
+    from gpudoctor.gather.boundary import gather_lxc
+    from gpudoctor.host.local import LocalHost
+    from tests.proxmox.conftest import CONFIGS, DEV511
+
+    needs.root()
+    (tmp_path / "pve").mkdir()
+    conf = tmp_path / "pve/200.conf"
+    conf.write_bytes((CONFIGS / "200-seed.conf").read_bytes())
+    b = gather_lxc(LocalHost(), 200, config=str(conf), devices=str(DEV511), ask_status=False, stat_nodes=False,
+                   read_running=False)
+    snap = attacker_dir(tmp_path) / "snap.json"
+    snap.write_text(json.dumps({"schema": "gpudoctor.snapshot/1", "host": "ct200",
+                                "facts": {"schema": "gpudoctor.facts/1", "boundary": b}}))
+    owned_by(snap)
+    state = ["--backup-dir", tmp_path / "backups", "--audit-log", tmp_path / "audit.jsonl",
+             "--lock-dir", tmp_path / "locks"]
+    before = conf.read_bytes()
+    r = gpudoctor("fix", "--facts", snap, "--only", "lxc.cgroup_allow", *state, env=env, cwd=tmp_path)
+    assert r.returncode == 1 and "PLAN  lxc.cgroup_allow" in r.stdout, r.stderr
+    r = gpudoctor("fix", "--facts", snap, "--only", "lxc.cgroup_allow", "--apply", "--yes", *state, env=env,
+                  cwd=tmp_path)
+    refused(r, str(snap.parent), f"owned by nobody (uid {NOBODY})")
+    assert conf.read_bytes() == before
+
+
+def test_a_recovery_file_another_user_can_change_is_refused_as_root(tmp_path, env):
+    """The ladder's file decides drains and resumes: as root, one another user can write is refused."""
+    needs.root()
+    f = tmp_path / "recovery.json"
+    f.write_text(json.dumps({"schema": "gpudoctor.recovery/1", "hosts": {}}))
+    f.chmod(0o666)
+    r = gpudoctor("recovery", "show", "--recovery-file", f, env=env, cwd=tmp_path)
+    refused(r, str(f), "writable by every user (mode 0666)")

@@ -24,8 +24,21 @@ from tests.hostile.attacker import NOBODY, attacker_dir, executable, owned_by
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.local import LocalHost
 
-# What the attacker's "python" does when anyone runs it: leave a marker, and claim torch so that it would be chosen.
-EVIL = "#!/bin/sh\necho \"$(id -u) $*\" >> {marker}\necho 2.9.0+cu130\n"
+# What the attacker's "python" does when anyone runs it: leave a marker line (its uid, the pids of its ancestors, its
+# arguments), and claim torch so that it would be chosen.
+EVIL = r"""#!/bin/sh
+p=$$ up=""
+while [ "${{p:-1}}" -gt 1 ]; do up="$up $p"; p=$(sed -n 's/.*) . \([0-9]*\) .*/\1/p' /proc/$p/stat); done
+echo "$(id -u) [$up ] $*" >> {marker}
+echo 2.9.0+cu130
+"""
+
+
+def ran_here(marker: Path) -> list[str]:
+    """The marker's lines left by a run this test process started (another gpudoctor on the machine — from main,
+    without the fix — may find this test's forged server too, and run the attacker's python from its own process)."""
+    me = f" {os.getpid()} "
+    return [ln for ln in (marker.read_text().splitlines() if marker.exists() else []) if me in ln]
 
 
 def forged_server(argv0: str, *more: str) -> subprocess.Popen:
@@ -88,7 +101,7 @@ def test_a_server_interpreter_root_cannot_trust_is_never_run(tmp_path, stop, how
     if how != "a-script-whose-shebang-names-it":
         stop(forged_server(argv0))
     pick = search()
-    assert not marker.exists(), f"root ran the attacker's interpreter: {marker.read_text()}"
+    assert not ran_here(marker), f"root ran the attacker's interpreter: {ran_here(marker)}"
     named = str(evil) if how == "a-script-whose-shebang-names-it" else argv0
     cand = mine(pick, named)
     assert cand["torch"] is None and "not trusted as root" in cand["error"]
@@ -115,7 +128,7 @@ def test_an_interpreter_the_attacker_owns_is_used_when_a_trusted_source_names_it
     evil = executable(attacker_dir(tmp_path) / "python3", EVIL.format(marker=marker))
     pick = search(torch_python=str(evil))
     assert pick["source"] == "--deep-python" and pick["torch"] == "2.9.0+cu130"
-    assert "-I" in marker.read_text().split()  # asked isolated
+    assert ran_here(marker) and all("] -I -c" in ln for ln in ran_here(marker))  # asked isolated
 
 
 def hostile_cwd(tmp_path: Path, marker: Path) -> Path:

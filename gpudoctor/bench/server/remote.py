@@ -231,7 +231,8 @@ class HostLauncher:
         if self.dir is None:
             return
         try:
-            res = self._run(python_argv(self.host.python, "-c", _PY_TAIL, self.remote_log, str(self.offset), str(SYNC_CAP)),
+            res = self._run(python_argv(self.host.python, "-c", _PY_TAIL, self.remote_log, str(self.offset),
+                                        str(SYNC_CAP)),
                             timeout=30.0)
             d = json.loads(res.stdout) if res.ok else {"error": res.describe()}
         except (HostError, ValueError) as exc:
