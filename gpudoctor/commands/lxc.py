@@ -206,7 +206,10 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
         facts = _facts(vmid, config_path, devices_path, running_path, cgroup_layout)
     d = diagnose(facts, {"boundary"})  # the registered boundary checks, nothing else
     inp = input_from_facts(facts["boundary"])
-    click.echo(report.lxc_audit_json(d, inp) if as_json else "\n".join(report.lxc_audit_lines(d, inp)))
+    if as_json:
+        click.echo(report.lxc_audit_json(d, inp))
+    else:
+        report.lxc_audit(report.writer(), d, inp)
     raise SystemExit(d.exit_code)
 
 
