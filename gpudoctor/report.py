@@ -407,15 +407,16 @@ _ORDER = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Statu
 
 def lxc_audit(out, d: Diagnosis, inp, *, verbose: bool = False, quiet: bool = False,
               list_hint: str = LIST_HINT) -> None:
-    """The container's verdict, each root cause as check prints it (evidence, fix), then the boundary findings in
-    check's table, worst first. `out`: a term.Styled."""
+    """The container's verdict, each root cause as check prints it (with its fix; its evidence is in the table),
+    then the boundary findings in check's table, worst first. `out`: a term.Styled."""
     out.print(f"{line(inp.label)} ({line(inp.cfg.path)}): ", status_word(d.verdict) if d.verdict != Status.OK
               else ("OK", _STYLE[Status.OK]))
     for f in d.root_causes:
-        cause_block(out, f, status_word(f.status), evidence=None)
+        cause_block(out, f, status_word(f.status), evidence=0)
     rows = finding_rows(sorted(d.findings, key=lambda f: _ORDER[f.status]), verbose=verbose, quiet=quiet,
                         list_hint=list_hint)
     if rows:
+        out.print()
         findings_table(out, rows)
 
 

@@ -231,7 +231,7 @@ class Styled:
                 width = int(cols)
             else:
                 try:
-                    width = os.get_terminal_size(stream.fileno()).columns
+                    width = os.get_terminal_size(stream.fileno()).columns or 80  # a pty nobody sized says 0
                 except (AttributeError, ValueError, OSError):
                     width = 80
         self.width = None if width is None else max(int(width), 10)
