@@ -26,7 +26,7 @@ import pytest
 
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import Finding, Status
-from gpudoctor.report import daemon_cycle, render
+from gpudoctor.report import render
 from gpudoctor.term import Styled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,6 +204,8 @@ def test_explain_accepts_the_key_as_the_table_prints_it():
 
 
 def test_daemon_cycle_speaks_as_check_does():
+    from gpudoctor.report import daemon_cycle
+
     f = Finding("devices.node.major", Status.FAIL, "/dev/nvidia-uvm is 1:3", subject="/dev/nvidia-uvm",
                 evidence=["stat /dev/nvidia-uvm → 1:3"], hint="mknod it", layer="devices")
     buf = io.StringIO()
