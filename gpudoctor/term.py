@@ -65,14 +65,48 @@ def console(*, stderr: bool = False, **kw):
 
 
 class SafeStream:
-    """A text stream wrapper that escapes every non-printable character except newline and tab."""
+    """A text stream wrapper that escapes every non-printable character except newline and tab; to a terminal it
+    also folds a line longer than the terminal's width at spaces (never inside a token, docs/cli-rendering.md), so
+    every command's long lines read as the findings' do. A pipe or file gets every line as written; so does JSON (a
+    write that starts with '{' or '[')."""
 
     def __init__(self, inner):
         self.raw_stream = inner
+        self._width: int | None = -1  # -1: not decided yet; None: never fold
+        self._mid = False  # the last write ended inside a line
+
+    def _fold_width(self) -> int | None:
+        if self._width == -1:
+            import os
+
+            self._width = None
+            try:
+                if self.raw_stream.isatty():
+                    cols = os.environ.get("COLUMNS", "")
+                    self._width = int(cols) if cols.isdigit() and int(cols) > 0 else \
+                        (os.get_terminal_size(self.raw_stream.fileno()).columns or 80)
+            except (AttributeError, ValueError, OSError):
+                self._width = None
+        return self._width
+
+    def _fold(self, s: str, width: int) -> str:
+        out = []
+        for n, part in enumerate(s.split("\n")):
+            if (n == 0 and self._mid) or cell_len(part) <= width:
+                out.append(part)
+                continue
+            hang = len(part) - len(part.lstrip(" ")) + 4
+            out.append("\n".join("".join(t for t, _ in ln) for ln in wrap([(part, "")], width, hang)))
+        return "\n".join(out)
 
     def write(self, s) -> int:
         if isinstance(s, str):
             s = printable(s, keep_newlines=True)
+            width = self._fold_width()
+            if width and s and s.lstrip()[:1] not in ("{", "["):
+                s = self._fold(s, max(width, 10))
+            if s:
+                self._mid = not s.endswith("\n")
         return self.raw_stream.write(s)
 
     def writelines(self, lines) -> None:

@@ -228,3 +228,16 @@ def test_check_and_fix_count_root_causes_with_one_sentence():
     assert c == f and f.startswith("no remedy: 6 of 8 root cause(s) need a human: ")
     [also] = [ln.strip() for ln in check if ln.strip().startswith("also: ")]
     assert also.startswith("also: 7 other root cause(s): ")
+
+
+def test_other_commands_long_lines_fold_at_a_terminals_width_the_same_way():
+    """`gpudoctor checks` prints lines of 150-230 characters: on a terminal they fold at its width, at spaces (the
+    one rule, in term.SafeStream under every command); to a pipe they stay whole, and JSON is never folded."""
+    piped = on_pipe("checks").stdout.splitlines()
+    assert max(map(len, piped)) > 150
+    _, raw = on_pty(80, "checks")
+    lines = raw.splitlines()
+    assert all(len(ln) <= 80 or len(ln.split()) == 1 for ln in lines)
+    assert " ".join(" ".join(lines).split()) == " ".join(" ".join(piped).split())  # the same words, none split
+    _, js = on_pty(80, "checks", "--json")
+    assert json.loads(js)[0]["id"] == "host.driver.loaded"
