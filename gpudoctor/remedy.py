@@ -476,7 +476,7 @@ class Triage:
 
     state[key]: planned (a planned change addresses it), refused (its remedy refuses: refused[key] says why),
     no_change (its remedy planned nothing), left_out (--only left its remedy out), unavailable (named, not in this
-    build), human (no remedy: a person must act)."""
+    build), unjudged (only the live host can tell: check of a snapshot), human (no remedy: a person must act)."""
 
     causes: list = field(default_factory=list)
     state: dict = field(default_factory=dict)
@@ -490,7 +490,15 @@ class Triage:
         return self.of("human")
 
     def refusal_for(self, f) -> str | None:
-        return self.refused.get(f.key)
+        """Why `gpudoctor fix` would not act on root cause `f`, in a clause; None where it would (or cannot tell)."""
+        st = self.state.get(f.key)
+        if st == "refused":
+            return f"`gpudoctor fix --only {f.remedy}` refuses: {self.refused[f.key]}"
+        if st == "no_change":
+            return f"`gpudoctor fix --only {f.remedy}` plans no change for it: a human must act"
+        if st == "unavailable":
+            return f"{f.remedy} is named by the check but not available in this build"
+        return None
 
     def human_line(self) -> str:
         """The sentence check and fix both print for the root causes no remedy covers."""
@@ -499,8 +507,9 @@ class Triage:
                 + (" ..." if len(keys) > 6 else ""))
 
 
-def triage(d, plan: Plan, chosen) -> Triage:
-    """Each root cause of `d` against `plan` (planned with the remedies `chosen`)."""
+def triage(d, plan: Plan, chosen, unjudged=()) -> Triage:
+    """Each root cause of `d` against `plan` (planned with the remedies `chosen`; `unjudged`: remedies whose plan
+    only the live host can make)."""
     from gpudoctor import remedies
 
     addressed = {k for c in plan.changes for k in c.fixes}
@@ -515,6 +524,8 @@ def triage(d, plan: Plan, chosen) -> Triage:
             st = "unavailable"
         elif f.remedy not in chosen:
             st = "left_out"
+        elif f.remedy in unjudged:
+            st = "unjudged"
         elif f.remedy in refusals:
             st = "refused"
             t.refused[f.key] = refusals[f.remedy]
@@ -546,6 +557,8 @@ def check_triage(d, target=None, *, timeout: float = 10.0) -> Triage:
     hosts = plan_hosts(target, d.facts) if live else {}
     plan = Engine([remedies.get(i) for i in ids], RemedyContext(hosts=hosts, timeout=timeout)).plan(d.facts) \
         if ids else Plan()
+    unjudged = set()
     if not live:  # "no connection to host X": a question only the live host answers
-        plan.refusals = [r for r in plan.refusals if not r.reason.startswith("no connection to host")]
-    return triage(d, plan, tuple(remedies.REMEDIES))
+        unjudged = {r.remedy for r in plan.refusals if r.reason.startswith("no connection to host")}
+        plan.refusals = [r for r in plan.refusals if r.remedy not in unjudged]
+    return triage(d, plan, tuple(remedies.REMEDIES), unjudged)

@@ -152,7 +152,7 @@ def remedy_block(out, f, scope: Scope, triage=None) -> None:
     if why is None:
         out.print(f"    {line(remedy_line(f.remedy, scope))}", wrap_lines=False)  # one line to copy
     else:
-        out.print(f"    no remedy here: `gpudoctor fix --only {line(f.remedy)}` refuses: {line(why)}")
+        out.print(f"    no remedy here: {line(why)}")
 
 
 def _noun(subjects: list[str], n: int) -> str:
