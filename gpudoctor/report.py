@@ -155,7 +155,8 @@ def remedy_block(out, f, scope: Scope, triage=None) -> None:
         out.print(f"    no remedy here: {line(why)}")
 
 
-def _noun(subjects: list[str], n: int) -> str:
+def _noun(subjects: list[str]) -> str:
+    """What a healthy row's subjects are, in a word: "5 nodes", "8 GPUs", else "subjects"."""
     if all(s.startswith("/dev/") for s in subjects):
         return "nodes"
     if all(s.startswith("GPU ") for s in subjects):
@@ -163,11 +164,19 @@ def _noun(subjects: list[str], n: int) -> str:
     return "subjects"
 
 
+def _common(group) -> str | None:
+    """What every finding of a healthy row says once its subject is taken out ("mode 0666"), or None where they
+    differ (each names its own numbers)."""
+    texts = {(g.summary.replace(g.subject, "", 1) if g.subject else g.summary).strip(" :") for g in group}
+    return texts.pop() if len(texts) == 1 else None
+
+
 def finding_rows(findings, *, verbose: bool = False, quiet: bool = False, list_hint: str = LIST_HINT) -> list:
     """The rows of the findings table, by layer. Every finding that is not ok is its own row, with its evidence; a
-    healthy check (ok or info) is one row that says how many subjects it covers ("7 nodes: /dev/nvidia0, …"), or with
-    `verbose` one row per subject with its evidence; the deep tier's figures (FIGURES) are each a row. `quiet`: only
-    what is not ok."""
+    healthy check (ok or info) is one row that says how many subjects it covers ("7 nodes: /dev/nvidia0, …", and what
+    they all say where it is the same), or with `verbose` one row per subject with its evidence; information that
+    differs by subject (a value per GPU) and the deep tier's figures (FIGURES) are each a row. `quiet`: only what is
+    not ok."""
     rows = []
     for layer in LAYERS:
         kept = [f for f in findings if f.layer == layer and (f.bad or not quiet)]
@@ -182,14 +191,16 @@ def finding_rows(findings, *, verbose: bool = False, quiet: bool = False, list_h
                 groups[k] = []
                 shown.append(groups[k])
             groups[k].append(f)
+        shown = [x for item in shown for x in (
+            item if isinstance(item, list) and item[0].status == Status.INFO and _common(item) is None else [item])]
         for i, item in enumerate(shown):
             if isinstance(item, list) and len(item) == 1:
                 item = item[0]
             if isinstance(item, list):
-                f, subjects = item[0], [g.subject for g in item]
+                f, subjects, same = item[0], [g.subject for g in item], _common(item)
                 head = ", ".join(line(s) for s in subjects[:3])
-                cell = [(f"{len(item)} {_noun(subjects, len(item))}: {head}"
-                         + (f", … ({list_hint})" if len(item) > 3 else f" ({list_hint})"), "")]
+                cell = [(f"{len(item)} {_noun(subjects)}: {head}" + (", …" if len(item) > 3 else "")
+                         + (f" — {line(same)}" if same else "") + (f" ({list_hint})" if len(item) > 3 else ""), "")]
                 key = line(f.id)
             else:
                 f = item
