@@ -273,6 +273,33 @@ class AuditLog:
 
 # --- the engine ---------------------------------------------------------------------------------
 
+def plan_with(remedies: list[Remedy], facts: dict, ctx: RemedyContext, log=None) -> Plan:
+    """Read-only: ask each remedy for its change (Engine.plan, and check's triage without the engine's logger,
+    whose structlog import check does not pay). A crashing plan() is a refusal, not a crash of the run."""
+    out = Plan()
+    for r in remedies:
+        r.refusal = None
+        try:
+            change = r.plan(facts, ctx)
+        except GpudoctorError as exc:
+            out.refusals.append(Refusal(r.id, exc.one_line()))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one broken remedy must not hide the others
+            out.refusals.append(Refusal(r.id, f"plan failed: {type(exc).__name__}: {exc}"))
+            continue
+        if change is not None:
+            out.changes.append(change)
+            if log is not None:
+                log.info("remedy.planned", remedy=r.id, host=change.host, summary=change.summary)
+        elif r.refusal:
+            out.refusals.append(Refusal(r.id, r.refusal))
+            if log is not None:
+                log.info("remedy.refused", remedy=r.id, reason=r.refusal)
+        else:
+            out.nothing.append(r.id)
+    return out
+
+
 class Engine:
     """Plans with every remedy; applies, verifies and rolls back only when asked."""
 
@@ -287,26 +314,7 @@ class Engine:
 
     def plan(self, facts: dict) -> Plan:
         """Read-only: ask every remedy for its change. A crashing plan() is a refusal, not a crash of the run."""
-        out = Plan()
-        for r in self.remedies:
-            r.refusal = None
-            try:
-                change = r.plan(facts, self.ctx)
-            except GpudoctorError as exc:
-                out.refusals.append(Refusal(r.id, exc.one_line()))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one broken remedy must not hide the others
-                out.refusals.append(Refusal(r.id, f"plan failed: {type(exc).__name__}: {exc}"))
-                continue
-            if change is not None:
-                out.changes.append(change)
-                self.log.info("remedy.planned", remedy=r.id, host=change.host, summary=change.summary)
-            elif r.refusal:
-                out.refusals.append(Refusal(r.id, r.refusal))
-                self.log.info("remedy.refused", remedy=r.id, reason=r.refusal)
-            else:
-                out.nothing.append(r.id)
-        return out
+        return plan_with(self.remedies, facts, self.ctx, self.log)
 
     def apply(self, plan: Plan) -> list[Outcome]:
         """Apply each change under its host's lock, verify it, roll it back if verification fails, log it."""
@@ -555,8 +563,7 @@ def check_triage(d, target=None, *, timeout: float = 10.0) -> Triage:
     ids = [i for i in remedies.REMEDIES if i in named]
     live = target is not None and target.snapshot is None
     hosts = plan_hosts(target, d.facts) if live else {}
-    plan = Engine([remedies.get(i) for i in ids], RemedyContext(hosts=hosts, timeout=timeout)).plan(d.facts) \
-        if ids else Plan()
+    plan = plan_with([remedies.get(i) for i in ids], d.facts, RemedyContext(hosts=hosts, timeout=timeout))
     unjudged = set()
     if not live:  # "no connection to host X": a question only the live host answers
         unjudged = {r.remedy for r in plan.refusals if r.reason.startswith("no connection to host")}
