@@ -241,3 +241,14 @@ def test_other_commands_long_lines_fold_at_a_terminals_width_the_same_way():
     assert " ".join(" ".join(lines).split()) == " ".join(" ".join(piped).split())  # the same words, none split
     _, js = on_pty(80, "checks", "--json")
     assert json.loads(js)[0]["id"] == "host.driver.loaded"
+
+
+def test_checks_triage_costs_a_failing_check_no_logging_import():
+    """check plans its root causes' remedies read-only; it must not pull in the engine's structlog (a fifth of a
+    second on a loaded machine) to do it."""
+    prog = ("import sys\nfrom gpudoctor.cli import main\ntry:\n    main(['check', '--snapshot', sys.argv[1]])\n"
+            "except SystemExit:\n    pass\nprint('MODS', sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('rich', 'structlog')))")
+    r = subprocess.run([sys.executable, "-c", prog, UVM], capture_output=True, text=True, timeout=120)
+    assert "no remedy here: `gpudoctor fix --only devices.node.create` refuses" in r.stdout, r.stderr
+    assert r.stdout.rstrip().splitlines()[-1] == "MODS []"
