@@ -13,9 +13,10 @@ from gpudoctor.options import Count
 
 
 def _console():
+    """The fleet table's rich console: a terminal's width; to a pipe no folding (one host, one line: #41)."""
     from gpudoctor.report import console
 
-    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 10000)
 
 
 def _styled():
