@@ -67,8 +67,8 @@ def console(*, stderr: bool = False, **kw):
 class SafeStream:
     """A text stream wrapper that escapes every non-printable character except newline and tab; to a terminal it
     also folds a line longer than the terminal's width at spaces (never inside a token, docs/cli-rendering.md), so
-    every command's long lines read as the findings' do. A pipe or file gets every line as written; so does JSON (a
-    write that starts with '{' or '[')."""
+    every command's long lines read as the findings' do. A pipe or file gets every line as written; so do JSON (a
+    write that starts with '{' or '[') and a write that ends no line (a prompt, a progress line redrawn in place)."""
 
     def __init__(self, inner):
         self.raw_stream = inner
@@ -103,7 +103,8 @@ class SafeStream:
         if isinstance(s, str):
             s = printable(s, keep_newlines=True)
             width = self._fold_width()
-            if width and s and s.lstrip()[:1] not in ("{", "["):
+            # only whole lines: a write without a newline is a prompt or a line redrawn in place; JSON stays as is
+            if width and "\n" in s and s.lstrip()[:1] not in ("{", "["):
                 s = self._fold(s, max(width, 10))
             if s:
                 self._mid = not s.endswith("\n")
