@@ -308,8 +308,10 @@ def deep_figures(facts):
         if rec.get("error") or res.get("error"):
             notes.append(f"incomplete: {rec.get('error') or res.get('error')}")
         for f in g["figs"]:
-            ev = [figure_line(f), f"{f['test'].get('bytes', 0) >> 20} MiB x{len(f['test'].get('seconds') or [])}, "
-                  f"median; NVML: {sample_words(f['test'].get('samples'))}"] + notes
+            size = f"{f['test']['bytes'] >> 20} MiB " if f["test"].get("bytes") else ""  # a GEMM moves no buffer
+            # the summary already is the figure's sentence: the evidence is how it was measured (#41)
+            ev = [f"{size}median of {len(f['test'].get('seconds') or [])}; NVML: "
+                  f"{sample_words(f['test'].get('samples'))}"] + notes
             if f["floor_source"]:
                 ev.append(f"floor {f['floor']} (healthy {f['healthy']}): {f['floor_source']}")
             data = {k: f.get(k) for k in ("kind", "value", "unit", "limit", "ratio", "ratio_current", "floor",

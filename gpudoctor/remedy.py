@@ -273,6 +273,33 @@ class AuditLog:
 
 # --- the engine ---------------------------------------------------------------------------------
 
+def plan_with(remedies: list[Remedy], facts: dict, ctx: RemedyContext, log=None) -> Plan:
+    """Read-only: ask each remedy for its change (Engine.plan, and check's triage without the engine's logger,
+    whose structlog import check does not pay). A crashing plan() is a refusal, not a crash of the run."""
+    out = Plan()
+    for r in remedies:
+        r.refusal = None
+        try:
+            change = r.plan(facts, ctx)
+        except GpudoctorError as exc:
+            out.refusals.append(Refusal(r.id, exc.one_line()))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one broken remedy must not hide the others
+            out.refusals.append(Refusal(r.id, f"plan failed: {type(exc).__name__}: {exc}"))
+            continue
+        if change is not None:
+            out.changes.append(change)
+            if log is not None:
+                log.info("remedy.planned", remedy=r.id, host=change.host, summary=change.summary)
+        elif r.refusal:
+            out.refusals.append(Refusal(r.id, r.refusal))
+            if log is not None:
+                log.info("remedy.refused", remedy=r.id, reason=r.refusal)
+        else:
+            out.nothing.append(r.id)
+    return out
+
+
 class Engine:
     """Plans with every remedy; applies, verifies and rolls back only when asked."""
 
@@ -287,26 +314,7 @@ class Engine:
 
     def plan(self, facts: dict) -> Plan:
         """Read-only: ask every remedy for its change. A crashing plan() is a refusal, not a crash of the run."""
-        out = Plan()
-        for r in self.remedies:
-            r.refusal = None
-            try:
-                change = r.plan(facts, self.ctx)
-            except GpudoctorError as exc:
-                out.refusals.append(Refusal(r.id, exc.one_line()))
-                continue
-            except Exception as exc:  # noqa: BLE001 - one broken remedy must not hide the others
-                out.refusals.append(Refusal(r.id, f"plan failed: {type(exc).__name__}: {exc}"))
-                continue
-            if change is not None:
-                out.changes.append(change)
-                self.log.info("remedy.planned", remedy=r.id, host=change.host, summary=change.summary)
-            elif r.refusal:
-                out.refusals.append(Refusal(r.id, r.refusal))
-                self.log.info("remedy.refused", remedy=r.id, reason=r.refusal)
-            else:
-                out.nothing.append(r.id)
-        return out
+        return plan_with(self.remedies, facts, self.ctx, self.log)
 
     def apply(self, plan: Plan) -> list[Outcome]:
         """Apply each change under its host's lock, verify it, roll it back if verification fails, log it."""
@@ -434,10 +442,7 @@ def fix(target, remedies: list[Remedy], ctx: RemedyContext, *, apply: bool, fact
             from gpudoctor.errors import CannotJudge
 
             raise CannotJudge(f"{before.host}: no check could judge these facts, so there is nothing to plan from")
-    hosts = {**target.hosts(), **ctx.hosts}
-    px = (facts.get("boundary") or {}).get("proxmox")
-    if px and target.proxmox is not None and target.snapshot is None:
-        hosts.setdefault(px, target.proxmox)  # lxc.cgroup_allow edits under the name the boundary facts give
+    hosts = plan_hosts(target, facts, ctx.hosts)
     ctx.hosts = hosts
     engine = Engine(remedies, ctx, audit_log=audit_log, lock_dir=lock_dir)
     run = FixRun(apply, engine.plan(facts), before, chosen=tuple(r.id for r in remedies))
@@ -464,8 +469,103 @@ def fix(target, remedies: list[Remedy], ctx: RemedyContext, *, apply: bool, fact
 
 def _human_causes(before, plan: Plan, chosen: set[str]) -> list:
     """Failing (or unjudgeable) root causes that no planned change addresses and no left-out remedy would."""
-    addressed = {k for c in plan.changes for k in c.fixes}
-    from gpudoctor.findings import Status as _S
+    t = triage(before, plan, chosen)
+    return [f for f in t.causes if f.status in (Status.FAIL, Status.UNKNOWN) and t.state[f.key] in
+            ("human", "refused", "no_change")]
 
-    return [f for f in before.root_causes if f.status in (_S.FAIL, _S.UNKNOWN) and f.key not in addressed
-            and not (f.remedy and f.remedy not in chosen)]
+
+# --- check and fix: one account of the root causes ----------------------------------------------------------------
+
+@dataclass
+class Triage:
+    """What `gpudoctor fix` does about each root cause of a diagnosis (Diagnosis.root_causes: every bad finding that
+    is no other's symptom): the one account `check` and `fix` both print, so they count root causes the same way and
+    check's remedy line is what fix would do.
+
+    state[key]: planned (a planned change addresses it), refused (its remedy refuses: refused[key] says why),
+    no_change (its remedy planned nothing), left_out (--only left its remedy out), unavailable (named, not in this
+    build), unjudged (only the live host can tell: check of a snapshot), human (no remedy: a person must act)."""
+
+    causes: list = field(default_factory=list)
+    state: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+
+    def of(self, state: str) -> list:
+        return [f for f in self.causes if self.state[f.key] == state]
+
+    @property
+    def human(self) -> list:
+        return self.of("human")
+
+    def refusal_for(self, f) -> str | None:
+        """Why `gpudoctor fix` would not act on root cause `f`, in a clause; None where it would (or cannot tell)."""
+        st = self.state.get(f.key)
+        if st == "refused":
+            return f"`gpudoctor fix --only {f.remedy}` refuses: {self.refused[f.key]}"
+        if st == "no_change":
+            return f"`gpudoctor fix --only {f.remedy}` plans no change for it: a human must act"
+        if st == "unavailable":
+            return f"{f.remedy} is named by the check but not available in this build"
+        return None
+
+    def human_line(self) -> str:
+        """The sentence check and fix both print for the root causes no remedy covers."""
+        keys = [f.key for f in self.human]
+        return (f"no remedy: {len(keys)} of {len(self.causes)} root cause(s) need a human: " + ", ".join(keys[:6])
+                + (" ..." if len(keys) > 6 else ""))
+
+
+def triage(d, plan: Plan, chosen, unjudged=()) -> Triage:
+    """Each root cause of `d` against `plan` (planned with the remedies `chosen`; `unjudged`: remedies whose plan
+    only the live host can make)."""
+    from gpudoctor import remedies
+
+    addressed = {k for c in plan.changes for k in c.fixes}
+    refusals = {r.remedy: r.reason for r in plan.refusals}
+    t = Triage(causes=list(d.root_causes))
+    for f in t.causes:
+        if f.key in addressed:
+            st = "planned"
+        elif not f.remedy:
+            st = "human"
+        elif f.remedy not in remedies.REMEDIES:
+            st = "unavailable"
+        elif f.remedy not in chosen:
+            st = "left_out"
+        elif f.remedy in unjudged:
+            st = "unjudged"
+        elif f.remedy in refusals:
+            st = "refused"
+            t.refused[f.key] = refusals[f.remedy]
+        else:
+            st = "no_change"
+        t.state[f.key] = st
+    return t
+
+
+def plan_hosts(target, facts: dict, extra: dict | None = None) -> dict:
+    """Name -> Host the remedies of a run on `target` may act on: the target under its names, its Proxmox node (also
+    under the name the boundary facts give it)."""
+    hosts = {**target.hosts(), **(extra or {})}
+    px = (facts.get("boundary") or {}).get("proxmox")
+    if px and target.proxmox is not None and target.snapshot is None:
+        hosts.setdefault(px, target.proxmox)  # lxc.cgroup_allow edits under the name the boundary facts give
+    return hosts
+
+
+def check_triage(d, target=None, *, timeout: float = 10.0) -> Triage:
+    """Read-only: the plan `gpudoctor fix` would make on `target` for the remedies `d`'s root causes name, triaged
+    as fix triages it, so `check` prints what fix would do. A snapshot has no live host to plan against: a remedy
+    that must ask the host (not only the facts) is then not judged here (it stays planned, to run on the live host)."""
+    from gpudoctor import remedies
+
+    named = {f.remedy for f in d.root_causes if f.remedy}
+    ids = [i for i in remedies.REMEDIES if i in named]
+    live = target is not None and target.snapshot is None
+    hosts = plan_hosts(target, d.facts) if live else {}
+    plan = plan_with([remedies.get(i) for i in ids], d.facts, RemedyContext(hosts=hosts, timeout=timeout))
+    unjudged = set()
+    if not live:  # "no connection to host X": a question only the live host answers
+        unjudged = {r.remedy for r in plan.refusals if r.reason.startswith("no connection to host")}
+        plan.refusals = [r for r in plan.refusals if r.remedy not in unjudged]
+    return triage(d, plan, tuple(remedies.REMEDIES), unjudged)

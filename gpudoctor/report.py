@@ -64,17 +64,50 @@ def remedy_line(remedy: str, scope: Scope | None = None) -> str:
     return f"remedy: {cmd}   (dry run: shows the diff; add --apply to make the change)"
 
 
-def render(d: Diagnosis, out, verbose: bool = False, host: str | None = None, scope: Scope | None = None) -> None:
-    """Root cause and chain first, then one table per layer, written to `out` (a term.Styled: no rich, whose import
-    alone was a fifth of a check on the H200). `verbose` also lists ok/info evidence. `scope`: what the check looked
-    at, so the remedy line acts on the same thing (`host` alone: Scope(host=))."""
+LIST_HINT = "-a lists them"  # how a reader gets every subject of a healthy row (the CLI's verbose flag)
+# Checks whose findings are figures, not subjects: each is its own row by default (H2D, D2H, device copy, GEMM, P2P,
+# NCCL all-reduce), never counted into one.
+FIGURES = ("fabric.deep.figure", "fabric.nccl.allreduce")
+
+
+def writer(*, stderr: bool = False, color: bool | None = None, width: int | None = None):
+    """The one writer of every findings command (check, gate, fix, daemon --once, lxc audit): a term.Styled. color
+    and width: the CLI's settings (None: decided by the stream, docs/cli-rendering.md)."""
+    from gpudoctor.term import Styled
+
+    return Styled(stderr=stderr, color=color, width=width)
+
+
+def status_word(status: Status) -> tuple[str, str]:
+    """A status as the word every command prints and its style: FAIL in bold red wherever it appears."""
+    return _WORD[status], _STYLE[status]
+
+
+def duration_words(facts: dict) -> str:
+    """" in 0.17 s" of a live check; for a replayed snapshot both: " (recorded in 9.61 s; replayed in 0.20 s)"."""
+    meta = facts.get("meta") or {}
+    t = (meta.get("timings") or {}).get("total")
+    if meta.get("replayed_from") is not None:
+        t = (meta.get("recorded_timings") or {}).get("total")
+        r = (meta.get("replay_timings") or {}).get("total")
+        parts = ([f"recorded in {t:.2f} s"] if isinstance(t, (int, float)) else []) + \
+                ([f"replayed in {r:.2f} s"] if isinstance(r, (int, float)) else [])
+        return f" ({'; '.join(parts)})" if parts else ""
+    return f" in {t:.2f} s" if isinstance(t, (int, float)) else ""
+
+
+def render(d: Diagnosis, out, verbose: bool = False, host: str | None = None, scope: Scope | None = None, *,
+           quiet: bool = False, triage=None, list_hint: str = LIST_HINT) -> None:
+    """Root cause and chain first, then the findings table, written to `out` (a term.Styled: no rich, whose import
+    alone was a fifth of a check on the H200). `verbose` lists every subject of a healthy row with its evidence;
+    `quiet` shows only what is not ok, plus the verdict. `scope`: what the check looked at, so the remedy line acts
+    on the same thing (`host` alone: Scope(host=)). `triage`: what `gpudoctor fix` would do about each root cause
+    (gpudoctor.remedy.triage): the remedy line is printed only where fix would act, else why it cannot."""
     scope = scope or Scope(host=host)
 
     verdict = d.verdict
-    t = d.facts.get("meta", {}).get("timings", {}).get("total")
-    took = f" in {t:.2f} s" if isinstance(t, (int, float)) else ""
-    out.print(("gpudoctor check", "bold"), f" {line(d.host)}: ", (_WORD[verdict], _STYLE[verdict]),
-              f" (exit {d.exit_code}){took}")
+    took = duration_words(d.facts)
+    out.print(("gpudoctor check", "bold"), f" {line(d.host)}: ", status_word(verdict), f" (exit {d.exit_code}){took}")
     if not getattr(d, "judged", True):
         out.print("no check could judge this host: every finding is unknown or there are none (exit 3)")
     rc = d.root_cause
@@ -83,75 +116,163 @@ def render(d: Diagnosis, out, verbose: bool = False, host: str | None = None, sc
         outside = ""
         if d.only_layers and rc.layer not in d.only_layers:
             outside = f" (layer {rc.layer}, outside --only {','.join(d.only_layers)})"
-        out.print(("Root cause", _STYLE[rc.status]), " ", (line(rc.key), "bold"), f"{line(outside)}: {line(rc.summary)}")
-        for e in rc.evidence:
-            out.print(f"    evidence: {line(e)}")
-        if rc.hint:
-            out.print(f"    fix: {line(rc.hint)}")
+        cause_block(out, rc, ("Root cause", _STYLE[rc.status]), note=outside, evidence=None)
         if rc.remedy:
-            out.print(f"    {line(remedy_line(rc.remedy, scope))}", wrap_lines=False)  # one line to copy
+            remedy_block(out, rc, scope, triage)
         if len(d.chain) > 1:
             out.print("    chain: " + line(" → ".join(d.chain)))
         if len(d.root_causes) > 1:
-            out.print("    also: " + line(", ".join(f.key for f in d.root_causes[1:])))
+            others = d.root_causes[1:]
+            out.print(f"    also: {len(others)} other root cause(s): " + line(", ".join(f.key for f in others)))
+        if triage is not None and triage.human:
+            out.print(f"    {triage.human_line()}")
         others = [f.key for f in d.outside if f is not rc]
         if others:
             out.print("    outside the filter: " + line(", ".join(others)) + " (findings shown are their symptoms)")
-    out.print()
+    rows = finding_rows(d.findings, verbose=verbose, quiet=quiet, list_hint=list_hint)
+    if rows:
+        out.print()
+        findings_table(out, rows)
+
+
+def cause_block(out, f, head, *, lead: str = "", indent: str = "    ", note: str = "",
+                evidence: int | None = 3) -> None:
+    """One finding as a block: `head` (a word and its style) KEY: summary, then its evidence and fix, indented. The
+    root cause of `check` and of `lxc audit`, each root cause of `daemon --once`."""
+    out.print(lead, head, " ", (line(f.key), "bold"), f"{line(note)}: {line(f.summary)}")
+    for e in f.evidence[:evidence]:
+        out.print(f"{indent}evidence: {line(e)}")
+    if f.hint:
+        out.print(f"{indent}fix: {line(f.hint)}")
+
+
+def remedy_block(out, f, scope: Scope, triage=None) -> None:
+    """The remedy line of a root cause: the command fix would run (one line to copy), or why fix cannot act."""
+    why = triage.refusal_for(f) if triage is not None else None
+    if why is None:
+        out.print(f"    {line(remedy_line(f.remedy, scope))}", wrap_lines=False)  # one line to copy
+    else:
+        out.print(f"    no remedy here: {line(why)}")
+
+
+def _noun(subjects: list[str]) -> str:
+    """What a healthy row's subjects are, in a word: "5 nodes", "8 GPUs", else "subjects"."""
+    if all(s.startswith("/dev/") for s in subjects):
+        return "nodes"
+    if all(s.startswith("GPU ") for s in subjects):
+        return "GPUs"
+    return "subjects"
+
+
+def _common(group) -> str | None:
+    """What every finding of a healthy row says once its subject is taken out ("mode 0666"), or None where they
+    differ (each names its own numbers)."""
+    texts = {(g.summary.replace(g.subject, "", 1) if g.subject else g.summary).strip(" :") for g in group}
+    return texts.pop() if len(texts) == 1 else None
+
+
+def finding_rows(findings, *, verbose: bool = False, quiet: bool = False, list_hint: str = LIST_HINT) -> list:
+    """The rows of the findings table, by layer. Every finding that is not ok is its own row, with its evidence; a
+    healthy check (ok or info) is one row that says how many subjects it covers ("7 nodes: /dev/nvidia0, …", and what
+    they all say where it is the same), or with `verbose` one row per subject with its evidence; information that
+    differs by subject (a value per GPU) and the deep tier's figures (FIGURES) are each a row. `quiet`: only what is
+    not ok."""
     rows = []
     for layer in LAYERS:
-        kept = [f for f in d.findings if f.layer == layer]
-        if not verbose:
-            # keep one ok line per check id so the reader sees what was verified
-            seen, shown = set(), []
-            for f in kept:
-                if f.bad or f.id not in seen:
-                    shown.append(f)
-                seen.add(f.id)
-            kept = shown
-        for i, f in enumerate(kept):
-            cell = [(line(f.summary), "")]
-            if f.blocked_by:
-                cell.append((f" (symptom of {line(f.blocked_by)})", "dim"))
-            if verbose or f.bad:
-                cell += [("\n" + line(e), "dim") for e in f.evidence[:3]]
-            rows.append((layer if i == 0 else "", (_WORD[f.status], _STYLE[f.status]), line(f.key), cell))
-    findings_table(out, rows)
+        kept = [f for f in findings if f.layer == layer and (f.bad or not quiet)]
+        shown: list = []  # a finding, or a list of healthy findings of one check and status
+        groups: dict = {}
+        for f in kept:
+            if verbose or f.bad or f.id in FIGURES or f.subject is None:
+                shown.append(f)
+                continue
+            k = (f.id, f.status)
+            if k not in groups:
+                groups[k] = []
+                shown.append(groups[k])
+            groups[k].append(f)
+        shown = [x for item in shown for x in (
+            item if isinstance(item, list) and item[0].status == Status.INFO and _common(item) is None else [item])]
+        for i, item in enumerate(shown):
+            if isinstance(item, list) and len(item) == 1:
+                item = item[0]
+            if isinstance(item, list):
+                f, subjects, same = item[0], [g.subject for g in item], _common(item)
+                head = ", ".join(line(s) for s in subjects[:3])
+                cell = [(f"{len(item)} {_noun(subjects)}: {head}" + (", …" if len(item) > 3 else "")
+                         + (f" — {line(same)}" if same else "") + (f" ({list_hint})" if len(item) > 3 else ""), "")]
+                key = line(f.id)
+            else:
+                f = item
+                cell = [(line(f.summary), "")]
+                if f.blocked_by:
+                    cell.append((f" (symptom of {line(f.blocked_by)})", "dim"))
+                if verbose or f.bad:
+                    cell += [("\n" + line(e), "dim") for e in f.evidence[:3]]
+                key = line(f.key)
+            rows.append((layer if i == 0 else "", status_word(f.status), key, cell))
+    return rows
 
 
 _GAP = 2  # spaces between columns
 
 
-def findings_table(out, rows) -> None:
+def findings_table(out, rows, heads=("layer", "status", "check")) -> None:
     """The findings table: layer, status, check, finding, one row per finding (a finding's evidence on the lines
-    under it). The first three columns are as wide as their longest cell, the finding column takes the rest of the
-    width and folds there; where that leaves it narrower than 30 cells, the check column folds too. (rich's Table
-    did this by measuring and wrapping every cell twice: 18-27 ms of a 0.25 s check on an H200, 2026-12-04.)
-    `rows`: (layer, (word, style), key, [(text, style), ...]) with every value printable (one line each; a cell's
-    own newlines start its evidence lines). `out`: a term.Styled."""
+    under it). The first three columns are as wide as their longest cell, the finding column takes the rest of a
+    terminal's width and folds there, at spaces only; where that leaves it narrower than 30 cells, the check column
+    narrows too and a longer key is printed whole, its finding starting on the line below. To a pipe or file nothing
+    folds: each finding is one line (`grep CHECK_ID`). (rich's Table measured and wrapped every cell twice: 18-27 ms
+    of a 0.25 s check on an H200, 2026-12-04.) `rows`: (layer, (word, style), key, [(text, style), ...]) with every
+    value printable (one line each; a cell's own newlines start its evidence lines). `out`: a term.Styled."""
     from gpudoctor.term import cell_len, wrap
 
-    heads = ("layer", "status", "check")
     w = [max([len(heads[0])] + [cell_len(r[0]) for r in rows]), max([len(heads[1])] + [len(r[1][0]) for r in rows]),
          max([len(heads[2])] + [cell_len(r[2]) for r in rows])]
-    fw = out.width - sum(w) - 3 * _GAP
+    width = out.width or (1 << 30)
+    fw = width - sum(w) - 3 * _GAP
     if fw < 30:
         w[2] = max(len(heads[2]), w[2] - (30 - fw))
-        fw = max(out.width - sum(w) - 3 * _GAP, 10)
+        fw = max(width - sum(w) - 3 * _GAP, 10)
     gap = " " * _GAP
     text = [out.styled([(f"{heads[0]:<{w[0]}}{gap}{heads[1]:<{w[1]}}{gap}{heads[2]:<{w[2]}}{gap}finding", "bold")])]
+    pad = " " * (w[0] + w[1] + w[2] + 3 * _GAP)
     for layer, (word, style), key, cell in rows:
-        checks = wrap([(key, "")], w[2])
         lines = wrap(cell, fw)
-        for i in range(max(len(checks), len(lines))):
-            c = "".join(t for t, _ in checks[i]) if i < len(checks) else ""
-            segs = [(f"{layer if i == 0 else '':<{w[0]}}{gap}", ""),
-                    (f"{word:<{w[1]}}", style) if i == 0 else (" " * w[1], ""), (gap + c, "")]
-            if i < len(lines):
-                segs.append((" " * (w[2] - cell_len(c)) + gap, ""))
-                segs += lines[i]
-            text.append(out.styled(segs))
+        head = [(f"{layer:<{w[0]}}{gap}", ""), (f"{word:<{w[1]}}", style), (gap + key, "")]
+        if cell_len(key) > w[2]:  # a key wider than its column stays whole; its finding starts below
+            text.append(out.styled(head))
+            text += [out.styled([(pad, "")] + ln) for ln in lines if ln]
+            continue
+        for i, ln in enumerate(lines):
+            segs = head + [(" " * (w[2] - cell_len(key)) + gap, "")] if i == 0 else [(pad, "")]
+            text.append(out.styled(segs + ln))
     out.write("\n".join(text) + "\n")
+
+
+# The leading words of the line renderers (gate, fix) and their styles: the same colours as the table's statuses.
+_LEAD = {"ROLLBACK FAILED": _STYLE[Status.FAIL], "ROLLED BACK": _STYLE[Status.FAIL], "NOT FIXED": _STYLE[Status.FAIL],
+         "NO REMEDY": _STYLE[Status.FAIL], "REFUSED": _STYLE[Status.FAIL], "FAILED": _STYLE[Status.FAIL],
+         "BLOCK": _STYLE[Status.FAIL], "FAIL": _STYLE[Status.FAIL], "UNKNOWN": _STYLE[Status.UNKNOWN],
+         "WARN": _STYLE[Status.WARN], "APPLIED": _STYLE[Status.OK], "UNCHANGED": _STYLE[Status.OK], "PLAN": "bold"}
+# fix's lines that are not prose: a diff, a command to copy; they never fold
+_PROSE = ("risk ", "not touching:", "root cause:", "still bad:", "restart", "not restarted:", "backup:")
+
+
+def emit(out, text: str, *, fold: bool = True) -> None:
+    """One line of a line renderer (gate_lines, fix_plan_lines, ...) through `out` (a term.Styled): its leading
+    status word (BLOCK, FAIL, REFUSED, ...) coloured as everywhere, folded on a terminal unless `fold` is False."""
+    for word, style in _LEAD.items():
+        if text.startswith(word) and text[len(word):len(word) + 1] in ("", " ", ":"):
+            out.print((word, style), text[len(word):], wrap_lines=fold)
+            return
+    out.print(text, wrap_lines=fold)
+
+
+def emit_fix_lines(out, lines: list[str]) -> None:
+    """fix's plan or result lines: prose folds on a terminal; a diff line or a command stays one line."""
+    for text in lines:
+        emit(out, text, fold=not text.startswith("      ") or text.lstrip().startswith(_PROSE))
 
 
 def _each_line_printable(fn):
@@ -199,6 +320,7 @@ def fix_plan_lines(run) -> list[str]:
 def _unremedied_lines(run) -> list[str]:
     """The bad findings this run does not act on, and why: no remedy exists, or --only left it out."""
     from gpudoctor import remedies
+    from gpudoctor.remedy import triage
 
     d, lines = run.before, []
     for rid in sorted({f.remedy for f in d.findings if f.bad and f.remedy and f.remedy not in remedies.REMEDIES}):
@@ -207,10 +329,9 @@ def _unremedied_lines(run) -> list[str]:
                        and f.remedy not in run.chosen})
     if left_out:
         lines.append(f"left out by --only: {', '.join(left_out)}")
-    human = [f for f in d.findings if f.bad and not f.blocked_by and not f.remedy]
-    if human:
-        lines.append(f"no remedy: {len(human)} other root cause(s) need a human (gpudoctor check): "
-                     + ", ".join(f.key for f in human[:6]) + (" ..." if len(human) > 6 else ""))
+    t = triage(d, run.plan, run.chosen)  # the account `check` prints too
+    if t.human:
+        lines.append(t.human_line())
     for f in run.human:
         if f.remedy:
             lines.append(f"NOT FIXED  {f.key}: {f.remedy} planned no change; a human must act: {f.summary}")
@@ -272,26 +393,22 @@ def fix_json(run) -> str:
 
 # --- the daemon (`gpudoctor daemon --once`) ---------------------------------------------------------------------
 
-@_each_line_printable
-def daemon_cycle_lines(found: dict) -> list[str]:
-    """One cycle of the daemon, per host: its verdict, what it found (root causes with evidence), what it did."""
-    lines = []
+def daemon_cycle(out, found: dict) -> None:
+    """One cycle of the daemon, per host: its verdict, what it found (each root cause as check's root cause block),
+    what it did. `out`: a term.Styled."""
     for name, r in found.items():
-        lines.append(f"{name}: {r['verdict'].upper()}" + (f": {r['error']}" if r.get("error") else ""))
+        v = r["verdict"]
+        style = _STYLE.get(Status(v), "") if v in {s.value for s in Status} else _STYLE[Status.UNKNOWN]
+        out.print(f"{line(name)}: ", (v.upper(), style), f": {line(r['error'])}" if r.get("error") else "")
         for f in r.get("root_causes") or []:
-            lines.append(f"  {_WORD[f.status]:7} {f.key}: {f.summary}")
-            for e in f.evidence[:3]:
-                lines.append(f"          {e}")
-            if f.hint:
-                lines.append(f"          fix: {f.hint}")
+            cause_block(out, f, status_word(f.status), lead="  ", indent="      ")
         for remedy, what in r.get("actions") or []:
-            lines.append(f"  remedy {remedy}: {what}")
+            out.print(f"  remedy {line(remedy)}: {line(what)}")
         if r.get("verification"):
-            lines.append(f"  verification {r['verification']}")
+            out.print(f"  verification {line(r['verification'])}")
         lad = r.get("ladder")
         if lad is not None:
-            lines.append(f"  recovery: {lad.state}" + (f" ({lad.reason})" if lad.reason else ""))
-    return lines
+            out.print(f"  recovery: {line(lad.state)}" + (f" ({line(lad.reason)})" if lad.reason else ""))
 
 
 # --- `gpudoctor lxc audit` --------------------------------------------------------------------------------------
@@ -299,16 +416,19 @@ def daemon_cycle_lines(found: dict) -> list[str]:
 _ORDER = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Status.INFO: 4}
 
 
-def lxc_audit_lines(d: Diagnosis, inp) -> list[str]:
-    """The container's verdict, then every boundary finding worst first, with evidence and fix for the bad ones."""
-    lines = [f"{inp.label} ({inp.cfg.path}): {d.verdict.value.upper()}"]
-    for f in sorted(d.findings, key=lambda f: _ORDER[f.status]):
-        lines.append(f"{f.status.value.upper():7} {f.id}  {f.summary}")
-        if f.bad:
-            lines.extend(f"        {e}" for e in f.evidence)
-            if f.hint:
-                lines.append(f"        fix: {f.hint}")
-    return lines
+def lxc_audit(out, d: Diagnosis, inp, *, verbose: bool = False, quiet: bool = False,
+              list_hint: str = LIST_HINT) -> None:
+    """The container's verdict, each root cause as check prints it (with its fix; its evidence is in the table),
+    then the boundary findings in check's table, worst first. `out`: a term.Styled."""
+    out.print(f"{line(inp.label)} ({line(inp.cfg.path)}): ", status_word(d.verdict) if d.verdict != Status.OK
+              else ("OK", _STYLE[Status.OK]))
+    for f in d.root_causes:
+        cause_block(out, f, status_word(f.status), evidence=0)
+    rows = finding_rows(sorted(d.findings, key=lambda f: _ORDER[f.status]), verbose=verbose, quiet=quiet,
+                        list_hint=list_hint)
+    if rows:
+        out.print()
+        findings_table(out, rows)
 
 
 def lxc_audit_json(d: Diagnosis, inp) -> str:

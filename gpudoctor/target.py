@@ -247,7 +247,11 @@ def _snapshot_facts(doc: dict, ctx: GatherContext) -> dict:
     answers = Answers(doc["transcript"])
     facts = gather(ReplayHost(name=rctx.name, transcript=answers), rctx)
     answers.require_hits(doc)  # a transcript that answered nothing is not "no driver": it cannot be judged
-    facts["meta"]["timings"] = (doc.get("facts") or {}).get("meta", {}).get("timings", facts["meta"]["timings"])
+    recorded = ((doc.get("facts") or {}).get("meta") or {}).get("timings")
+    facts["meta"]["replay_timings"] = facts["meta"]["timings"]  # this replay's own
+    if isinstance(recorded, dict):
+        facts["meta"]["recorded_timings"] = recorded
+    facts["meta"]["timings"] = recorded if isinstance(recorded, dict) else facts["meta"]["timings"]
     facts["meta"]["replayed_from"] = doc.get("created")
     return facts
 

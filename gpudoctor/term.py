@@ -7,7 +7,7 @@ overrides. Every character that is not printable is shown as a Python-style esca
     printable(s)              a value as one line: newlines and tabs escaped too (use for every interpolated value)
     markup(s)                 printable() and rich-markup escaped, for text given to rich
     console(stderr=False)     a rich Console whose every string is made printable (newlines kept) before rendering
-    Styled(...)               the light writer of check's text report: styled segments, folded lines, no rich
+    Styled(...)               the writer of every findings command (no rich): styled segments, folded on a terminal
     RawWriter(safe)           what that Console writes to: the raw stream, a closed pipe still told to `safe`
     SafeStream(stream)        what cli.main puts on sys.stdout/sys.stderr: every write keeps only \\n and \\t
 
@@ -65,14 +65,49 @@ def console(*, stderr: bool = False, **kw):
 
 
 class SafeStream:
-    """A text stream wrapper that escapes every non-printable character except newline and tab."""
+    """A text stream wrapper that escapes every non-printable character except newline and tab; to a terminal it
+    also folds a line longer than the terminal's width at spaces (never inside a token, docs/cli-rendering.md), so
+    every command's long lines read as the findings' do. A pipe or file gets every line as written; so do JSON (a
+    write that starts with '{' or '[') and a write that ends no line (a prompt, a progress line redrawn in place)."""
 
     def __init__(self, inner):
         self.raw_stream = inner
+        self._width: int | None = -1  # -1: not decided yet; None: never fold
+        self._mid = False  # the last write ended inside a line
+
+    def _fold_width(self) -> int | None:
+        if self._width == -1:
+            import os
+
+            self._width = None
+            try:
+                if self.raw_stream.isatty():
+                    cols = os.environ.get("COLUMNS", "")
+                    self._width = int(cols) if cols.isdigit() and int(cols) > 0 else \
+                        (os.get_terminal_size(self.raw_stream.fileno()).columns or 80)
+            except (AttributeError, ValueError, OSError):
+                self._width = None
+        return self._width
+
+    def _fold(self, s: str, width: int) -> str:
+        out = []
+        for n, part in enumerate(s.split("\n")):
+            if (n == 0 and self._mid) or cell_len(part) <= width:
+                out.append(part)
+                continue
+            hang = len(part) - len(part.lstrip(" ")) + 4
+            out.append("\n".join("".join(t for t, _ in ln) for ln in wrap([(part, "")], width, hang)))
+        return "\n".join(out)
 
     def write(self, s) -> int:
         if isinstance(s, str):
             s = printable(s, keep_newlines=True)
+            width = self._fold_width()
+            # only whole lines: a write without a newline is a prompt or a line redrawn in place; JSON stays as is
+            if width and "\n" in s and s.lstrip()[:1] not in ("{", "["):
+                s = self._fold(s, max(width, 10))
+            if s:
+                self._mid = not s.endswith("\n")
         return self.raw_stream.write(s)
 
     def writelines(self, lines) -> None:
@@ -129,24 +164,11 @@ def cell_len(s: str) -> int:
     return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
 
 
-def _cut(word: str, room: int) -> int:
-    """How many characters of `word` fit in `room` cells (at least one)."""
-    if word.isascii():
-        return max(1, room)
-    n = used = 0
-    for c in word:
-        w = cell_len(c)
-        if used + w > room and n:
-            break
-        used += w
-        n += 1
-    return n
-
-
-def fold(text: str, width: int) -> list[tuple[int, int]]:
-    """Where one line of `text` breaks to fit `width` cells: (start, end) spans of it, broken at spaces where it can
-    and inside a word longer than the width where it must; the spaces at a break are dropped (a first line keeps
-    its indent)."""
+def fold(text: str, width: int, hang: int = 0) -> list[tuple[int, int]]:
+    """Where one line of `text` breaks to fit `width` cells: (start, end) spans of it, broken at spaces only. A token
+    (an id, a path, a number: anything without a space) is never split: one longer than the width stays whole on a
+    line of its own, wider than the width. The spaces at a break are dropped (a first line keeps its indent);
+    `hang`: the cells a caller puts before each continuation line."""
     width = max(width, 1)
     if cell_len(text) <= width:
         return [(0, len(text.rstrip(" ")))]
@@ -161,39 +183,25 @@ def fold(text: str, width: int) -> list[tuple[int, int]]:
         k = j
         while k < n and text[k] != " ":
             k += 1
-        gap, word = j - i, text[j:k]
-        if worded and used + gap + cell_len(word) > width:  # the word starts the next line
+        if j == k:  # trailing spaces
+            break
+        gap, w = j - i, cell_len(text[j:k])
+        if worded and used + gap + w > width:  # the word starts the next line
             spans.append((start, end))
-            start, used, worded, gap = j, 0, False, 0
+            start, used, gap = j, hang, 0
         elif not worded and spans:  # a continuation line does not start with spaces
             start, gap = j, 0
-        used += gap
-        end = j
-        while word:
-            room = width - used
-            w = cell_len(word)
-            if w <= room:
-                used += w
-                end += len(word)
-                worded = True
-                break
-            if worded:  # the word alone on the next line
-                spans.append((start, end))
-                start, used, worded = end, 0, False
-                continue
-            m = _cut(word, max(room, 1))  # longer than a line: folded inside
-            spans.append((start, end + m))
-            end += m
-            start, used, word = end, 0, word[m:]
-        i = k
+        used += gap + w
+        end, worded, i = k, True, k
     if worded or not spans:
         spans.append((start, end))
     return spans
 
 
-def wrap(segments, width: int) -> list[list[tuple[str, str]]]:
-    """Styled segments [(text, style)] (their text printable, newlines allowed) as lines of at most `width` cells,
-    each a list of segments; a newline starts a new line."""
+def wrap(segments, width: int, hang: int = 0) -> list[list[tuple[str, str]]]:
+    """Styled segments [(text, style)] (their text printable, newlines allowed) as lines of at most `width` cells
+    (a token longer than that stays whole), each a list of segments; a newline starts a new line. `hang`: spaces
+    before each continuation line of a folded line."""
     lines: list[list[tuple[str, str]]] = []
     para: list[tuple[str, str]] = []
     paras = [para]
@@ -207,8 +215,8 @@ def wrap(segments, width: int) -> list[list[tuple[str, str]]]:
                 para.append((part, style))
     for para in paras:
         plain = "".join(t for t, _ in para)
-        for a, b in fold(plain, width):
-            line, pos = [], 0
+        for n, (a, b) in enumerate(fold(plain, width, hang)):
+            line, pos = ([(" " * hang, "")] if n and hang else []), 0
             for t, st in para:
                 lo, hi = max(a - pos, 0), min(b - pos, len(t))
                 if lo < hi:
@@ -219,14 +227,19 @@ def wrap(segments, width: int) -> list[list[tuple[str, str]]]:
 
 
 class Styled:
-    """The writer of check's text report (report.render): segments of text with a style ("bold", "dim", "bold red",
-    ...), folded to the width, styles as ANSI codes only on a colour terminal. Without rich: importing rich.console
-    was 72 ms on the H200, more than a fifth of a whole check (docs/h200/check_latency-2026-12-04.txt). As console()
-    does: every text is made printable (newlines kept), and it writes beneath cli.main's SafeStream (RawWriter), so
+    """The writer of every findings command's text (report.py: check, gate, fix, daemon --once, lxc audit): segments
+    of text with a style ("bold", "dim", "bold red", ...), folded to a terminal's width, styles as ANSI codes only
+    on a colour terminal. Without rich: importing rich.console was 72 ms on the H200, more than a fifth of a whole
+    check (docs/h200/check_latency-2026-12-04.txt). As console() does: every text is made printable (newlines kept), and it writes beneath cli.main's SafeStream (RawWriter), so
     its own colour codes pass and a closed pipe still ends the command with 141.
 
-    width: cells per line (default: $COLUMNS, else the terminal's, else 80); color: None decides as rich does
-    (FORCE_COLOR set: yes; NO_COLOR set or TERM dumb: no; else whether the stream is a terminal)."""
+    The one rule for every command's findings (docs/cli-rendering.md): to a terminal, lines fold at its width, at
+    spaces only (a token is never split); to a pipe or file, nothing folds: one line stays one line, so `grep ID`
+    finds it whole.
+
+    width: cells per line; None: on a terminal $COLUMNS, else the terminal's width; to a pipe or file no folding
+    (self.width is None). color: None decides as rich does (FORCE_COLOR set: yes; NO_COLOR set or TERM dumb: no;
+    else whether the stream is a terminal)."""
 
     def __init__(self, file=None, *, stderr: bool = False, width: int | None = None, color: bool | None = None):
         import os
@@ -235,27 +248,28 @@ class Styled:
         stream = file if file is not None else (sys.stderr if stderr else sys.stdout)
         self.file = RawWriter(stream) if isinstance(stream, SafeStream) else stream
         env = os.environ
+        try:
+            tty = bool(stream.isatty())
+        except (AttributeError, ValueError):
+            tty = False
         if color is None:
             if env.get("FORCE_COLOR"):
                 color = True
             elif env.get("NO_COLOR") or env.get("TERM", "").lower() in ("dumb", "unknown"):
                 color = False
             else:
-                try:
-                    color = stream.isatty()
-                except (AttributeError, ValueError):
-                    color = False
+                color = tty
         self.color = bool(color)
-        if width is None:
+        if width is None and tty:
             cols = env.get("COLUMNS", "")
             if cols.isdigit() and int(cols) > 0:
                 width = int(cols)
             else:
                 try:
-                    width = os.get_terminal_size(stream.fileno()).columns
+                    width = os.get_terminal_size(stream.fileno()).columns or 80  # a pty nobody sized says 0
                 except (AttributeError, ValueError, OSError):
                     width = 80
-        self.width = max(int(width), 10)
+        self.width = None if width is None else max(int(width), 10)
 
     def styled(self, segments) -> str:
         """One line's segments as text, with their styles' ANSI codes on a colour terminal."""
@@ -267,12 +281,17 @@ class Styled:
             out.append(f"\x1b[{codes}m{t}\x1b[0m" if codes and t else t)
         return "".join(out)
 
-    def print(self, *parts, wrap_lines: bool = True) -> None:
-        """One line (or, folded, several) of `parts`: each a text or (text, style). wrap_lines=False: as one line
-        whatever its length (a command to copy)."""
+    def print(self, *parts, wrap_lines: bool = True, hang: int | None = None) -> None:
+        """One line (on a terminal folded into several) of `parts`: each a text or (text, style). wrap_lines=False:
+        as one line whatever its length (a command to copy). `hang`: the indent of continuation lines (default: the
+        line's own indent plus four)."""
         segs = [(printable(p, keep_newlines=True), "") if isinstance(p, str)
                 else (printable(p[0], keep_newlines=True), p[1] or "") for p in parts]
-        lines = wrap(segs, self.width if wrap_lines else 1 << 30)
+        if hang is None:
+            first = "".join(t for t, _ in segs)
+            hang = len(first) - len(first.lstrip(" ")) + 4
+        width = self.width if wrap_lines and self.width else 1 << 30
+        lines = wrap(segs, width, hang if width < (1 << 30) else 0)
         self.write("".join(self.styled(ln) + "\n" for ln in lines))
 
     def write(self, text: str) -> None:

@@ -14,16 +14,17 @@ from gpudoctor.options import Count
 
 
 def _console():
+    """The fleet table's rich console: a terminal's width; to a pipe no folding (one host, one line: #41)."""
     from gpudoctor.report import console
 
-    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    return console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 10000)
 
 
 def _styled():
-    """The writer of check's text report (no rich): the terminal's width, else 120 columns."""
-    from gpudoctor.term import Styled
+    """The writer of check's text report (no rich): a terminal's width; to a pipe, one line per finding."""
+    from gpudoctor.report import writer
 
-    return Styled(width=None if sys.stdout.isatty() else 120)
+    return writer()
 
 
 def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path=None, deep=False,
@@ -131,6 +132,11 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
     with open_check_target(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, deep,
                            deep_python, units=units, deep_force=deep_force) as target:
         d = check_host(target, set(only) or None)
+        triage = None
+        if not as_json and any(f.remedy for f in d.root_causes):  # what fix would do, asked while connected
+            from gpudoctor.remedy import check_triage
+
+            triage = check_triage(d, target, timeout=timeout)
     facts = d.facts
     if prom_path:
         import time
@@ -152,7 +158,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
                       units=tuple(ctx.units if snapshot_path else units),
                       models=tuple(ctx.model_paths if snapshot_path else models),
                       snapshot_of=d.host if snapshot_path else None)
-        render(d, _styled(), verbose=show_all, scope=scope)
+        render(d, _styled(), verbose=show_all, scope=scope, triage=triage)
     raise SystemExit(d.exit_code)
 
 
@@ -204,8 +210,8 @@ def _explain(check_id: str, as_json: bool = False) -> int:
     from gpudoctor.checkreg import all_checks
 
     specs = {c.id: c for c in all_checks()}
-    if check_id not in specs and "[" in check_id:  # the key as the table prints it: id[subject]
-        check_id = check_id.split("[", 1)[0]
+    if check_id not in specs and check_id.endswith("]") and "[" in check_id:
+        check_id = check_id.split("[", 1)[0]  # the key as the table prints it: ID[SUBJECT]
     if check_id not in specs:
         near = [i for i in specs if check_id.split(".")[0] in i]
         raise InputError(f"unknown check id {check_id!r}" + (f"; did you mean one of: {', '.join(near[:6])}" if near else

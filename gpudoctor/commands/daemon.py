@@ -131,10 +131,9 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     d.load()
     if once:
         code = d.run_once()
-        from gpudoctor.report import daemon_cycle_lines
+        from gpudoctor.report import daemon_cycle, writer
 
-        for line in daemon_cycle_lines(d.found):
-            click.echo(line)
+        daemon_cycle(writer(), d.found)
         raise SystemExit(code)
     server = MetricsServer(metrics_addr, metrics, d.health) if serve else None
     d.install_signals()

@@ -49,7 +49,8 @@ def run_fix(target, remedies, *, apply, as_json, yes=True, backup_dir, audit_log
     from gpudoctor.remedy import fix as fix_flow
 
     rctx = RemedyContext(backup_dir=backup_dir, reboot=reboot, timeout=timeout, options=options or {})
-    show = None if as_json else (lambda run: click.echo("\n".join(report.fix_plan_lines(run))))
+    out = None if as_json else report.writer()
+    show = None if as_json else (lambda run: report.emit_fix_lines(out, report.fix_plan_lines(run)))
     run = fix_flow(target, remedies, rctx, apply=apply, facts=facts, on_plan=show, audit_log=AuditLog(audit_log),
                    lock_dir=lock_dir, confirm=lambda plan: _confirm(plan, yes))
     if run.declined:
@@ -57,9 +58,7 @@ def run_fix(target, remedies, *, apply, as_json, yes=True, backup_dir, audit_log
     elif as_json:
         click.echo(report.fix_json(run))
     else:
-        lines = report.fix_result_lines(run)
-        if lines:
-            click.echo("\n".join(lines))
+        report.emit_fix_lines(out, report.fix_result_lines(run))
     return run.exit_code
 
 

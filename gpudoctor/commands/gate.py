@@ -86,10 +86,11 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
             doc["slurm"] = action.to_json()
         click.echo(json.dumps(doc, indent=2))
     else:
-        from gpudoctor.report import gate_lines
+        from gpudoctor.report import emit, gate_lines, writer
 
+        out, err_out = writer(), writer(stderr=True)
         for line, err in gate_lines(result, action, verdict):
-            click.echo(line, err=err)
+            emit(err_out if err else out, line)
     raise SystemExit(result.exit_code)
 
 

@@ -173,8 +173,11 @@ def host_options(f):
               help="The host's cgroup layout (default: read from its mount table with VMID or --host; unified for a "
                    "--config file). On hybrid/legacy hosts LXC ignores lxc.cgroup2 rules and applies lxc.cgroup.*.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
+@click.option("--verbose-findings", "-a", "show_all", is_flag=True,
+              help="List every subject of a healthy check, with its evidence (as `check -a`).")
 @host_options
-def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json, host_name, inventory):
+def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json, host_name, inventory,
+          show_all=False):
     """Check that every /dev/nvidia* node the container is given is allowed by its LIVE config section.
 
     For each node from lxc.mount.entry and devN: lines it looks up the node's live major in the host's
@@ -206,7 +209,10 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
         facts = _facts(vmid, config_path, devices_path, running_path, cgroup_layout)
     d = diagnose(facts, {"boundary"})  # the registered boundary checks, nothing else
     inp = input_from_facts(facts["boundary"])
-    click.echo(report.lxc_audit_json(d, inp) if as_json else "\n".join(report.lxc_audit_lines(d, inp)))
+    if as_json:
+        click.echo(report.lxc_audit_json(d, inp))
+    else:
+        report.lxc_audit(report.writer(), d, inp, verbose=show_all)
     raise SystemExit(d.exit_code)
 
 

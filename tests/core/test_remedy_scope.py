@@ -98,8 +98,20 @@ def test_check_snapshot_of_a_unit_says_where_to_act_with_its_unit():
     assert doc["host"] == "gpu1" and doc["context"]["units"] == ["sglang.service"]
 
 
-def test_check_snapshot_of_the_readme_example_never_offers_a_command_for_the_snapshot():
-    r = _cli("check", "--snapshot", str(EXAMPLES / "h200-uvm-blocked.json"))
+def test_check_snapshot_never_offers_a_command_for_the_snapshot():
+    r = _cli("check", "--snapshot", str(EXAMPLES / "h200-uvmtools-000.json"))
     [line] = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("remedy:")]
     assert "--snapshot" not in line.split("   (")[0] and "--facts" not in line
-    assert _parsed(line)["only"] == ("devices.node.create",) and "run it on vm, the live host of this snapshot" in line
+    assert _parsed(line)["only"] == ("devices.node.mode",) and "run it on vm, the live host of this snapshot" in line
+
+
+def test_check_prints_no_remedy_line_that_fix_refuses():
+    """#41 item 5: on the README's real H200 capture fix refuses devices.node.create (a bind mount); check said
+    `remedy: gpudoctor fix --only devices.node.create`. It now prints fix's own refusal, word for word."""
+    r = _cli("check", "--snapshot", str(EXAMPLES / "h200-uvm-blocked.json"))
+    assert not [ln for ln in r.stdout.splitlines() if ln.strip().startswith("remedy:")], r.stdout
+    fx = _cli("fix", "--facts", str(EXAMPLES / "h200-uvm-blocked.json"))
+    [refusal] = [ln for ln in fx.stdout.splitlines() if ln.startswith("REFUSED  devices.node.create: ")]
+    why = refusal.split(": ", 1)[1]
+    assert "is a bind mount" in why
+    assert f"    no remedy here: `gpudoctor fix --only devices.node.create` refuses: {why}" in r.stdout.splitlines()

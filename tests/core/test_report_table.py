@@ -63,13 +63,15 @@ def test_columns_are_aligned_and_the_finding_folds_within_the_width():
     assert [ln.split()[0] for ln in t[1:] if ln[:1] != " "] == ["host", "devices", "cuda"]  # a layer named once
 
 
-def test_a_narrow_terminal_folds_the_check_column_too():
+def test_a_narrow_terminal_narrows_the_check_column_but_never_splits_a_key():
+    """#41: a key wider than its narrowed column is printed whole; its finding starts on the line below."""
     t = table(rendered(findings(), width=60))
-    assert all(len(ln) <= 60 for ln in t)
     c, f = t[0].index("check"), t[0].index("finding")
     assert f - c - 2 < len("devices.node.present[/dev/nvidia-uvm-tools]") and 60 - f >= 30
-    keys = "".join(ln[c:f].strip() for ln in t[1:])
-    assert "devices.node.present[/dev/nvidia-uvm-tools]" in keys  # folded over lines, whole when joined
+    [row] = [i for i, ln in enumerate(t) if "devices.node.present" in ln]
+    assert t[row][c:] == "devices.node.present[/dev/nvidia-uvm-tools]"  # whole, alone on its line
+    assert t[row + 1][:f].strip() == "" and t[row + 1][f:].startswith("/dev/nvidia-uvm was missing")
+    assert all(len(ln) <= 60 for i, ln in enumerate(t) if i != row)
 
 
 def test_every_value_is_escaped_and_colours_are_gpudoctors_own():
@@ -84,13 +86,16 @@ def test_every_value_is_escaped_and_colours_are_gpudoctors_own():
 
 @pytest.mark.parametrize("text, width, lines", [
     ("No NVIDIA driver is loaded and the quick brown fox", 20, ["No NVIDIA driver is", "loaded and the quick", "brown fox"]),
-    ("ab averyveryverylongword cd", 10, ["ab", "averyveryv", "erylongwor", "d cd"]),
-    ("    evidence: x y", 8, ["    evid", "ence: x", "y"]),  # the first line keeps its indent, no line of spaces
+    # #41: a token longer than the width is never split: it stays whole on a line of its own
+    ("ab averyveryverylongword cd", 10, ["ab", "averyveryverylongword", "cd"]),
+    ("    evidence: x y", 8, ["    evidence:", "x y"]),  # the first line keeps its indent, no line of spaces
     ("a  b  c", 3, ["a", "b", "c"]),
-    ("模型名称很长的目录", 8, ["模型名称", "很长的目", "录"]),  # wide characters take two cells each
+    ("模型 名称 很长的目录", 8, ["模型", "名称", "很长的目录"]),  # wide characters take two cells each
+    ("/dev/nvidia-uvm-tools devices.node.present[/dev/nvidiactl] 1:3", 12,
+     ["/dev/nvidia-uvm-tools", "devices.node.present[/dev/nvidiactl]", "1:3"]),
     ("", 8, [""]),
 ])
-def test_fold_breaks_at_spaces_and_inside_words_longer_than_the_width(text, width, lines):
+def test_fold_breaks_at_spaces_only(text, width, lines):
     assert [text[a:b] for a, b in fold(text, width)] == lines
 
 
@@ -112,7 +117,8 @@ def test_styles_reach_only_a_colour_terminal_as_rich_decided(monkeypatch, env, t
     Styled(buf, width=40).print(("FAIL", "bold red"), " x")
     assert buf.getvalue() == ("\x1b[1;31mFAIL\x1b[0m x\n" if colour else "FAIL x\n")
     monkeypatch.setenv("COLUMNS", "57")
-    assert Styled(buf).width == 57
+    # a terminal folds at $COLUMNS; a pipe or file never folds (#41: one line stays one line for grep)
+    assert Styled(buf).width == (57 if tty else None)
 
 
 def test_the_text_report_does_not_import_rich(tmp_path):

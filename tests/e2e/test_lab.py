@@ -127,8 +127,8 @@ def test_lxc_audit_and_fix_name_the_proxmox_host_and_vmid(seed_lab):
     inv = str(seed_lab.inventory)
     r = gd("lxc", "audit", "--host", "kpro6", "200", "--inventory", inv)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stdout.startswith("ct200 (/etc/pve/lxc/200.conf): FAIL\nFAIL    boundary.lxc.cgroup_allow  /dev/nvidia-uvm: "
-                               f"major {L.UVM_MAJOR} (nvidia-uvm) is not allowed by ct200's config")
+    assert r.stdout.startswith("ct200 (/etc/pve/lxc/200.conf): FAIL\nFAIL boundary.lxc.cgroup_allow[/dev/nvidia-uvm]: "
+                               f"/dev/nvidia-uvm: major {L.UVM_MAJOR} (nvidia-uvm) is not allowed by ct200's config")
     r = gd("lxc", "fix", "--host", "kpro6", "--inventory", inv)
     assert r.returncode == 3 and "kpro6 is a Proxmox host: give the container's VMID too" in r.stderr
     r = gd("lxc", "fix", "--host", "ct200", "--config", "/x.conf", "--inventory", inv)

@@ -2,6 +2,7 @@
 (devN:'s generated rules included) and applies only lxc.cgroup.devices.*; on a unified host it is the other way
 round. Mount tables are real captures (tests/fixtures/proxmox/README.md)."""
 
+import re
 import subprocess
 import sys
 
@@ -96,6 +97,7 @@ def test_lxc_audit_cli_takes_the_layout_for_a_config_file(tmp_path):
     conf.write_text(V2_FIXED)
     base = [sys.executable, "-m", "gpudoctor", "lxc", "audit", "--config", str(conf), "--devices", str(DEV511)]
     r = subprocess.run(base, capture_output=True, text=True, timeout=60)
-    assert "FAIL    boundary.lxc.cgroup_allow" not in r.stdout, r.stdout  # a file: read as cgroup v2 by default
+    assert re.search(r"\bok\s+boundary\.lxc\.cgroup_allow\s+5 nodes: ", r.stdout), r.stdout  # read as cgroup v2
+    assert not re.search(r"FAIL\s+boundary\.lxc\.cgroup_allow", r.stdout), r.stdout
     r = subprocess.run(base + ["--cgroup-layout", "hybrid"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "on this hybrid cgroup host" in r.stdout and "given with --cgroup-layout" in r.stdout
