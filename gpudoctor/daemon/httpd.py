@@ -119,7 +119,10 @@ class BoundedHTTPServer:
                 else:
                     c = key.data
                     if c.sock in self._conns:
-                        (self._write if c.out is not None else self._read)(c)
+                        try:
+                            (self._write if c.out is not None else self._read)(c)
+                        except Exception:  # noqa: BLE001 - one bad connection never ends the server
+                            self._close(c)
             self._expire(time.monotonic())
 
     def _listen(self, on: bool) -> None:
