@@ -55,8 +55,9 @@ class Counters:
 class BoundedHTTPServer:
     """Serve handler(path) for GET/HEAD on one listening socket, within the bounds in the module docstring."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, *, server_name: str, max_connections: int = MAX_CONNECTIONS,
-                 read_timeout: float = READ_TIMEOUT_S, write_timeout: float = WRITE_TIMEOUT_S):
+    def __init__(self, sock: socket.socket, handler: Handler, *, server_name: str,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT_S,
+                 write_timeout: float = WRITE_TIMEOUT_S):
         self.sock = sock
         self.sock.setblocking(False)
         self.handler = handler

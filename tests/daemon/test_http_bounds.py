@@ -1,5 +1,6 @@
 """The daemon's HTTP server is bounded: idle sockets time out, connections are capped, no thread per socket, and a
-scrape still answers while a local user holds 1000 idle connections to the real daemon under systemd's 1024-file limit."""
+scrape still answers while a local user holds 1000 idle connections to the real daemon under systemd's 1024-file
+limit (#40)."""
 
 from __future__ import annotations
 
