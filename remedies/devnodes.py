@@ -6,7 +6,9 @@ mknod, using the major the LIVE /proc/devices gives at apply time (never a remem
 name renamed over the old node in one step. It refuses — rather than guesses — when the driver registers no such
 device (no major to use), when the node is a bind mount (it comes from outside: in an LXC guest, from the Proxmox host),
 when the path is a directory, link or non-empty file, and inside an LXC guest that cannot mknod (no CAP_MKNOD in the
-initial user namespace): there the fix belongs on the host (`gpudoctor lxc fix`).
+initial user namespace): there the fix belongs on the host (`gpudoctor lxc fix`). A process that may not load
+kernel modules (no CAP_SYS_MODULE: the daemon's hardened unit) asks systemd to, `systemctl start
+modprobe@nvidia_uvm.service`, before nvidia-modprobe makes the uvm nodes.
 
 mode: chmod 0666 (e.g. nvidia-uvm-tools left at 000), refusing nodes that belong to the host of a user namespace.
 
@@ -29,6 +31,7 @@ ID_MODE = "devices.node.mode"
 UVM = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 PROC_DEVICES = "/proc/devices"
 MODE = 0o666
+LOAD_UNIT = "modprobe@nvidia_uvm.service"  # systemd's own template: PID 1 runs `modprobe -abq nvidia_uvm`
 OVERFLOW_UID = 65534  # how a user namespace shows ids it does not map (the host's root)
 
 
@@ -256,7 +259,16 @@ class CreateNodes(Remedy):
         touched = sorted({p for s in steps for p in (s["touches"] if s["kind"] == "modprobe" else [s["path"]])})
         loads = uvm_missing and any(s["kind"] == "modprobe" and "-u" in s["args"] for s in steps)
         summary = ("create " if not replacing else "create or replace ") + ", ".join(made)
-        if loads:
+        if loads and ((tools(facts).get("caps") or {}).get("sys_module") is False):
+            # this process may not load modules (the daemon's unit has no CAP_SYS_MODULE): PID 1 loads it
+            if not command(facts, "systemctl"):
+                return self.refuse(f"{', '.join(made)}: nvidia_uvm is not loaded and this process may not load kernel "
+                                   f"modules (no CAP_SYS_MODULE: a sandboxed unit) nor ask systemd to: load it "
+                                   f"(`modprobe nvidia_uvm`) and run again")
+            steps.insert(0, {"kind": "load", "module": "nvidia_uvm", "unit": LOAD_UNIT})
+            commands.insert(0, f"systemctl start {LOAD_UNIT}")
+            summary += f" (loads the nvidia_uvm kernel module through systemd: {LOAD_UNIT})"
+        elif loads:
             summary += " (loads the nvidia_uvm kernel module)"
         gpu_minors = sorted({g["minor"] for g in ((facts.get("driver") or {}).get("gpus") or [])
                              if g.get("minor") is not None})
@@ -279,6 +291,19 @@ class CreateNodes(Remedy):
         live = parse_proc_devices(r.text)["char"]
         changed, done = False, []
         for s in d["steps"]:
+            if s["kind"] == "load":
+                if "nvidia-uvm" in live:
+                    continue
+                res = host.run(["systemctl", "start", s["unit"]], timeout=t)
+                r = host.read_file(PROC_DEVICES, timeout=t)
+                live = parse_proc_devices(r.text)["char"] if r.ok else live
+                why = res.describe() if not res.ok else f"{PROC_DEVICES} still has no nvidia-uvm"
+                if not res.ok or "nvidia-uvm" not in live:
+                    raise RemedyError(f"systemd did not load nvidia_uvm ({why}): `journalctl -u {s['unit']}` says "
+                                      f"why; nothing else was changed")
+                changed = True
+                done.append(f"systemctl start {s['unit']}")
+                continue
             if s["kind"] == "modprobe":
                 if all(_is_right(before.get(p), *expected_numbers(p, live)[:2]) for p in s["touches"]):
                     continue

@@ -111,65 +111,37 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 
 class MetricsServer:
-    """A small threaded HTTP server: /metrics (Prometheus text), /healthz (JSON, 200 healthy / 503 not)."""
+    """/metrics (Prometheus text) and /healthz (JSON, 200 healthy / 503 not) on the bounded server of httpd.py."""
 
     def __init__(self, addr: str, metrics: DaemonMetrics, health):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from gpudoctor.daemon.httpd import BoundedHTTPServer, listen
 
         host, port = parse_addr(addr)
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = f"gpudoctor/{__version__}"
-
-            def do_GET(self):  # noqa: N802 - http.server's name
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-                    self._send(200, CONTENT_TYPE_LATEST, outer.metrics.render())
-                elif path == "/healthz":
-                    ok, body = outer.health()
-                    self._send(200 if ok else 503, "application/json", (json.dumps(body) + "\n").encode())
-                else:
-                    self._send(404, "text/plain", b"not found: try /metrics or /healthz\n")
-
-            def _send(self, code, ctype, body):
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # keep stderr for structured logs
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        if ":" in host:
-            import socket
-
-            Server.address_family = socket.AF_INET6
         try:
-            self.httpd = Server((host, port), Handler)
+            sock = listen(host, port)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {addr} for /metrics: {exc.strerror or exc}") from exc
         self.metrics = metrics
         self.health = health
-        self._thread = None
+        self.httpd = BoundedHTTPServer(sock, self._handle, server_name=f"gpudoctor/{__version__}")
+
+    def _handle(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/metrics":
+            from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+            return 200, CONTENT_TYPE_LATEST, self.metrics.render()
+        if path == "/healthz":
+            ok, body = self.health()
+            return (200 if ok else 503), "application/json", (json.dumps(body) + "\n").encode()
+        return 404, "text/plain", b"not found: try /metrics or /healthz\n"
 
     @property
     def address(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = self.httpd.sock.getsockname()[:2]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="gpudoctor-metrics", daemon=True)
-        self._thread.start()
+        self.httpd.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()

@@ -37,7 +37,7 @@ MANAGED_FILES = [SYSCTL_NUMA_FILE, PCIE_UNIT_FILE]
 SYSCTL_DIRS = ["/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d"]
 SYSCTL_CONF = "/etc/sysctl.conf"
 
-CAP_MKNOD, CAP_SYS_ADMIN = 27, 21
+CAP_MKNOD, CAP_SYS_ADMIN, CAP_SYS_MODULE = 27, 21, 16
 
 # One round trip: where each tool is (sbin added: root's tools live there) and each unit's state when systemd runs.
 _PROBE = r"""
@@ -65,7 +65,7 @@ def parse_caps(status: str | None, uid_map: str | None) -> dict:
     rows = [ln.split() for ln in (uid_map or "").splitlines() if ln.strip()]
     userns = None if uid_map is None else rows != [["0", "0", "4294967295"]]
     return {"effective": m.group(1), "mknod": bool(eff >> CAP_MKNOD & 1), "sys_admin": bool(eff >> CAP_SYS_ADMIN & 1),
-            "userns": userns}
+            "sys_module": bool(eff >> CAP_SYS_MODULE & 1), "userns": userns}
 
 
 def parse_dev_mounts(mountinfo: str | None) -> dict:

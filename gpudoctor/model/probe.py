@@ -237,6 +237,8 @@ def read_json_file(path: str, max_bytes: int = 64 << 20):
         return json.loads(data), None
     except ValueError as exc:
         return None, f"BAD_JSON: {str(exc)[:80]}"
+    except RecursionError:  # nested past what the parser follows: another user's file in /dev/shm can be this
+        return None, "BAD_JSON: nests too deeply to read"
 
 
 def _resolve_hf(repo: str, revision: str, problems: list, notes: list) -> tuple[str | None, str | None]:

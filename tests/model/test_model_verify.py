@@ -80,6 +80,9 @@ def test_config_missing_or_broken_and_bad_index(tmp_path):
     assert kinds(probe.verify_model(str(tmp_path / "m"))) == [("missing", "config.json")]
     (tmp_path / "m" / "config.json").write_text('{"architectures": [')
     assert kinds(probe.verify_model(str(tmp_path / "m"))) == [("bad_json", "config.json")]
+    (tmp_path / "m" / "config.json").write_text('{"a": ' + "[" * 200_000 + "]" * 200_000 + "}")  # a nesting bomb
+    rep = probe.verify_model(str(tmp_path / "m"))
+    assert kinds(rep) == [("bad_json", "config.json")] and "nests too deeply" in rep["problems"][0]["detail"]
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "model.safetensors.index.json").write_text('{"weight_map": ')
     rep = probe.verify_model(str(tmp_path / "m"))

@@ -108,6 +108,55 @@ def test_nvidia_modprobe_loads_nvidia_uvm_when_it_is_not_loaded(make_root):
     assert eng.plan(r.facts()).changes == []
 
 
+def without_sys_module(r):
+    """The process as the daemon's hardened unit leaves it: every capability but CAP_SYS_MODULE (bit 16)."""
+    eff = 0x000001FFFFFFFFFF & ~(1 << 16)
+    r.write("/proc/self/status", f"Name:\tpython3\nCapInh:\t0000000000000000\nCapEff:\t{eff:016x}\n")
+
+
+def test_without_cap_sys_module_systemd_loads_nvidia_uvm_then_nvidia_modprobe_makes_the_nodes(make_root):
+    """#40: the daemon's unit drops CAP_SYS_MODULE: nvidia-modprobe could not load the module, PID 1 can."""
+    r = make_root(uvm_major=None)
+    r.node("/dev/nvidiactl", 195, 255)
+    r.node("/dev/nvidia0", 195, 0)
+    r.write("/standin-modules/nvidia-uvm", "508")
+    r.write("/lib/systemd/system/modprobe@.service", "[Service]\nType=oneshot\nExecStart=-/sbin/modprobe -abq %I\n")
+    without_sys_module(r)
+    eng = engine(r, CreateNodes())
+    (change,) = eng.plan(r.facts()).changes
+    assert change.commands[0] == "systemctl start modprobe@nvidia_uvm.service", change.commands
+    assert "through systemd" in change.summary
+    (out,) = eng.apply(eng.plan(r.facts()))
+    assert out.result == "applied", out.detail
+    assert r.stat("/dev/nvidia-uvm") == (stat.S_IFCHR, 508, 0, 0o666)
+    calls = [json.loads(x) for x in r.read("/standin-calls.jsonl").splitlines()]
+    assert ["systemctl", "start", "modprobe@nvidia_uvm.service"] in calls
+    assert eng.plan(r.facts()).changes == []
+
+
+def test_without_cap_sys_module_the_old_way_fails_so_the_test_above_can(make_root):
+    """The stand-in nvidia-modprobe cannot load a module without CAP_SYS_MODULE, as the real one cannot."""
+    r = make_root(uvm_major=None)
+    r.node("/dev/nvidiactl", 195, 255)
+    r.node("/dev/nvidia0", 195, 0)
+    r.write("/standin-modules/nvidia-uvm", "508")
+    without_sys_module(r)
+    res = r.host().run(["nvidia-modprobe", "-u", "-c", "0"], timeout=10)
+    assert not res.ok and "nvidia-uvm" not in r.read("/proc/devices")
+
+
+def test_without_cap_sys_module_and_without_systemctl_it_refuses(make_root):
+    r = make_root(uvm_major=None)
+    r.node("/dev/nvidiactl", 195, 255)
+    r.node("/dev/nvidia0", 195, 0)
+    without_sys_module(r)
+    facts = r.facts()
+    facts["tools"]["commands"]["systemctl"] = None  # a host without systemd
+    plan = engine(r, CreateNodes()).plan(facts)
+    (ref,) = plan.refusals
+    assert plan.changes == [] and "no CAP_SYS_MODULE" in ref.reason and "modprobe nvidia_uvm" in ref.reason
+
+
 def test_no_live_major_no_node(make_root):
     r = make_root(uvm_major=None, without=("nvidia-modprobe",))
     r.node("/dev/nvidiactl", 195, 255)

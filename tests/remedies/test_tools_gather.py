@@ -16,7 +16,8 @@ MOUNTINFO = """22 27 0:21 / /proc rw,relatime - proc proc rw
 def test_caps_mknod_and_user_namespace():
     full = "Name:\tx\nCapEff:\t000001ffffffffff\n"
     assert parse_caps(full, "         0          0 4294967295\n") == {
-        "effective": "000001ffffffffff", "mknod": True, "sys_admin": True, "userns": False}
+        "effective": "000001ffffffffff", "mknod": True, "sys_admin": True, "sys_module": True, "userns": False}
+    assert parse_caps(f"CapEff:\t{0x1ffffffffff & ~(1 << 16):016x}\n", None)["sys_module"] is False  # #40's unit
     no_mknod = f"CapEff:\t{0x1ffffffffff & ~(1 << 27):016x}\n"
     assert parse_caps(no_mknod, "0 0 4294967295")["mknod"] is False
     assert parse_caps(full, "         0     100000      65536\n")["userns"] is True  # unprivileged LXC

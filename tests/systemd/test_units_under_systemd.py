@@ -325,3 +325,43 @@ def test_the_recovery_arc_of_the_shipped_daemon_unit(sdlab):
     finally:
         _restart_with(lab, None)
         lab.sh(f"rm -f {RECOVERY}")
+
+
+# What a unit's [Service] says about running it rather than sandboxing it: not passed to the transient copy.
+_NOT_SANDBOX = {"Type", "ExecStart", "ExecReload", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec",
+                "WatchdogSec", "RemainAfterExit", "NotifyAccess", "Environment", "StateDirectory", "StateDirectoryMode"}
+
+
+def _sandbox(unit: str) -> tuple[str, ...]:
+    """Every hardening setting of the shipped unit, as systemd-run --property= arguments."""
+    from tests.daemon.test_systemd_units import UNITS, read_unit
+
+    svc = read_unit(UNITS / unit)["Service"]
+    return tuple(f"{k}={v}" for k, v in svc.items() if k not in _NOT_SANDBOX)
+
+
+def _statuses(r) -> dict:
+    """{check[subject]: status}; the transient unit's own name (run-uN.service, a subject of the checks of the unit
+    gpudoctor runs in) made one name."""
+    assert r.stdout.strip(), r.stderr[-3000:]
+    return {re.sub(r"run-u\d+\.service", "run-uN.service", f"{f['id']}[{f.get('subject') or ''}]"): f["status"]
+            for f in json.loads(r.stdout)["findings"]}
+
+
+def test_the_hardened_units_let_every_check_see_what_it_sees_outside_any_sandbox(sdlab):
+    """#40: the daemon unit (no CAP_SYS_MODULE, ProtectKernelModules, a syscall deny list, ...) and the gate unit
+    (strict, no fixing capabilities) both at systemd-analyze security <= 5.0: `gpudoctor check` under each one's
+    exact hardening gives every check the status it has in a unit with no hardening at all (a transient unit too,
+    so that the checks of the unit gpudoctor runs in see the same kind of place)."""
+    lab = sdlab
+    env = lab.standin_env()
+    argv = ["gpudoctor", "check", "--json", "--timeout", "60"]
+    plain = _statuses(lab.run_unit(argv, env=env))
+    for must in ("driver.xid[", "host.driver.loaded["):  # the stand-in driver and the kernel log are seen at all
+        assert [v for k, v in plain.items() if k.startswith(must)] == ["ok"], plain
+    for unit in ("gpudoctor.service", "gpudoctor-gate.service"):
+        props = _sandbox(unit)
+        assert any(p.startswith("SystemCallFilter=") for p in props) and any(p.startswith("Capab") for p in props)
+        inside = _statuses(lab.run_unit(argv, env=env, properties=props))
+        diff = {k: (plain.get(k), inside.get(k)) for k in plain.keys() | inside.keys() if plain.get(k) != inside.get(k)}
+        assert diff == {}, f"{unit}: checks that see otherwise under its sandbox: {diff}"

@@ -109,14 +109,18 @@ def _fill(template: str, groups: dict) -> str:
     return re.sub(r"\{(\w+)\}", sub, template)
 
 
-def _applies(k: Known, lines: list[str], i: int, text: str) -> re.Match | None:
+def _applies(k: Known, lines: list[str], i: int, text: str, also: dict) -> re.Match | None:
+    """k's match on line i, when its `near` lines and its `also` (searched in the whole log once: `also` caches it) hold."""
     m = k.match.search(lines[i])
     if m is None:
         return None
     if k.near is not None and not any(k.near.search(ln) for ln in lines[max(0, i - k.within):i + 1]):
         return None
-    if k.also is not None and not k.also.search(text):
-        return None
+    if k.also is not None:
+        if k.id not in also:
+            also[k.id] = k.also.search(text) is not None
+        if not also[k.id]:
+            return None
     return m
 
 
@@ -125,11 +129,12 @@ def diagnose(text: str, engine: str | None = None) -> Failure | None:
     error line as an unknown failure, else None (nothing in the log looks like a failure)."""
     lines = text.splitlines()
     msgs = messages(lines)
+    also: dict[str, bool] = {}
     for k in knowledge():
         if engine and engine not in k.engines:
             continue
         for i in range(len(msgs)):
-            m = _applies(k, msgs, i, text)
+            m = _applies(k, msgs, i, text, also)
             if m:
                 return Failure(k.id, i + 1, lines[i].strip(), _fill(k.cause, m.groupdict()), _fill(k.fix, m.groupdict()),
                                k.source, numbered(text))

@@ -70,3 +70,24 @@ def char_majors() -> dict:
             num, name = ln.split(None, 1)
             out.setdefault(name.strip(), int(num))
     return out
+
+
+def has_cap(bit: int) -> bool:
+    """Whether the fake /proc/self/status gives this capability (what the process that runs the tool holds)."""
+    import re
+
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", read("/proc/self/status", "") or "", re.M)
+    return m is None or bool(int(m.group(1), 16) >> bit & 1)
+
+
+def load_module(name: str) -> bool:
+    """`modprobe NAME` as PID 1 would: nvidia_uvm is added to /proc/devices and /proc/modules with the major in
+    $ROOT/standin-modules/nvidia-uvm; False when there is no such module."""
+    loadable = read("/standin-modules/" + name.replace("_", "-"))
+    if loadable is None:
+        return False
+    if f" {name.replace('_', '-')}\n" not in (read("/proc/devices", "") or ""):
+        write("/proc/devices", read("/proc/devices").replace(
+            "Character devices:\n", f"Character devices:\n{int(loadable)} {name.replace('_', '-')}\n"))
+        write("/proc/modules", (read("/proc/modules", "") or "") + f"{name} 1830912 - - Live 0x0 (O)\n")
+    return True
