@@ -17,6 +17,10 @@ class Waiting:
         self.pending = list(dict.fromkeys(names))
         self.total = len(self.pending)
         self.stream = stream if stream is not None else sys.stderr
+        from gpudoctor.term import RawWriter, SafeStream
+
+        if isinstance(self.stream, SafeStream):  # the line is printable already; its \r must reach the terminal
+            self.stream = RawWriter(self.stream)
         self.interval = interval
         if tty is None:
             isatty = getattr(self.stream, "isatty", None)

@@ -40,3 +40,16 @@ def test_to_a_pipe_nothing_is_written():
     with Waiting("check --all", ["a", "b"], stream=out, interval=0.01):
         time.sleep(0.05)
     assert out.getvalue() == ""
+
+
+def test_beneath_the_cli_wrapper_the_carriage_return_reaches_the_terminal():
+    """cli.main wraps stderr in term.SafeStream, which escapes control characters: the progress line goes beneath it
+    (its text is printable already), so the terminal gets a real \\r, not the four characters '\\r'."""
+    from gpudoctor.term import SafeStream
+
+    raw = Tty()
+    with Waiting("check --all", ["a", "b"], stream=SafeStream(raw), interval=0.02) as w:
+        w.done("a")
+        time.sleep(0.1)
+    text = raw.getvalue()
+    assert "\r" in text and "\\r" not in text and "1 of 2 hosts answered; waiting on b (" in text
