@@ -193,7 +193,7 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
 def _load_facts(path: str, apply: bool = False) -> dict:
     """A snapshot document from a file that holds one or a bare facts document, validated before anything plans
     (fix plans from a part of the facts too, e.g. a boundary-only document). Applied as root, it must be root's own:
-    it names the files the changes are made to (#40)."""
+    it names the files the changes are made to."""
     from gpudoctor import snapshot
     from gpudoctor.files.inputs import trusted
 
