@@ -240,7 +240,7 @@ def test_other_commands_long_lines_fold_at_a_terminals_width_the_same_way():
     assert all(len(ln) <= 80 or len(ln.split()) == 1 for ln in lines)
     assert " ".join(" ".join(lines).split()) == " ".join(" ".join(piped).split())  # the same words, none split
     _, js = on_pty(80, "checks", "--json")
-    assert json.loads(js)[0]["id"] == "host.driver.loaded"
+    assert json.loads(js)["checks"][0]["id"] == "host.driver.loaded"
 
 
 def test_checks_triage_costs_a_failing_check_no_logging_import():
