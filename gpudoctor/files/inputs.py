@@ -238,6 +238,9 @@ def output_file(path, what: str = "output file", *, error=InputError) -> str:
         raise error(f"cannot write {what}: its directory {parent} is not writable", path=p)
     if os.path.lexists(p) and not os.path.isfile(p):
         raise error(f"cannot write {what}: it exists and is not a regular file", path=p)
+    from gpudoctor.files import safe  # a link on the way that another user controls: refused now, not after the work
+
+    os.close(safe.open_dir(parent))
     return p
 
 
