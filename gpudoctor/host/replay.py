@@ -46,7 +46,7 @@ def _strip_flags(rest: list) -> list:
 
 
 def _rdv(args: list) -> list:
-    """The deep tier's NCCL rendezvous by its name alone: it lies in a private scratch directory now (#40), a fixed
+    """The deep tier's NCCL rendezvous by its name alone: it lies in a private scratch directory now, a fixed
     path in /tmp before, and the directory does not change the answer."""
     return [a.rsplit("/", 1)[-1].lstrip(".") if isinstance(a, str) and "gpudoctor-nccl-" in a else a for a in args]
 

@@ -126,7 +126,7 @@ class ResultStore:
         return {key(r) for r in self.load()}
 
     def ours(self) -> None:
-        """Before the first write: DIR is created, or refused when another user owns or can write it (#40)."""
+        """Before the first write: DIR is created, or refused when another user owns or can write it."""
         if not getattr(self, "_ours", False):
             import os
 
