@@ -58,7 +58,8 @@ def _trusted_uid(uid: int) -> bool:
 
 
 def _others_can_write(st: os.stat_result) -> bool:
-    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    """Writable by every user, or by a group other than root's (files/trust.py's rule, for paths read or run)."""
+    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and st.st_gid != 0)
 
 
 def _trusted_link(link: os.stat_result, parent: os.stat_result) -> bool:
