@@ -4,7 +4,7 @@
     read_text(path, ...)                        block), at most max_bytes, UTF-8 with the line of a bad byte
     number(value, what, lo=, hi=, integer=)     finite, in range, not a bool; else InputError
     output_file(path, what)                     its directory exists and it is not a directory (checked first)
-    output_dir(path, what)                      missing or a directory, never a file
+    output_dir(path, what)                      missing or a directory, never a file, never another user's (safe.py)
     http_url(url, what)                         http(s)://host[:port][/path]
     brief(value)                                a value for a message: at most ~80 characters, with the count cut
     trusted(path, what=...)                     as root: the file is root's and only root can change it (#40)
@@ -255,6 +255,9 @@ def output_file(path, what: str = "output file", *, error=InputError) -> str:
         raise error(f"cannot write {what}: its directory {parent} is not writable", path=p)
     if os.path.lexists(p) and not os.path.isfile(p):
         raise error(f"cannot write {what}: it exists and is not a regular file", path=p)
+    from gpudoctor.files import safe  # a link on the way that another user controls: refused now, not after the work
+
+    os.close(safe.open_dir(parent))
     return p
 
 
@@ -271,6 +274,9 @@ def output_dir(path, what: str = "output directory", *, error=InputError) -> str
         probe = os.path.dirname(probe)
     if probe and not os.path.isdir(probe):
         raise error(f"cannot create {what}: {probe} is not a directory", path=p)
+    from gpudoctor.files import safe  # ours, or refused before anything runs (#40): nothing is created here
+
+    safe.check_out_dir(p)
     return p
 
 

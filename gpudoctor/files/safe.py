@@ -58,7 +58,8 @@ def _trusted_uid(uid: int) -> bool:
 
 
 def _others_can_write(st: os.stat_result) -> bool:
-    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    """Writable by every user, or by a group other than root's (files/trust.py's rule, for paths read or run)."""
+    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and st.st_gid != 0)
 
 
 def _trusted_link(link: os.stat_result, parent: os.stat_result) -> bool:
@@ -132,12 +133,12 @@ def _check_ancestor(fd: int, here: str) -> None:
     st = os.fstat(fd)
     if not _trusted_uid(st.st_uid):
         os.close(fd)
-        raise Unsafe(f"is owned by {owner_name(st.st_uid)}: gpudoctor does not write below another user's directory "
-                     "as root", path=here)
+        raise Unsafe(f"is owned by {owner_name(st.st_uid)}: gpudoctor does not write in or below another "
+                     "user's directory as root", path=here)
     if _others_can_write(st) and not st.st_mode & stat.S_ISVTX:
         os.close(fd)
-        raise Unsafe(f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): gpudoctor does not write below "
-                     "it as root", path=here)
+        raise Unsafe(f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): gpudoctor does not write in or "
+                     "below it as root", path=here)
 
 
 def _open_sub(fd: int, name: str, here: str) -> int:
@@ -170,6 +171,24 @@ def owned_dir(path: str, *, create: bool = True, mode: int = 0o755, strict: bool
         os.close(fd)
         raise
     return fd
+
+
+def check_out_dir(path: str) -> None:
+    """Before anything runs: an output directory owned_dir would accept (when it exists), or whose nearest existing
+    ancestor the strict walk accepts (when it does not). Creates nothing; raises Unsafe."""
+    path = os.path.abspath(path)
+    near = path
+    while not os.path.lexists(near):
+        near = os.path.dirname(near)
+    try:
+        fd = open_dir(near, strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # the caller's own checks name that
+    try:
+        if near == path:
+            check_owned(fd, path)
+    finally:
+        os.close(fd)
 
 
 def subdir(dirfd: int, rel: str, *, create: bool = True, mode: int = 0o755, root: str = "") -> int:

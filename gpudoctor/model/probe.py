@@ -723,7 +723,7 @@ def others_control(path: str) -> str | None:
             except (KeyError, ImportError):
                 who = f"uid {s.st_uid}"
             return f"owned by {who}" + (" (a link)" if stat.S_ISLNK(s.st_mode) else "")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if _others_write(st):
         return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
@@ -735,8 +735,12 @@ def trusted_file(path: str) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    return (stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid())
-            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and not _others_write(st)
+
+
+def _others_write(st) -> bool:
+    """Writable by every user, or by a group other than root's (files/safe.py's and files/trust.py's rule)."""
+    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and st.st_gid != 0)
 
 
 def read_record(dst: str, root: str = "") -> tuple[dict | None, str | None]:

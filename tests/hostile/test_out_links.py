@@ -120,3 +120,14 @@ def test_snapshot_output_is_private_and_replaces_a_link(tmp_path, victim, public
     assert digest(victim) == before
     st = os.lstat(out)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_bench_load_out_owned_by_another_user_is_refused_before_anything_runs(cli, public):
+    """Checked with the other output paths, before a request is sent (the server URL here answers nothing)."""
+    out = public / "out"
+    as_attacker(lambda: out.mkdir(mode=0o777))
+    code, _, err = cli("bench", "load", "--server-url", "http://127.0.0.1:9", "--out", out, "--concurrency", "1",
+                       "--max-tokens", "8")
+    assert code == 3, err
+    assert "owned by nobody" in _one_line(err)
+    assert os.listdir(out) == []
