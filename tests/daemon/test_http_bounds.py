@@ -86,19 +86,19 @@ def get(addr, path="/metrics", timeout=3.0):
 
 def test_scrape_answers_while_1000_idle_sockets_are_open_and_they_are_closed_after_the_timeout(server):
     threads_before = threading.active_count()
-    srv, addr, _ = server(read_timeout=2.0)
+    srv, addr, _ = server(read_timeout=5.0)  # room for a loaded machine: the scrape must not wait out the timeout
     socks = idle(addr, 1000)
     try:
         t0 = time.monotonic()
         code, body = get(addr)
         assert code == 200 and body == b"up 1\n" * 2000
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 5.0 and srv.counters.timed_out == 0  # answered before any idle one timed out
         assert threading.active_count() == threads_before + 1  # the one server thread, whatever the sockets
         assert srv.open_connections <= httpd.MAX_CONNECTIONS
         c = srv.counters
         assert c.evicted + c.refused >= 1000 - httpd.MAX_CONNECTIONS
         # every idle socket is closed by the server within the read timeout (plus slack), none hangs on
-        deadline = time.monotonic() + 2.0 + 3.0
+        deadline = time.monotonic() + 5.0 + 5.0
         still = [s for s in socks if not closed_by_peer(s, max(0.01, deadline - time.monotonic()))]
         assert still == []
         assert srv.open_connections == 0
@@ -122,7 +122,8 @@ def test_a_slow_client_is_cut_at_the_deadline_not_kept_alive_by_trickling(server
             except OSError:
                 closed_after = time.monotonic() - t0
                 break
-    assert closed_after is not None and 0.9 < closed_after < 2.0, closed_after
+    # cut at its 1 s deadline (slack for a loaded machine): trickling would have kept it open the whole 4 s
+    assert closed_after is not None and 0.9 < closed_after < 3.5, closed_after
     assert calls == [] and srv.counters.timed_out == 1
 
 
