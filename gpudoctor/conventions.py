@@ -144,7 +144,7 @@ def alias(*decls, hidden_aliases=(), **kw):
 
 
 class DidYouMeanGroup(click.Group):
-    """A group that names the nearest subcommand when one is mistyped (click does it for options only)."""
+    """A group that names the nearest subcommand when one is mistyped (click < 8.4 did it for options only)."""
 
     def resolve_command(self, ctx, args):
         try:
