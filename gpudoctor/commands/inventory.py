@@ -159,7 +159,7 @@ def _addr(s) -> str:
 def _expect(e) -> str:
     parts = []
     if e.gpus is not None:
-        parts.append(f"{e.gpus} GPUs")
+        parts.append(f"{e.gpus} GPU{'' if e.gpus == 1 else 's'}")
     parts += list(e.model_paths)
     return ", ".join(parts) or "-"
 
