@@ -260,8 +260,7 @@ def plan_stage(src: str, dst: str, *, revision: str = "main", check_busy: bool =
 def _problem_line(p: dict) -> str:
     sizes = ""
     if p.get("expected") is not None or p.get("actual") is not None:
-        exp, act = p.get("expected"), p.get("actual")  # a key may be present and None: never "None bytes"
-        sizes = f" (expected {'?' if exp is None else exp} bytes, actual {'absent' if act is None else act})"
+        sizes = f" (expected {p.get('expected', '?')} bytes, actual {p.get('actual', 'absent')})"
     return f"{p['kind']} {p.get('file') or ''}{sizes}".strip()
 
 

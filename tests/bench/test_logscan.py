@@ -137,16 +137,3 @@ def test_a_server_dying_mid_level_records_the_cause_of_its_last_words(tmp_path):
     crashed = [r for r in recs if r["status"] == "crashed"]
     assert crashed and crashed[0]["cause"] == "nccl-timeout" and "Watchdog caught" in crashed[0]["log_excerpt"]
     assert all(r["cause"] is None for r in recs if r["status"] == "ok")
-
-
-def test_an_oom_during_cuda_graph_capture_is_named_as_capture_not_the_generic_oom():
-    """#41: a capture OOM got cuda-oom's generic fix (weights do not fit...); the capture entry now ranks first."""
-    found = logscan.diagnose((LOGS / "cuda-graph-failed.log").read_text(), None)
-    assert found.id == "cuda-graph-failed" and "--cuda-graph-max-bs-decode" in found.fix
-    assert logscan.diagnose("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", None).id == \
-        "cuda-oom"
-
-
-def test_no_fix_speaks_of_the_seed():
-    """#41: "the seed:" is this project's word for its first campaign, not a reader's."""
-    assert not [k.id for k in logscan.knowledge() if "the seed" in k.fix + k.cause]
