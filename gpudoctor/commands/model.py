@@ -27,28 +27,17 @@ def _when(ts) -> str:
         return "?"
 
 
-def _rate_column():
-    """The bar's rate in the units of its sizes and of the summary line (MiB/s; rich's own column says MB/s)."""
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class Rate(ProgressColumn):
-        def render(self, task):
-            return Text(f"{human_bytes(int(task.speed))}/s" if task.speed else "?", style="progress.data.speed")
-
-    return Rate()
-
-
 def _progress(total: int, label: str):
     """A rich progress bar on a TTY (stderr), else None. Returns (progress, advance)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
 
     from gpudoctor.report import console, esc
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    _rate_column(), TimeRemainingColumn(), console=console(stderr=True), transient=False)
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=console(stderr=True), transient=False)
     task = prog.add_task(esc(label), total=total)
     return prog, (lambda n: prog.update(task, advance=n))
 

@@ -340,15 +340,6 @@ def test_man_renders_the_manual(tmp_path):
 
 # --- small cuts: units and plurals --------------------------------------------------------------------------------
 
-def test_the_stage_bar_speaks_the_summary_lines_units():
-    from gpudoctor.commands.model import _rate_column
-
-    class Task:
-        speed = 1.5 * 1024 ** 3
-
-    assert str(_rate_column().render(Task())) == "1.5 GiB/s"  # rich's TransferSpeedColumn said "1.6 GB/s"
-
-
 def test_inventory_show_says_1_gpu(tmp_path):
     p = tmp_path / "inv.yaml"
     p.write_text("version: 1\nhosts:\n  vm:\n    address: 127.0.0.1\n    expect:\n      gpus: 1\n")
