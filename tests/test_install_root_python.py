@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sysconfig
+import sys
 import tempfile
 from pathlib import Path
 
@@ -80,8 +80,15 @@ def test_roots_private_python3_is_passed_over_for_the_distributions(root_box):
     for argv in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run([git, "-C", str(src), *argv], check=True, capture_output=True, timeout=60)
     head = subprocess.run([git, "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    # the suite's own dependencies lent to the new venv's gpudoctor (the install itself takes none: offline)
-    deps = f"{build}:{sysconfig.get_paths()['purelib']}"
+    # the suite's own dependencies (not its gpudoctor) lent to the new venv's gpudoctor: the install takes none
+    lent = d / "deps"
+    lent.mkdir()
+    for site in (p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)):
+        for entry in os.scandir(site):
+            if not entry.name.startswith(("gpudoctor", "__editable__", "_distutils_hack")) \
+                    and not entry.name.endswith(".pth") and not (lent / entry.name).exists():
+                (lent / entry.name).symlink_to(entry.path)
+    deps = f"{build}:{lent}"
     r, venv = install_as_root(root_box, PYTHONPATH=deps, GPUDOCTOR_MAN="")
     assert r.returncode == 0, r.stderr
     line = (f"install.sh: python3 lies under {private}, which other users cannot enter: the venv uses "
