@@ -19,8 +19,9 @@
 # As root the install is for every user: when root's python3 lies under a directory others cannot enter (pyenv's
 # /root/.pyenv under a 0700 /root), the venv is made with the distribution's /usr/bin/python3, and install.sh says so;
 # where there is none (or PYTHON= names the private one), it says in one line that only root can run gpudoctor.
-# The manual page (gpudoctor manpage) goes to GPUDOCTOR_MAN (root: /usr/local/share/man/man1, else
-# ~/.local/share/man/man1); the commit of the checkout is recorded for `gpudoctor --version`.
+# The manual page (gpudoctor manpage) goes to GPUDOCTOR_MAN (default: share/man/man1 beside GPUDOCTOR_BIN's
+# parent: /usr/local/share/man/man1 as root, ~/.local/share/man/man1 otherwise); the checkout's commit is recorded
+# for `gpudoctor --version`.
 # environment: PYTHON (default python3), GPUDOCTOR_HOME (the venv), GPUDOCTOR_BIN (where the command is linked),
 #              GPUDOCTOR_MAN (where the manual page goes)
 set -eu
@@ -143,7 +144,7 @@ fi
 ln -sfn "$home/bin/gpudoctor" "$bin/gpudoctor.new.$$" && mv -f "$bin/gpudoctor.new.$$" "$bin/gpudoctor"
 version=$("$bin/gpudoctor" --version 2>/dev/null || true)
 # the manual page, from the commands' own help (quietly none where gpudoctor cannot run yet)
-if [ "$(id -u)" = 0 ]; then man=${GPUDOCTOR_MAN:-/usr/local/share/man/man1}; else man=${GPUDOCTOR_MAN:-$HOME/.local/share/man/man1}; fi
+man=${GPUDOCTOR_MAN:-$(dirname "$bin")/share/man/man1}  # beside the command: /usr/local/share/man, ~/.local/share/man
 if mkdir -p "$man" 2>/dev/null && "$bin/gpudoctor" manpage > "$man/.gpudoctor.1.$$" 2>/dev/null; then
   mv -f "$man/.gpudoctor.1.$$" "$man/gpudoctor.1"
 else

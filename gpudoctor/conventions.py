@@ -137,6 +137,23 @@ class AliasOption(click.Option):
             self.opts = opts
 
 
+# Old spelling -> the one name (docs/cli.md "One name per concept"): wherever a command still declares the old one,
+# adopt() adds the new one and hides the old, which keeps working.
+RENAMED = {"--verbose-findings": "--all-findings", "--facts": "--snapshot"}
+
+
+def _rename(p: click.Parameter) -> None:
+    if not isinstance(p, click.Option) or isinstance(p, GlobalOption):
+        return
+    olds = [o for o in p.opts if o in RENAMED and RENAMED[o] not in p.opts]
+    if not olds:
+        return
+    if not isinstance(p, AliasOption):
+        p.__class__, p.hidden_aliases = AliasOption, ()
+    p.opts = [*p.opts, *(RENAMED[o] for o in olds)]
+    p.hidden_aliases = tuple(dict.fromkeys([*p.hidden_aliases, *olds]))
+
+
 def alias(*decls, hidden_aliases=(), **kw):
     """click.option with old spellings kept working, hidden from help: alias("--snapshot", "--facts", "path",
     hidden_aliases=["--facts"])."""
@@ -144,7 +161,7 @@ def alias(*decls, hidden_aliases=(), **kw):
 
 
 class DidYouMeanGroup(click.Group):
-    """A group that names the nearest subcommand when one is mistyped (click does it for options only)."""
+    """A group that names the nearest subcommand when one is mistyped (click < 8.4 did it for options only)."""
 
     def resolve_command(self, ctx, args):
         try:
@@ -179,6 +196,7 @@ def adopt(cmd: click.Command) -> click.Command:
             p = GlobalOption(concept=concept, name=p.name, expose=True, help=p.help)
         elif isinstance(p, GlobalOption):
             have.add(p.concept)
+        _rename(p)
         params.append(p)
     params += [GlobalOption(concept=c) for c in GLOBAL if c not in have]
     cmd.params = params

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,8 +73,23 @@ def runs_for_nobody(python: Path) -> subprocess.CompletedProcess:
 
 
 def test_roots_private_python3_is_passed_over_for_the_distributions(root_box):
-    d, _, private, _ = root_box
-    r, venv = install_as_root(root_box)
+    d, src, private, build = root_box
+    git = shutil.which("git")
+    if git is None:
+        needs.missing("git")
+    for argv in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run([git, "-C", str(src), *argv], check=True, capture_output=True, timeout=60)
+    head = subprocess.run([git, "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # the suite's own dependencies (not its gpudoctor) lent to the new venv's gpudoctor: the install takes none
+    lent = d / "deps"
+    lent.mkdir()
+    for site in (p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)):
+        for entry in os.scandir(site):
+            if not entry.name.startswith(("gpudoctor", "__editable__", "_distutils_hack")) \
+                    and not entry.name.endswith(".pth") and not (lent / entry.name).exists():
+                (lent / entry.name).symlink_to(entry.path)
+    deps = f"{build}:{lent}"
+    r, venv = install_as_root(root_box, PYTHONPATH=deps, GPUDOCTOR_MAN="")
     assert r.returncode == 0, r.stderr
     line = (f"install.sh: python3 lies under {private}, which other users cannot enter: the venv uses "
             f"/usr/bin/python3, so every user can run gpudoctor")
@@ -81,6 +97,12 @@ def test_roots_private_python3_is_passed_over_for_the_distributions(root_box):
     assert not os.path.realpath(venv / "bin/python").startswith(str(private))
     ok = runs_for_nobody(venv / "bin/python")
     assert ok.returncode == 0, ok.stderr  # it was 126, "bad interpreter: Permission denied"
+    # the manual page beside the command (GPUDOCTOR_BIN's share/man), and --version names the checkout's commit
+    page = d / "share/man/man1/gpudoctor.1"
+    assert page.read_text().startswith(".TH GPUDOCTOR 1"), r.stderr
+    v = subprocess.run([str(d / "bin/gpudoctor"), "--version"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": deps})
+    assert v.stdout.endswith(f"(commit {head[:12]})\n"), v.stdout + v.stderr
 
 
 def test_a_private_python_named_by_PYTHON_is_kept_with_one_line_that_says_so(root_box):

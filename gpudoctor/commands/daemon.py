@@ -140,6 +140,13 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     if server is not None:
         server.start()
     d.prepare(server.address if server else None)
+    from gpudoctor.conventions import settings
+
+    if not settings().quiet:  # in the foreground it said nothing, not even where /metrics listens (#41)
+        who = ", ".join(hosts) if hosts else "the inventory's hosts" if inventory else "this machine"
+        where = f"/metrics on http://{server.address}/metrics" if server else "no /metrics"
+        click.echo(f"gpudoctor daemon: watching {who} every {interval:g} s; {where}; state {state_path}; "
+                   "SIGTERM or Ctrl-C stops it", err=True)
     d.log.info("daemon.started", metrics=server.address if server else None, interval=interval,
                state=state_path)
     try:

@@ -341,3 +341,36 @@ def test_man_renders_the_manual(tmp_path):
                        env={**os.environ, "MANPAGER": "cat", "MANWIDTH": "100"})
     assert r.returncode == 0 and "gpudoctor check" in r.stdout and "GLOBAL OPTIONS" in r.stdout
     assert "warning" not in r.stderr.lower(), r.stderr
+
+
+# --- small cuts: units and plurals --------------------------------------------------------------------------------
+
+def test_inventory_show_says_1_gpu(tmp_path):
+    p = tmp_path / "inv.yaml"
+    p.write_text("version: 1\nhosts:\n  vm:\n    address: 127.0.0.1\n    expect:\n      gpus: 1\n")
+    out = gpudoctor("inventory", "show", "-i", p).stdout
+    assert " 1 GPU " in out + " " and "1 GPUs" not in out
+
+
+@pytest.mark.parametrize("name", sorted(LEAVES))
+def test_no_help_shows_an_old_spelling(name):
+    out = gpudoctor(*name.split(), "--help").stdout
+    shown = re.findall(r"(?<![\w-])--[a-z][-a-z]*", out)
+    assert not set(shown) & set(conventions.RENAMED), name
+
+
+def test_an_old_spelling_declared_anywhere_gains_the_new_name(tmp_path):
+    from click.testing import CliRunner
+
+    @click.command()
+    @click.option("--facts", "facts_path")
+    @click.option("--verbose-findings", "-a", "show_all", is_flag=True)
+    def probe(facts_path, show_all):
+        click.echo(f"{facts_path} {show_all}")
+
+    conventions.adopt(probe)
+    for args in (["--snapshot", "x", "--all-findings"], ["--facts", "x", "-a"], ["--facts", "x", "--verbose-findings"]):
+        assert CliRunner().invoke(probe, args).output == "x True\n", args
+    help_text = CliRunner().invoke(probe, ["--help"]).output
+    assert "--snapshot" in help_text and "-a, --all-findings" in help_text
+    assert "--facts" not in help_text and "--verbose-findings" not in help_text
