@@ -333,7 +333,10 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
 @click.option("--rerun-suspect", is_flag=True,
               help="Measure again only the levels an earlier run into --out recorded as suspect (the host changed "
                    "during them); their old records go to retracted.jsonl.")
-def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect):
+@click.option("--slurm", is_flag=True,
+              help="Run each configuration as a Slurm job on the node it lands on (the campaign's slurm: section); "
+                   "--out must be a directory every node shares. See docs/bench.md \"Campaigns on Slurm\".")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, slurm):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -352,11 +355,43 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
+    if slurm:
+        from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+        if rerun_suspect or accept_new_host_key:
+            raise InputError("bench run --slurm: --rerun-suspect and --accept-new-host-key are for a campaign run "
+                             "from here (target: local or an inventory host)")
+        with Display() as display:
+            counts = run_slurm_campaign(campaign, out_dir, resume=resume, on_event=display)
+        click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
+                         else EXIT_WARN)
     with Display() as display:
         counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
                               host_key_policy="accept-new" if accept_new_host_key else None,
                               rerun_suspect=rerun_suspect)
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
+                     else EXIT_WARN)
+
+
+@bench.command("job", hidden=True)
+@click.argument("campaign", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True)
+@click.option("--config", "label", required=True)
+def job(campaign, out_dir, label):
+    """One configuration of a campaign on this node, as the job script of `bench run --slurm` runs it (internal).
+
+    Records go to OUT/jobs/LABEL/. Exit codes: as `bench run`, and 4 when the gate refused this node
+    (OUT/jobs/LABEL/refused.json says why).
+    """
+    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.errors import EXIT_WARN
+
+    output_dir(out_dir, "--out")
+    with Display() as display:
+        counts = run_job(campaign, out_dir, label, on_event=display)
+    click.echo(f"{out_dir}/jobs/{label}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)
 

@@ -44,6 +44,15 @@ class CampaignStopped(GpudoctorError):
     exit_code = EXIT_FAIL
 
 
+class GateRefused(CampaignStopped):
+    """The gate failed before a configuration (and healing, if any, did not help): the host is refused. `said` is
+    what the gate said first (a Slurm job reports it, and the submitter drains the node with it)."""
+
+    def __init__(self, message: str, said: str):
+        super().__init__(message)
+        self.said = said
+
+
 def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> list[Level]:
     """Every level of one configuration, in run order, with its prompts (built once per shape)."""
     out = []
@@ -155,8 +164,10 @@ class Runner:
     """
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
-                 inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None):
+                 inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None,
+                 only: str | None = None):
         self.camp, self.host = camp, host
+        self.only = only  # run only the configuration with this label (a Slurm job runs one: bench job)
         self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
         self.dir = Path(out_dir)
@@ -251,14 +262,7 @@ class Runner:
             self.counter = self.load_counter()
         except HostError as exc:
             raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
-        shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
-        (self.dir / "campaign.json").write_text(json.dumps(
-            {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
-             "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
-             "request_rates": self.camp.request_rates,
-             "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
-             "target": self.camp.target, "server_url": self.camp.base_url,
-             "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
+        self.write_campaign_files()
         if self.camp.is_remote:
             self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
                                    f"load goes to {self.camp.base_url}")
@@ -267,12 +271,24 @@ class Runner:
             self.healer = self.make_healer()
         try:
             for cfg in self.camp.configs():
-                self.run_config(cfg)
+                if self.only is None or cfg.label == self.only:
+                    self.run_config(cfg)
         finally:
             if self.healer is not None:
                 self.healer.close()
         recs = self.store.load()
         return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+
+    def write_campaign_files(self) -> None:
+        """DIR/campaign.yaml (the file as run) and DIR/campaign.json (what report and compare read)."""
+        shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
+        (self.dir / "campaign.json").write_text(json.dumps(
+            {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
+             "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
+             "request_rates": self.camp.request_rates,
+             "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
+             "target": self.camp.target, "server_url": self.camp.base_url,
+             "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
 
     def run_config(self, cfg: Config) -> None:
         camp = self.camp
@@ -611,8 +627,8 @@ class Runner:
             if ok:
                 self.emit("note", text="gate passed after healing")
                 return
-        raise CampaignStopped(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
-                              + ("" if not camp.heal_command else f"; after healing: {said}"))
+        raise GateRefused(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
+                          + ("" if not camp.heal_command else f"; after healing: {said}"), said)
 
 
 def _loopback(address: str) -> bool:

@@ -1,0 +1,199 @@
+"""`gpudoctor bench run --slurm` against a real Slurm 22.05 cluster (tests/slurmcluster.py: slurmctld and three slurmd,
+each node its own network namespace, GPUs as gres), the stand-in as the server: every configuration a job on the node
+it lands on, a node refused by its gate drained and avoided, an admin's node never touched, resume after SIGKILL,
+Ctrl-C cancelling only the campaign's own jobs, a job Slurm killed recorded with Slurm's reason."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.bench.campaigns import write
+from tests.bench.conftest import REPO, env
+
+GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")  # the installed console script, as a user runs it
+SNAPS = REPO / "tests" / "fixtures" / "snapshots"
+METHODS = """\
+methods:
+  baseline: {baseline: true}
+  eagle3: {args: [--accept-length, "3", --decode-tok-s, "900"]}
+  ngram: {args: [--accept-length, "2", --decode-tok-s, "600"]}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from tests.slurmcluster import SlurmCluster, need_lab
+
+    need_lab()
+    c = SlurmCluster(tmp_path_factory.mktemp("slurmcluster"), nodes=3, gpus=2)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def lab(cluster):
+    cluster.reset()
+    yield cluster
+    cluster.reset()
+
+
+def campaign(tmp_path, *, slurm: str = "", gate: str = '"true"', methods: str = METHODS, extra: str = "",
+             tp: str = "[1, 2]"):
+    path, _ = write(tmp_path, methods, gate=gate, extra=f"slurm:\n  poll_s: 0.3\n{slurm}" + extra)
+    path.write_text(path.read_text().replace("tp: [1]\n", f"tp: {tp}\n"))
+    return path
+
+
+def bench(lab, *args, timeout=180):
+    return lab.run([str(GPUDOCTOR), "bench", *args], env=env(), timeout=timeout)
+
+
+def records(out):
+    p = Path(out) / "results.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def keys(recs):
+    return [(r["label"], r["workload"], r["concurrency"], r["trial"]) for r in recs]
+
+
+EXPECTED = sorted((f"{m}-tp{tp}", "chat:short:out24", c, 0) for m in ("baseline", "eagle3", "ngram")
+                  for tp in (1, 2) for c in (1, 2))
+
+
+def test_six_configurations_each_a_job_every_level_once(lab, tmp_path):
+    path = campaign(tmp_path)
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm")
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = records(out)
+    assert sorted(keys(recs)) == EXPECTED  # every level recorded, once
+    assert all(r["status"] == "ok" and r["output_tok_per_s"] > 0 for r in recs)
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    jobs = {label: st["jobs"] for label, st in state["configs"].items()}
+    assert len(jobs) == 6 and all(len(j) == 1 for j in jobs.values())  # one job per configuration
+    for r in recs:
+        s = r["provenance"]["slurm"]
+        assert s["job_id"] == jobs[r["label"]][0] and s["node"] in lab.nodes
+    assert len({r["provenance"]["slurm"]["node"] for r in recs}) >= 2  # spread over the cluster
+    script = (out / "slurm" / "eagle3-tp2.sh").read_text()
+    assert "#SBATCH --gpus=2\n" in script and "#SBATCH --exclusive\n" in script
+    assert f"exec {GPUDOCTOR} bench job {path} --out {out} --config eagle3-tp2\n" in script
+    assert "--tp-size 2" in (out / "jobs" / "eagle3-tp2" / "logs" / "eagle3-tp2.log").read_text()
+
+
+def test_a_node_refused_by_its_gate_is_drained_and_the_configuration_runs_elsewhere(lab, tmp_path):
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    for n in lab.nodes:  # n2's snapshot is the stale uvm major; the others are healthy
+        src = "h200-uvm-blocked.json" if n == "n2" else "h200-healthy.json"
+        (snaps / f"{n}.json").write_text((SNAPS / src).read_text())
+    gate = f"[sh, -c, 'exec {GPUDOCTOR} gate --snapshot {snaps}/$SLURMD_NODENAME.json']"
+    path = campaign(tmp_path, gate=gate, slurm="  partition: lab\n", tp="[1]",
+                    methods=METHODS + "  m4: {args: [--decode-tok-s, '500']}\n  m5: {args: [--decode-tok-s, '700']}\n")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm")
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = records(out)
+    assert len(recs) == 10 and len(set(keys(recs))) == 10 and all(r["status"] == "ok" for r in recs)
+    assert "n2" not in {r["provenance"]["slurm"]["node"] for r in recs}
+    info = lab.info("n2")
+    assert "DRAIN" in info.state and info.reason.startswith("gpudoctor: bench gate refused n2")
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    refused = [r for st in state["configs"].values() for r in st["refused"]]
+    assert refused and all(r["node"] == "n2" for r in refused) and state["excluded"] == ["n2"]
+    assert "node n2 refused by the gate" in p.stderr
+    rep = bench(lab, "report", str(out), "--no-plots")
+    assert rep.returncode == 0, rep.stderr
+    text = (out / "report.md").read_text()
+    assert "## Nodes refused by the gate" in text and "n2" in text and "/dev/nvidia-uvm" in text
+
+
+def test_an_admin_drained_node_is_never_used_or_touched(lab, tmp_path):
+    lab.scontrol("update", "nodename=n3", "state=drain", "reason=bad DIMM, ticket 4711")
+    before = lab.scontrol("show", "node", "n3")
+    path = campaign(tmp_path, tp="[1]")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm")
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = records(out)
+    assert len(recs) == 6 and "n3" not in {r["provenance"]["slurm"]["node"] for r in recs}
+    info = lab.info("n3")
+    assert info.reason == "bad DIMM, ticket 4711" and "DRAIN" in info.state
+    assert _reason_line(lab.scontrol("show", "node", "n3")) == _reason_line(before)  # same reason, user and time
+
+
+def _reason_line(text):
+    return next(x.strip() for x in text.splitlines() if x.strip().startswith("Reason="))
+
+
+def test_sigkill_of_the_submitter_then_resume_no_duplicate_no_loss(lab, tmp_path):
+    path = campaign(tmp_path, slurm="  max_jobs: 2\n")
+    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "100"'))
+    out = tmp_path / "out"
+    proc = lab.popen([str(GPUDOCTOR), "bench", "run", str(path), "--out", str(out), "--slurm"], env=env(),
+                     stdout=open(tmp_path / "first.out", "w"), stderr=open(tmp_path / "first.err", "w"))
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not records(out):
+        time.sleep(0.1)
+    assert records(out), (tmp_path / "first.err").read_text()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = records(out)
+    running = lab.jobs()
+    assert running  # the killed submitter left jobs queued or running
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--resume")
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = records(out)
+    assert sorted(keys(after)) == EXPECTED
+    assert after[: len(before)] == before
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    assert all(len(st["jobs"]) == 1 for st in state["configs"].values()), state  # nothing submitted twice
+    assert "is still" in p.stderr  # a job of the killed submitter was watched, not resubmitted
+
+
+def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
+    stranger = lab.run(["sbatch", "--parsable", "--job-name=someone-elses", "--partition=lab", "-o", "/dev/null",
+                        "--wrap", "sleep 300"]).stdout.strip()
+    assert stranger.isdigit()
+    path = campaign(tmp_path, slurm="  time_limit: '10'\n")
+    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "20"'))
+    out = tmp_path / "out"
+    proc = lab.popen([str(GPUDOCTOR), "bench", "run", str(path), "--out", str(out), "--slurm"], env=env(),
+                     stdout=open(tmp_path / "o", "w"), stderr=open(tmp_path / "e", "w"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("gpd-" in j for j in lab.jobs()):
+        time.sleep(0.1)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130, (tmp_path / "e").read_text()[-2000:]
+    err = (tmp_path / "e").read_text()
+    assert "cancelled this campaign's" in err and "--resume" in err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any("gpd-" in j for j in lab.jobs()):
+        time.sleep(0.2)
+    jobs = lab.jobs()
+    assert not any("gpd-" in j for j in jobs)
+    assert any(j.split()[0] == stranger and "RUNNING" in j for j in jobs), jobs  # the stranger's job survives
+
+
+def test_a_job_slurm_kills_is_recorded_with_slurms_reason(lab, tmp_path):
+    # one configuration whose levels outlast its one-minute time limit; KillWait 2 s
+    path = campaign(tmp_path, slurm="  time_limit: '1'\n", tp="[1]", methods="methods:\n  slow: {baseline: true}\n")
+    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "0.3"'))
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", timeout=240)
+    assert p.returncode == 1, p.stderr[-3000:]
+    recs = records(out)
+    assert [r["status"] for r in recs] == ["crashed", "skipped"]
+    assert "TIMEOUT" in recs[0]["error"] and "Slurm job" in recs[0]["error"]
+    assert recs[0]["provenance"]["slurm"]["job_id"]
