@@ -165,6 +165,9 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
     stranger = lab.run(["sbatch", "--parsable", "--job-name=someone-elses", "--partition=lab", "-o", "/dev/null",
                         "--wrap", "sleep 300"]).stdout.strip()
     assert stranger.isdigit()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(j.split()[0] == stranger and "RUNNING" in j for j in lab.jobs()):
+        time.sleep(0.1)
     path = campaign(tmp_path, slurm="  time_limit: '10'\n")
     path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "20"'))
     out = tmp_path / "out"
@@ -183,17 +186,28 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
         time.sleep(0.2)
     jobs = lab.jobs()
     assert not any("gpd-" in j for j in jobs)
-    assert any(j.split()[0] == stranger and "RUNNING" in j for j in jobs), jobs  # the stranger's job survives
+    assert any(j.split()[:3] == [stranger, "someone-elses", "RUNNING"] for j in jobs), jobs  # the stranger's survives
 
 
 def test_a_job_slurm_kills_is_recorded_with_slurms_reason(lab, tmp_path):
-    # one configuration whose levels outlast its one-minute time limit; KillWait 2 s
-    path = campaign(tmp_path, slurm="  time_limit: '1'\n", tp="[1]", methods="methods:\n  slow: {baseline: true}\n")
-    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "0.3"'))
+    # the node under a running job goes DOWN (as a node failure does): Slurm ends the job NODE_FAIL
+    path = campaign(tmp_path, tp="[1]", methods="methods:\n  slow: {baseline: true}\n")
+    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "2"'))
     out = tmp_path / "out"
-    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", timeout=240)
-    assert p.returncode == 1, p.stderr[-3000:]
+    proc = lab.popen([str(GPUDOCTOR), "bench", "run", str(path), "--out", str(out), "--slurm"], env=env(),
+                     stdout=open(tmp_path / "o", "w"), stderr=open(tmp_path / "e", "w"))
+    node = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and node is None:
+        running = [j.split() for j in lab.jobs() if "RUNNING" in j]
+        node = running[0][3] if running else None
+        time.sleep(0.2)
+    assert node, (tmp_path / "e").read_text()[-2000:]
+    time.sleep(3)  # the job is in its levels
+    lab.scontrol("update", f"nodename={node}", "state=down", "reason=PSU lost")
+    assert proc.wait(90) == 1, (tmp_path / "e").read_text()[-3000:]
     recs = records(out)
-    assert [r["status"] for r in recs] == ["crashed", "skipped"]
-    assert "TIMEOUT" in recs[0]["error"] and "Slurm job" in recs[0]["error"]
-    assert recs[0]["provenance"]["slurm"]["job_id"]
+    assert [r["status"] for r in recs] == ["crashed", "skipped"], recs
+    assert "NODE_FAIL" in recs[0]["error"] and f"Slurm job" in recs[0]["error"] and node in recs[0]["error"]
+    assert recs[0]["provenance"]["slurm"]["node"] == node and recs[0]["provenance"]["slurm"]["job_id"]
+    assert "not run: Slurm job" in recs[1]["error"]
