@@ -211,3 +211,29 @@ def test_a_job_slurm_kills_is_recorded_with_slurms_reason(lab, tmp_path):
     assert "NODE_FAIL" in recs[0]["error"] and f"Slurm job" in recs[0]["error"] and node in recs[0]["error"]
     assert recs[0]["provenance"]["slurm"]["node"] == node and recs[0]["provenance"]["slurm"]["job_id"]
     assert "not run: Slurm job" in recs[1]["error"]
+
+
+STABLE = ("schema", "label", "method", "tp", "workload", "concurrency", "trial", "max_tokens", "status", "requests",
+          "completed", "failed", "output_tokens", "prompt_tokens_mean", "accept_length", "error")
+
+
+def test_the_same_campaign_with_target_local_gives_the_same_records_minus_node_and_job(lab, tmp_path):
+    from tests.bench.conftest import run_cli
+
+    path = campaign(tmp_path, tp="[1]")
+    local, slurm = tmp_path / "local", tmp_path / "slurm"
+    p = run_cli("bench", "run", str(path), "--out", str(local))
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = bench(lab, "run", str(path), "--out", str(slurm), "--slurm")
+    assert p.returncode == 0, p.stderr[-2000:]
+    a, b = records(local), records(slurm)
+    assert sorted(keys(a)) == sorted(keys(b)) and len(a) == 6
+    b_by = {k: r for k, r in zip(keys(b), b)}
+    for k, ra in zip(keys(a), a):
+        rb = b_by[k]
+        assert sorted(ra) == sorted(rb)  # the same fields
+        assert {f: ra.get(f) for f in STABLE} == {f: rb.get(f) for f in STABLE}
+        pa, pb = dict(ra["provenance"]), dict(rb["provenance"])
+        assert set(pb) - set(pa) == {"slurm"} and sorted(pb["slurm"]) == ["job_id", "node"]
+        for f in ("campaign", "server", "gpudoctor"):
+            assert pa.get(f) == pb.get(f), f
