@@ -169,7 +169,6 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
     while time.monotonic() < deadline and not any(j.split()[0] == stranger and "RUNNING" in j for j in lab.jobs()):
         time.sleep(0.1)
     path = campaign(tmp_path, slurm="  time_limit: '10'\n")
-    path.write_text(path.read_text().replace('--decode-tok-s, "400"', '--decode-tok-s, "20"'))
     out = tmp_path / "out"
     proc = lab.popen([str(GPUDOCTOR), "bench", "run", str(path), "--out", str(out), "--slurm"], env=env(),
                      stdout=open(tmp_path / "o", "w"), stderr=open(tmp_path / "e", "w"))
@@ -187,6 +186,13 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
     jobs = lab.jobs()
     assert not any("gpd-" in j for j in jobs)
     assert any(j.split()[:3] == [stranger, "someone-elses", "RUNNING"] for j in jobs), jobs  # the stranger's survives
+    lab.run(["scancel", stranger])
+    before = records(out)
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--resume")  # the cancelled ones run again
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = records(out)
+    assert sorted(keys(after)) == EXPECTED and after[: len(before)] == before
+    assert "was cancelled by an interrupted run: submitted again" in p.stderr
 
 
 def test_a_job_slurm_kills_is_recorded_with_slurms_reason(lab, tmp_path):

@@ -261,6 +261,11 @@ class SlurmCampaign(Runner):
         except slurmjobs.SlurmCommandError as exc:
             return f"could not list this campaign's jobs to cancel them ({exc})"
         failed = slurmjobs.cancel(self.host, sorted(mine))
+        if not failed:
+            for jid, j in mine.items():  # cancelled by us, not ended by Slurm: --resume submits them again
+                label = j["name"][len(self.job_name("")):]
+                if label in self.configs:
+                    self.cs(label)["status"] = "cancelled"
         self.save()
         if failed:
             return f"cancelling jobs {', '.join(sorted(mine))} failed: {failed}"
@@ -312,6 +317,9 @@ class SlurmCampaign(Runner):
                 self.emit("config", label=label, what="complete, not submitted")
             elif st["status"] == "failed":
                 continue
+            elif st["status"] == "cancelled":  # by an interrupted submitter: what its job recorded is kept
+                self.emit("note", text=f"{label}: job {st['job']} was cancelled by an interrupted run: submitted again")
+                waiting.append(label)
             elif st.get("job") and st["status"] == "submitted":
                 if self.finish(label, st["job"]) == "again":
                     waiting.append(label)
