@@ -400,7 +400,9 @@ def job(campaign, out_dir, label):
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots (matplotlib, the `plots` extra, is then not needed).")
-def report(out_dir, baseline, no_plots):
+@click.option("--by-node", is_flag=True,
+              help="Add a table per Slurm node (bench run --slurm): each configuration's levels on the node it ran on.")
+def report(out_dir, baseline, no_plots, by_node):
     """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
 
     \b
@@ -413,7 +415,7 @@ def report(out_dir, baseline, no_plots):
     """
     from gpudoctor.bench.records.report import write_report
 
-    written = write_report(out_dir, baseline=baseline, plots=not no_plots)
+    written = write_report(out_dir, baseline=baseline, plots=not no_plots, by_node=by_node)
     click.echo(written["report"])
     click.echo(written["csv"])
     for p in written["plots"]:
@@ -434,7 +436,10 @@ def report(out_dir, baseline, no_plots):
 @click.option("--min-effect", type=finite(0, 10), default=0.01, show_default=True,
               help="A significant change smaller than this fraction is called no difference.")
 @click.option("--json", "json_out", is_flag=True, help="The comparison (and the gate's outcome) as JSON on stdout.")
-def compare(a, b, fail_if, effect, min_effect, json_out):
+@click.option("--by-node", is_flag=True,
+              help="Match cells also on the Slurm node they were measured on (bench run --slurm): A and B compared "
+                   "only where they ran on the same node.")
+def compare(a, b, fail_if, effect, min_effect, json_out, by_node):
     """Compare two benchmark results cell by cell: is B faster or slower than A, and is it significant?
 
     \b
@@ -443,7 +448,7 @@ def compare(a, b, fail_if, effect, min_effect, json_out):
       gpudoctor bench compare runs/c1:method=autoregressive runs/c1:method=eagle3
       gpudoctor bench compare runs/c1:tp=1 runs/c1:tp=4
       gpudoctor bench compare runs/base runs/new --fail-if "output_tok_per_s < -5%" --fail-if "ttft_ms_p99 > +10%"
-    Selector fields: method, label, tp, host. Per cell (workload x concurrency or rate) and metric (tok/s, TTFT
+    Selector fields: method, label, tp, host, node (the Slurm node). Per cell (workload x concurrency or rate) and metric (tok/s, TTFT
     p50/p99, ITL p50, e2e p50): A, B, the change with its 95 % interval, the test used (Welch t on trials with 2+
     trials per side, else a bootstrap + Mann-Whitney U on per-request values) and a verdict: faster, slower, no
     difference detectable (with how many trials would detect --effect), not enough data, or not compared (suspect or
@@ -457,7 +462,7 @@ def compare(a, b, fail_if, effect, min_effect, json_out):
     from gpudoctor.bench.records import compare as cmp
 
     rules = [cmp.parse_rule(t) for t in fail_if]
-    result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect)
+    result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect, by_node=by_node)
     verdict = cmp.gate(result, rules) if rules else None
     if json_out:
         click.echo(json.dumps({**result, "gate": verdict}, default=str, sort_keys=True))

@@ -181,7 +181,7 @@ def render_slurm(state: dict | None) -> list[str]:
 
 def render_markdown(records: list[dict], baseline: str | None, title: str, plots: list[str],
                     order: Order | None = None, heals: list[dict] | None = None, plots_note: str | None = None,
-                    slurm: dict | None = None) -> str:
+                    slurm: dict | None = None, by_node: bool = False) -> str:
     agg = aggregate(records)
     order = order or Order(records)
     counts = defaultdict(int)
@@ -242,6 +242,8 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
     lines += render_trust(records, order)
     lines += render_heals(records, heals or [])
     lines += render_slurm(slurm)
+    if by_node:
+        lines += render_by_node(records)
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     elif plots_note:
@@ -355,7 +357,24 @@ def _plot(plt, agg, cells, kind, axis, workload, baseline, order, color, plot_di
     return name
 
 
-def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True) -> dict:
+def render_by_node(records: list[dict]) -> list[str]:
+    """report.md's "By node" section (--by-node): tok/s per Slurm node, configuration and level, so a difference
+    between methods can be told from a difference between the nodes they ran on."""
+    from gpudoctor.bench.records.compare import node_of
+
+    groups: dict = defaultdict(list)
+    for r in records:
+        groups[(str(node_of(r) or "—"), r["label"], r["workload"], str(load_label(_load(r))))].append(r)
+    lines = ["## By node", "", "Each level on the Slurm node it was measured on (provenance.slurm.node; — where the "
+             "record has none).", "", "| node | label | workload | load | ok/total | tok/s (mean of ok) |",
+             "|---|---|---|---|---:|---:|"]
+    for (node, label, wl, load), rs in sorted(groups.items()):
+        ok = [r["output_tok_per_s"] for r in rs if r["status"] == "ok" and r.get("output_tok_per_s") is not None]
+        lines.append(f"| {node} | {label} | {wl} | {load} | {len(ok)}/{len(rs)} | {_fmt(_mean(ok))} |")
+    return lines + [""]
+
+
+def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True, by_node: bool = False) -> dict:
     """Write report.md, results.csv and plots/ into OUT_DIR from its results.jsonl. Returns what was written, and
     under "plots_skipped" why no plot was drawn when matplotlib is not there (the tables and CSV are written anyway)."""
     from gpudoctor.files.atomic import atomic_write
@@ -389,7 +408,7 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
 
         slurm = read_json(d / "slurm" / "state.json", what="slurm/state.json", max_bytes=16 << 20)
     atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped,
-                                                  slurm=slurm))
+                                                  slurm=slurm, by_node=by_node))
     atomic_write(d / "results.csv", render_csv(records, baseline))
     return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs],
             "plots_skipped": skipped}
