@@ -336,7 +336,10 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
 @click.option("--slurm", is_flag=True,
               help="Run each configuration as a Slurm job on the node it lands on (the campaign's slurm: section); "
                    "--out must be a directory every node shares. See docs/bench.md \"Campaigns on Slurm\".")
-def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, slurm):
+@click.option("--no-submit", is_flag=True,
+              help="With --slurm: write the job scripts and collect what jobs recorded, submit nothing (the "
+                   "sbatch-only recipe of docs/bench.md).")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, slurm, no_submit):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -355,6 +358,8 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
+    if no_submit and not slurm:
+        raise InputError("bench run: --no-submit goes with --slurm")
     if slurm:
         from gpudoctor.bench.campaign.slurm import run_slurm_campaign
 
@@ -362,7 +367,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
             raise InputError("bench run --slurm: --rerun-suspect and --accept-new-host-key are for a campaign run "
                              "from here (target: local or an inventory host)")
         with Display() as display:
-            counts = run_slurm_campaign(campaign, out_dir, resume=resume, on_event=display)
+            counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
         click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
         raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                          else EXIT_WARN)

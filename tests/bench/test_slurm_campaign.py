@@ -243,3 +243,24 @@ def test_the_same_campaign_with_target_local_gives_the_same_records_minus_node_a
         assert set(pb) - set(pa) == {"slurm"} and sorted(pb["slurm"]) == ["job_id", "node"]
         for f in ("campaign", "server", "gpudoctor"):
             assert pa.get(f) == pb.get(f), f
+
+
+def test_sbatch_only_recipe(lab, tmp_path):
+    path = campaign(tmp_path, tp="[1]")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--no-submit")
+    assert p.returncode == 1 and records(out) == [] and not lab.jobs(), p.stderr[-2000:]
+    scripts = sorted((out / "slurm").glob("*.sh"))
+    assert [s.name for s in scripts] == ["baseline-tp1.sh", "eagle3-tp1.sh", "ngram-tp1.sh"]
+    assert f"not complete: sbatch {out / 'slurm' / 'eagle3-tp1.sh'}" in p.stderr
+    for s in scripts:  # as a person submits them
+        r = lab.run(["sbatch", str(s)])
+        assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and lab.jobs():
+        time.sleep(0.3)
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--no-submit", "--resume")
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = records(out)
+    assert len(recs) == 6 == len(set(keys(recs))) and all(r["status"] == "ok" for r in recs)
+    assert all(r["provenance"]["slurm"]["job_id"] for r in recs)

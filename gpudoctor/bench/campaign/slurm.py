@@ -175,8 +175,9 @@ class _Terminated(BaseException):
 class SlurmCampaign(Runner):
     """The submitting side: one output directory, its lock (Runner.run), the jobs of this campaign only."""
 
-    def __init__(self, camp, out_dir: str, *, on_event=None, host=None):
+    def __init__(self, camp, out_dir: str, *, on_event=None, host=None, submit: bool = True):
         super().__init__(camp, out_dir, host=host or local_host(), on_event=on_event)
+        self.submitting = submit  # False: write the scripts and collect what jobs recorded, submit nothing
         self.spec: SlurmSpec = camp.slurm or SlurmSpec()
         self.sdir = self.dir / "slurm"
         self.state: dict = {}
@@ -230,6 +231,15 @@ class SlurmCampaign(Runner):
         self.save()
         self.emit("note", text=f"Slurm campaign {self.state['campaign_id']}: {len(self.configs)} configuration(s), "
                                f"job scripts in {self.sdir}")
+        if not self.submitting:  # the sbatch-only recipe: people submit, gpudoctor writes and collects
+            for label in self.configs:
+                self.collect(label)
+                if self.complete(label):
+                    self.emit("config", label=label, what="complete")
+                else:
+                    self.emit("config", label=label, what=f"not complete: sbatch {self.sdir / (label + '.sh')}")
+            recs = self.store.load()
+            return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
         old = signal.getsignal(signal.SIGTERM)
 
         def term(_sig, _frame):
@@ -443,7 +453,7 @@ class SlurmCampaign(Runner):
             self.store.provenance_stamp = {}
 
 
-def run_slurm_campaign(path: str, out_dir: str, *, resume: bool = False,
+def run_slurm_campaign(path: str, out_dir: str, *, resume: bool = False, submit: bool = True,
                        on_event: Callable[..., None] | None = None) -> dict:
     """Load a campaign and run it as Slurm jobs (one per configuration) from this machine; counts by status."""
     from gpudoctor.bench.campaign.file import check_gate_profile, load
@@ -454,4 +464,4 @@ def run_slurm_campaign(path: str, out_dir: str, *, resume: bool = False,
         raise ConfigError(f"--slurm runs each configuration on the node Slurm gives it: the campaign's target must be "
                           f"local, not {camp.target}", path=camp.path, line=camp.target_line)
     check_gate_profile(camp, None)
-    return SlurmCampaign(camp, out_dir, on_event=on_event).run(resume)
+    return SlurmCampaign(camp, out_dir, on_event=on_event, submit=submit).run(resume)
