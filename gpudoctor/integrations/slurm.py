@@ -5,7 +5,8 @@ Used as a Prolog or HealthCheckProgram on the compute node. gpudoctor changes a 
 in the state gpudoctor left it in. A node that is DOWN, FAIL, in MAINTENANCE (a flag, or an active MAINT reservation),
 REBOOT_REQUESTED/REBOOT_ISSUED, powered down, in a state this module does not know, or drained by anyone else is left
 exactly as it is — never drained over, never resumed (mej/nhc#134 is the class of bug this avoids). The gate's verdict
-(its exit code) is the same either way. This module is the only place gpudoctor runs `scontrol`.
+(its exit code) is the same either way. This module is the only place gpudoctor changes a node's state
+(`bench run --slurm` drains a refused node through apply(); its jobs are integrations/slurmjobs.py's).
 
 States are scontrol's words (`scontrol show node`: BASE+FLAG+FLAG, e.g. IDLE+COMPLETING+DRAIN,
 DOWN+DRAIN+NOT_RESPONDING); sinfo's DRAINED/DRNG/DRAINING never appear there and are treated as unknown.
