@@ -382,8 +382,8 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
 
 @bench.command("job", hidden=True)
 @click.argument("campaign", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", required=True)
-@click.option("--config", "label", required=True)
+@click.option("--out", "out_dir", required=True, help="The campaign's shared output directory (records: OUT/jobs/LABEL/).")
+@click.option("--config", "label", required=True, help="The configuration's label, e.g. eagle3-tp2.")
 def job(campaign, out_dir, label):
     """One configuration of a campaign on this node, as the job script of `bench run --slurm` runs it (internal).
 
