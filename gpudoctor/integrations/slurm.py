@@ -5,8 +5,7 @@ Used as a Prolog or HealthCheckProgram on the compute node. gpudoctor changes a 
 in the state gpudoctor left it in. A node that is DOWN, FAIL, in MAINTENANCE (a flag, or an active MAINT reservation),
 REBOOT_REQUESTED/REBOOT_ISSUED, powered down, in a state this module does not know, or drained by anyone else is left
 exactly as it is — never drained over, never resumed (mej/nhc#134 is the class of bug this avoids). The gate's verdict
-(its exit code) is the same either way. This module is the only place gpudoctor changes a node's state
-(`bench run --slurm` drains a refused node through apply(); its jobs are integrations/slurmjobs.py's).
+(its exit code) is the same either way. This module is the only place gpudoctor runs `scontrol`.
 
 States are scontrol's words (`scontrol show node`: BASE+FLAG+FLAG, e.g. IDLE+COMPLETING+DRAIN,
 DOWN+DRAIN+NOT_RESPONDING); sinfo's DRAINED/DRNG/DRAINING never appear there and are treated as unknown.
@@ -179,3 +178,9 @@ def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> Sl
         verb = "resume" if act.action == "resumed" else "drain"
         return SlurmAction("failed", f"could not {verb} {node}: {res.describe()}", act.argv)
     return act
+
+
+def show_job(host, job_id: str, *, timeout: float = 30.0):
+    """`scontrol show job ID` (a CommandResult): how a job of `bench run --slurm` ended, while slurmctld still
+    holds it (MinJobAge); parsed by gpudoctor.integrations.slurmjobs.ended."""
+    return host.run(["scontrol", "show", "job", job_id], timeout=timeout)

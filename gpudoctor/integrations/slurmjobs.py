@@ -1,5 +1,6 @@
-"""Slurm jobs for `bench run --slurm`: submit (sbatch), watch (squeue, then `scontrol show job` / sacct for how a job
-ended), cancel (scancel by job id) — only jobs gpudoctor submitted, recognised by their exact job names.
+"""Slurm jobs for `bench run --slurm`: submit (sbatch), watch (squeue, then `scontrol show job` — run by
+gpudoctor.integrations.slurm, the one module that runs scontrol — or sacct for how a job ended), cancel (scancel by
+job id) — only jobs gpudoctor submitted, recognised by their exact job names.
 
 Every command runs through `host.run` (a LocalHost where the submitting gpudoctor runs), never through a shell. Node
 states (drain on a refused gate) stay gpudoctor.integrations.slurm's.
@@ -83,7 +84,9 @@ def _field(text: str, name: str) -> str | None:
 
 def ended(host, job_id: str) -> JobEnd:
     """How a job ended: `scontrol show job` while slurmctld still holds it (MinJobAge), else sacct."""
-    res = host.run(["scontrol", "show", "job", job_id], timeout=30.0)
+    from gpudoctor.integrations.slurm import show_job
+
+    res = show_job(host, job_id)
     if res.ok and _field(res.stdout, "JobState"):
         t = res.stdout
         rc, _, sig = (_field(t, "ExitCode") or ":").partition(":")
