@@ -165,9 +165,9 @@ class Runner:
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
                  inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None,
-                 only: str | None = None):
+                 only: tuple[str, ...] | None = None):
         self.camp, self.host = camp, host
-        self.only = only  # run only the configuration with this label (a Slurm job runs one: bench job)
+        self.only = only  # run only the configurations with these labels (a Slurm job runs one: bench job)
         self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
         self.dir = Path(out_dir)
@@ -262,25 +262,6 @@ class Runner:
             self.counter = self.load_counter()
         except HostError as exc:
             raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
-        self.write_campaign_files()
-        if self.camp.is_remote:
-            self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
-                                   f"load goes to {self.camp.base_url}")
-        self.emit("note", text=f"token counts: {self.counter.source}")
-        if self.camp.heal is not None:
-            self.healer = self.make_healer()
-        try:
-            for cfg in self.camp.configs():
-                if self.only is None or cfg.label == self.only:
-                    self.run_config(cfg)
-        finally:
-            if self.healer is not None:
-                self.healer.close()
-        recs = self.store.load()
-        return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
-
-    def write_campaign_files(self) -> None:
-        """DIR/campaign.yaml (the file as run) and DIR/campaign.json (what report and compare read)."""
         shutil.copyfile(self.camp.path, self.dir / "campaign.yaml")
         (self.dir / "campaign.json").write_text(json.dumps(
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
@@ -289,6 +270,21 @@ class Runner:
              "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
              "target": self.camp.target, "server_url": self.camp.base_url,
              "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
+        if self.camp.is_remote:
+            self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
+                                   f"load goes to {self.camp.base_url}")
+        self.emit("note", text=f"token counts: {self.counter.source}")
+        if self.camp.heal is not None:
+            self.healer = self.make_healer()
+        try:
+            for cfg in self.camp.configs():
+                if self.only is None or cfg.label in self.only:
+                    self.run_config(cfg)
+        finally:
+            if self.healer is not None:
+                self.healer.close()
+        recs = self.store.load()
+        return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
 
     def run_config(self, cfg: Config) -> None:
         camp = self.camp

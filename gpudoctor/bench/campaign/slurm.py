@@ -150,7 +150,7 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
     jobdir = Path(out_dir) / "jobs" / label
     try:
         check_paths(camp, host)
-        runner = Runner(camp, str(jobdir), host=host, on_event=on_event, only=label)
+        runner = Runner(camp, str(jobdir), host=host, on_event=on_event, only=(label,))
         runner.store.provenance_stamp = {"slurm": {"node": node, "job_id": job}}
         try:
             return runner.run(resume=True)
@@ -176,7 +176,8 @@ class SlurmCampaign(Runner):
     """The submitting side: one output directory, its lock (Runner.run), the jobs of this campaign only."""
 
     def __init__(self, camp, out_dir: str, *, on_event=None, host=None, submit: bool = True):
-        super().__init__(camp, out_dir, host=host or local_host(), on_event=on_event)
+        # only=(): Runner._run prepares the directory (token counts, campaign.yaml and .json) and runs nothing here
+        super().__init__(camp, out_dir, host=host or local_host(), on_event=on_event, only=())
         self.submitting = submit  # False: write the scripts and collect what jobs recorded, submit nothing
         self.spec: SlurmSpec = camp.slurm or SlurmSpec()
         self.sdir = self.dir / "slurm"
@@ -216,9 +217,11 @@ class SlurmCampaign(Runner):
                              "another --out", path=str(self.dir))
         return super().run(resume)
 
+    def make_healer(self):
+        return None  # `heal:` applies in each job, on its node
+
     def _run(self) -> dict:
-        self.counter = self.load_counter()
-        self.write_campaign_files()
+        super()._run()
         self.sdir.mkdir(exist_ok=True)
         self.state = self.load_state()
         self.configs = {c.label: c for c in self.camp.configs()}
