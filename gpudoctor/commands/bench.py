@@ -360,21 +360,18 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     output_dir(out_dir, "--out")
     if no_submit and not slurm:
         raise InputError("bench run: --no-submit goes with --slurm")
-    if slurm:
-        from gpudoctor.bench.campaign.slurm import run_slurm_campaign
-
-        if rerun_suspect or accept_new_host_key:
-            raise InputError("bench run --slurm: --rerun-suspect and --accept-new-host-key are for a campaign run "
-                             "from here (target: local or an inventory host)")
-        with Display() as display:
-            counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
-        click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-        raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
-                         else EXIT_WARN)
+    if slurm and (rerun_suspect or accept_new_host_key):
+        raise InputError("bench run --slurm: --rerun-suspect and --accept-new-host-key are for a campaign run "
+                         "from here (target: local or an inventory host)")
     with Display() as display:
-        counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
-                              host_key_policy="accept-new" if accept_new_host_key else None,
-                              rerun_suspect=rerun_suspect)
+        if slurm:  # docs/bench.md "Campaigns on Slurm"
+            from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+            counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
+        else:
+            counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
+                                  host_key_policy="accept-new" if accept_new_host_key else None,
+                                  rerun_suspect=rerun_suspect)
     click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
                      else EXIT_WARN)
