@@ -270,3 +270,13 @@ def test_sbatch_only_recipe(lab, tmp_path):
     recs = records(out)
     assert len(recs) == 6 == len(set(keys(recs))) and all(r["status"] == "ok" for r in recs)
     assert all(r["provenance"]["slurm"]["job_id"] for r in recs)
+
+
+def test_a_job_slurm_refuses_stops_the_campaign_in_one_line(lab, tmp_path):
+    path = campaign(tmp_path, slurm="  partition: nope\n", tp="[1]")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm")
+    assert p.returncode == 2, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpudoctor: cannot submit baseline-tp1: $ sbatch --parsable") and "partition" in last
+    assert "Traceback" not in p.stderr and not lab.jobs() and records(out) == []

@@ -362,7 +362,10 @@ class SlurmCampaign(Runner):
         try:
             jid = slurmjobs.submit(self.host, str(self.sdir / f"{label}.sh"), extra)
         except slurmjobs.SlurmCommandError as exc:
-            raise CampaignStopped(f"cannot submit {label}: {exc}") from None
+            running = [x for x in self.configs if x != label and self.cs(x)["status"] == "submitted"]
+            raise CampaignStopped(f"cannot submit {label}: {exc}" + (
+                f"; the jobs already submitted ({', '.join(running)}) go on, and {self.resume_hint} --slurm "
+                "watches them" if running else "")) from None
         st["job"], st["status"] = jid, "submitted"
         st["jobs"].append(jid)
         self.save()
@@ -378,6 +381,11 @@ class SlurmCampaign(Runner):
         end = slurmjobs.ended(self.host, jid)
         self.collect(label)
         refused = self.refusal(label, jid)
+        if refused is not None and end.node and refused["node"] != end.node:
+            # the file names another node than the one Slurm ran the job on: nothing is drained on its word
+            self.emit("note", text=f"{label}: refused.json names node {refused['node']}, but Slurm ran job {jid} on "
+                                   f"{end.node}: no node drained")
+            refused = None
         if refused is not None:
             node = refused["node"]
             act = self.drain(node, refused["said"])
