@@ -161,7 +161,8 @@ def test_sigkill_of_the_submitter_then_resume_no_duplicate_no_loss(lab, tmp_path
     assert "is still" in p.stderr  # a job of the killed submitter was watched, not resubmitted
 
 
-def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path, sig, code):
     stranger = lab.run(["sbatch", "--parsable", "--job-name=someone-elses", "--partition=lab", "-o", "/dev/null",
                         "--wrap", "sleep 300"]).stdout.strip()
     assert stranger.isdigit()
@@ -176,8 +177,8 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path):
     while time.monotonic() < deadline and not any("gpd-" in j for j in lab.jobs()):
         time.sleep(0.1)
     time.sleep(1)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 130, (tmp_path / "e").read_text()[-2000:]
+    proc.send_signal(sig)
+    assert proc.wait(60) == code, (tmp_path / "e").read_text()[-2000:]
     err = (tmp_path / "e").read_text()
     assert "cancelled this campaign's" in err and "--resume" in err
     deadline = time.monotonic() + 30

@@ -254,8 +254,10 @@ class SlurmCampaign(Runner):
         except (KeyboardInterrupt, _Terminated) as exc:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             gone = self.cancel_own()
-            raise Interrupted(f"interrupted ({'SIGTERM' if isinstance(exc, _Terminated) else 'SIGINT'}): "
-                              f"{gone}; continue with {self.resume_hint} --slurm") from None
+            err = Interrupted(f"interrupted ({'SIGTERM' if isinstance(exc, _Terminated) else 'SIGINT'}): "
+                              f"{gone}; continue with {self.resume_hint} --slurm")
+            err.exit_code = 143 if isinstance(exc, _Terminated) else 130
+            raise err from None
         finally:
             signal.signal(signal.SIGTERM, old)
         for label in self.configs:
