@@ -379,7 +379,8 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
 
 @bench.command("job", hidden=True)
 @click.argument("campaign", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", required=True, help="The campaign's shared output directory (records: OUT/jobs/LABEL/).")
+@click.option("--out", "out_dir", required=True,
+              help="The campaign's shared output directory (records: OUT/jobs/LABEL/).")
 @click.option("--config", "label", required=True, help="The configuration's label, e.g. eagle3-tp2.")
 def job(campaign, out_dir, label):
     """One configuration of a campaign on this node, as the job script of `bench run --slurm` runs it (internal).
@@ -450,12 +451,12 @@ def compare(a, b, fail_if, effect, min_effect, json_out, by_node):
       gpudoctor bench compare runs/c1:method=autoregressive runs/c1:method=eagle3
       gpudoctor bench compare runs/c1:tp=1 runs/c1:tp=4
       gpudoctor bench compare runs/base runs/new --fail-if "output_tok_per_s < -5%" --fail-if "ttft_ms_p99 > +10%"
-    Selector fields: method, label, tp, host, node (the Slurm node). Per cell (workload x concurrency or rate) and metric (tok/s, TTFT
+    Selector fields: method, label, tp, host. Per cell (workload x concurrency or rate) and metric (tok/s, TTFT
     p50/p99, ITL p50, e2e p50): A, B, the change with its 95 % interval, the test used (Welch t on trials with 2+
     trials per side, else a bootstrap + Mann-Whitney U on per-request values) and a verdict: faster, slower, no
     difference detectable (with how many trials would detect --effect), not enough data, or not compared (suspect or
     failed levels). A warning names anything else that differs between A and B (engine, driver, power limit, ...).
-    See docs/bench.md "Comparing results".
+    See docs/bench.md "Comparing results". Records of `bench run --slurm` also select by node (DIR:node=n1).
     Exit codes: 0 compared (and every gate rule passed), 1 a --fail-if rule failed, 3 bad input, or a gate that
     could not judge a cell.
     """

@@ -174,7 +174,8 @@ def render_slurm(state: dict | None) -> list[str]:
         lines += ["## Jobs Slurm ended", "", "| configuration | job | how it ended | its last output |",
                   "|---|---|---|---|"]
         for label, e in ended:
-            lines.append(f"| {esc(label)} | {esc(e.get('job_id'))} | {esc(e.get('why'))} | {esc(e.get('output') or '—')} |")
+            lines.append(f"| {esc(label)} | {esc(e.get('job_id'))} | {esc(e.get('why'))} | "
+                         f"{esc(e.get('output') or '—')} |")
         lines.append("")
     return lines
 
