@@ -107,7 +107,9 @@ def test_a_node_refused_by_its_gate_is_drained_and_the_configuration_runs_elsewh
     assert len(recs) == 10 and len(set(keys(recs))) == 10 and all(r["status"] == "ok" for r in recs)
     assert "n2" not in {r["provenance"]["slurm"]["node"] for r in recs}
     info = lab.info("n2")
-    assert "DRAIN" in info.state and info.reason.startswith("gpudoctor: bench gate refused n2")
+    assert "DRAIN" in info.state and info.reason.startswith(  # the gate's own first words
+        "gpudoctor: bench gate: BLOCK devices.node.major[/dev/nvidia-uvm]: /dev/nvidia-uvm is 1:3, but the live "
+        "nvidia-uvm device is 238:0")
     state = json.loads((out / "slurm" / "state.json").read_text())
     refused = [r for st in state["configs"].values() for r in st["refused"]]
     assert refused and all(r["node"] == "n2" for r in refused) and state["excluded"] == ["n2"]

@@ -46,11 +46,11 @@ class CampaignStopped(GpudoctorError):
 
 class GateRefused(CampaignStopped):
     """The gate failed before a configuration (and healing, if any, did not help): the host is refused. `said` is
-    what the gate said first (a Slurm job reports it, and the submitter drains the node with it)."""
+    what was asked and what it said (a Slurm job reports it; the submitter drains the node with `reason`)."""
 
-    def __init__(self, message: str, said: str):
+    def __init__(self, message: str, said: str, reason: str):
         super().__init__(message)
-        self.said = said
+        self.said, self.reason = said, reason  # reason: the gate's own first words (why), for a drain reason
 
 
 def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> list[Level]:
@@ -180,6 +180,7 @@ class Runner:
         self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
         self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
         self.last_gate: dict | None = None  # the gate's verdict before the current configuration (provenance)
+        self.gate_reason = ""  # the last gate's first words: why it refused
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def cell_watch(self, launcher: Launcher, cfg: Config | None = None):
@@ -585,6 +586,8 @@ class Runner:
         if call is None:
             argv = self.gate_argv(cfg)
             res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
+            self.gate_reason = next((x.strip() for x in (res.stdout + "\n" + res.stderr).splitlines() if x.strip()),
+                                    res.describe())  # its first words: why it refused (a Slurm node's drain reason)
             return res.ok, " ".join(argv) if res.ok else f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
         from gpudoctor.gate import gate_target
         from gpudoctor.report import gate_lines
@@ -600,6 +603,7 @@ class Runner:
         if result.passed:
             return True, what
         lines = [text for text, _ in gate_lines(result)]  # root causes first
+        self.gate_reason = lines[0] if lines else result.headline
         more = f" (and {len(lines) - 1} more: gpudoctor gate{f' --host {spec}' if spec else ''})" if len(lines) > 1 else ""
         return False, f"{what} → exit {result.exit_code}: {lines[0]}{more}"
 
@@ -624,7 +628,7 @@ class Runner:
                 self.emit("note", text="gate passed after healing")
                 return
         raise GateRefused(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
-                          + ("" if not camp.heal_command else f"; after healing: {said}"), said)
+                          + ("" if not camp.heal_command else f"; after healing: {said}"), said, self.gate_reason)
 
 
 def _loopback(address: str) -> bool:

@@ -157,7 +157,7 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
         except GateRefused as exc:
             jobdir.mkdir(parents=True, exist_ok=True)
             atomic_write(jobdir / "refused.json", json.dumps({"node": node, "job_id": job, "said": exc.said,
-                                                               "at": time.time()}).encode())
+                                                               "reason": exc.reason, "at": time.time()}).encode())
             raise NodeRefused(f"the gate refused node {node} for {label}: {exc.said}") from None
     finally:
         host.close()
@@ -390,7 +390,7 @@ class SlurmCampaign(Runner):
             refused = None
         if refused is not None:
             node = refused["node"]
-            act = self.drain(node, refused["said"])
+            act = self.drain(node, str(refused.get("reason") or refused["said"]))
             st["refused"].append({"node": node, "job_id": jid, "said": refused["said"], "drain": act.to_json()})
             if node not in self.state["excluded"]:
                 self.state["excluded"].append(node)
@@ -431,13 +431,12 @@ class SlurmCampaign(Runner):
         ok = isinstance(r, dict) and str(r.get("job_id")) == jid and isinstance(r.get("node"), str)
         return r if ok and isinstance(r.get("said"), str) else None
 
-    def drain(self, node: str, said: str):
+    def drain(self, node: str, reason: str):
         """The refused node drained through `gate --slurm`'s logic: only a node in service or one gpudoctor drained
         (an admin's node is left as it is)."""
         from gpudoctor.integrations import slurm
 
-        return slurm.apply(SimpleNamespace(passed=False, headline=f"bench gate refused {node}: {said}"), self.host,
-                           node=node)
+        return slurm.apply(SimpleNamespace(passed=False, headline=f"bench gate: {reason}"), self.host, node=node)
 
     def output_tail(self, label: str, jid: str) -> str:
         try:
