@@ -343,7 +343,14 @@ def _agentic_levels(label, api, levels_c, turns, think_ms, conversations, trace_
               help="Measure again only the levels an earlier run into --out recorded as suspect (the host changed "
                    "during them); their old records go to retracted.jsonl.")
 @click.option("--json", "json_out", is_flag=True, help="The outcome as JSON on stdout (schema gpudoctor.bench-run/1).")
-def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, json_out=False):
+@click.option("--slurm", is_flag=True,
+              help="Run each configuration as a Slurm job on the node it lands on (the campaign's slurm: section); "
+                   "--out must be a directory every node shares. See docs/bench.md \"Campaigns on Slurm\".")
+@click.option("--no-submit", is_flag=True,
+              help="With --slurm: write the job scripts and collect what jobs recorded, submit nothing (the "
+                   "sbatch-only recipe of docs/bench.md).")
+def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect, json_out=False, slurm=False,
+        no_submit=False):
     """Run a campaign file: per (method, TP) gate, start the server, run the levels, stop, wait for free GPUs.
 
     \b
@@ -362,10 +369,20 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
+    if no_submit and not slurm:
+        raise InputError("bench run: --no-submit goes with --slurm")
+    if slurm and (rerun_suspect or accept_new_host_key):
+        raise InputError("bench run --slurm: --rerun-suspect and --accept-new-host-key are for a campaign run "
+                         "from here (target: local or an inventory host)")
     with Display() as display:
-        counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
-                              host_key_policy="accept-new" if accept_new_host_key else None,
-                              rerun_suspect=rerun_suspect)
+        if slurm:  # docs/bench.md "Campaigns on Slurm"
+            from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+            counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
+        else:
+            counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
+                                  host_key_policy="accept-new" if accept_new_host_key else None,
+                                  rerun_suspect=rerun_suspect)
     code = EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"]) else EXIT_WARN
     if json_out:
         import json
@@ -377,13 +394,37 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     raise SystemExit(code)
 
 
+@bench.command("job", hidden=True)
+@click.argument("campaign", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True,
+              help="The campaign's shared output directory (records: OUT/jobs/LABEL/).")
+@click.option("--config", "label", required=True, help="The configuration's label, e.g. eagle3-tp2.")
+def job(campaign, out_dir, label):
+    """One configuration of a campaign on this node, as the job script of `bench run --slurm` runs it (internal).
+
+    Records go to OUT/jobs/LABEL/. Exit codes: as `bench run`, and 4 when the gate refused this node
+    (OUT/jobs/LABEL/refused.json says why).
+    """
+    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.errors import EXIT_WARN
+
+    output_dir(out_dir, "--out")
+    with Display() as display:
+        counts = run_job(campaign, out_dir, label, on_event=display)
+    click.echo(f"{out_dir}/jobs/{label}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    raise SystemExit(EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"])
+                     else EXIT_WARN)
+
+
 @bench.command("report")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--baseline", default=None, help="Method (or label) to compute speedups against [default: the campaign's].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots (matplotlib, the `plots` extra, is then not needed).")
 @click.option("--json", "json_out", is_flag=True,
               help="The files written as JSON on stdout (schema gpudoctor.bench-report/1).")
-def report(out_dir, baseline, no_plots, json_out=False):
+@click.option("--by-node", is_flag=True,
+              help="Add a table per Slurm node (bench run --slurm): each configuration's levels on the node it ran on.")
+def report(out_dir, baseline, no_plots, json_out=False, by_node=False):
     """Write report.md, results.csv and plots/*.png from OUT_DIR/results.jsonl.
 
     \b
@@ -396,7 +437,7 @@ def report(out_dir, baseline, no_plots, json_out=False):
     """
     from gpudoctor.bench.records.report import write_report
 
-    written = write_report(out_dir, baseline=baseline, plots=not no_plots)
+    written = write_report(out_dir, baseline=baseline, plots=not no_plots, by_node=by_node)
     if json_out:
         import json
 
@@ -424,7 +465,10 @@ def report(out_dir, baseline, no_plots, json_out=False):
 @click.option("--min-effect", type=finite(0, 10), default=0.01, show_default=True,
               help="A significant change smaller than this fraction is called no difference.")
 @click.option("--json", "json_out", is_flag=True, help="The comparison (and the gate's outcome) as JSON on stdout.")
-def compare(a, b, fail_if, effect, min_effect, json_out):
+@click.option("--by-node", is_flag=True,
+              help="Match cells also on the Slurm node they were measured on (bench run --slurm): A and B compared "
+                   "only where they ran on the same node.")
+def compare(a, b, fail_if, effect, min_effect, json_out, by_node):
     """Compare two benchmark results cell by cell: is B faster or slower than A, and is it significant?
 
     \b
@@ -438,7 +482,7 @@ def compare(a, b, fail_if, effect, min_effect, json_out):
     trials per side, else a bootstrap + Mann-Whitney U on per-request values) and a verdict: faster, slower, no
     difference detectable (with how many trials would detect --effect), not enough data, or not compared (suspect or
     failed levels). A warning names anything else that differs between A and B (engine, driver, power limit, ...).
-    See docs/bench.md "Comparing results".
+    See docs/bench.md "Comparing results". Records of `bench run --slurm` also select by node (DIR:node=n1).
     Exit codes: 0 compared (and every gate rule passed), 1 a --fail-if rule failed, 3 bad input, or a gate that
     could not judge a cell.
     """
@@ -447,7 +491,7 @@ def compare(a, b, fail_if, effect, min_effect, json_out):
     from gpudoctor.bench.records import compare as cmp
 
     rules = [cmp.parse_rule(t) for t in fail_if]
-    result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect)
+    result = cmp.compare(cmp.load_side(a), cmp.load_side(b), effect=effect, min_effect=min_effect, by_node=by_node)
     verdict = cmp.gate(result, rules) if rules else None
     if json_out:
         click.echo(json.dumps({"schema": "gpudoctor.bench-compare/1", **result, "gate": verdict}, default=str,

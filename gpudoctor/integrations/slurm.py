@@ -282,3 +282,9 @@ def _now() -> str:
     import time
 
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+
+
+def show_job(host, job_id: str, *, timeout: float = 30.0):
+    """`scontrol show job ID` (a CommandResult): how a job of `bench run --slurm` ended, while slurmctld still
+    holds it (MinJobAge); parsed by gpudoctor.integrations.slurmjobs.ended."""
+    return host.run(["scontrol", "show", "job", job_id], timeout=timeout)

@@ -23,7 +23,7 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # as the inventory
 TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "tp", "methods", "workloads",
             "request_rates", "arrival", "max_error_rate", "slo",
             "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal",
-            "suspect", "health", "cache"}
+            "suspect", "health", "cache", "slurm"}
 MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
@@ -196,6 +196,7 @@ class Campaign:
     suspect: dict = field(default_factory=dict)  # gpudoctor.bench.cell.suspect thresholds (defaults filled in)
     health: Health = field(default_factory=Health)
     cache: str = "flush"  # before each level: flush the prefix cache, or keep it
+    slurm: object = None  # gpudoctor.bench.campaign.slurm.SlurmSpec when the campaign has a `slurm:` section
     lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
 
     @property
@@ -431,8 +432,16 @@ def load(path: str) -> Campaign:
         slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
         slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
         suspect=suspect, health=health, cache=cache,
+        slurm=_slurm(v, d["slurm"]) if d.get("slurm") not in (None, False) else None,
         lines=doc.lines,
     )
+
+
+def _slurm(v: _V, raw):
+    """`slurm:` — how `bench run --slurm` submits each configuration (gpudoctor.bench.campaign.slurm)."""
+    from gpudoctor.bench.campaign.slurm import parse_spec
+
+    return parse_spec(v, raw)
 
 
 def _heal(v: _V, raw):

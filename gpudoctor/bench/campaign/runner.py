@@ -46,6 +46,15 @@ class CampaignStopped(GpudoctorError):
     exit_code = EXIT_FAIL
 
 
+class GateRefused(CampaignStopped):
+    """The gate failed before a configuration (and healing, if any, did not help): the host is refused. `said` is
+    what was asked and what it said (a Slurm job reports it; the submitter drains the node with `reason`)."""
+
+    def __init__(self, message: str, said: str, reason: str):
+        super().__init__(message)
+        self.said, self.reason = said, reason  # reason: the gate's own first words (why), for a drain reason
+
+
 def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> list[Level]:
     """Every level of one configuration, in run order, with its prompts (built once per shape)."""
     out = []
@@ -157,8 +166,10 @@ class Runner:
     """
 
     def __init__(self, camp: Campaign, out_dir: str, *, host: Host, on_event: Callable[..., None] | None = None,
-                 inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None):
+                 inventory_path: str | None = None, heal_engine_factory=None, health_nvml=None,
+                 only: tuple[str, ...] | None = None):
         self.camp, self.host = camp, host
+        self.only = only  # run only the configurations with these labels (a Slurm job runs one: bench job)
         self.local = local_host() if camp.is_remote else host
         self.inventory_path = inventory_path
         self.dir = Path(out_dir)
@@ -171,6 +182,7 @@ class Runner:
         self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
         self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
         self.last_gate: dict | None = None  # the gate's verdict before the current configuration (provenance)
+        self.gate_reason = ""  # the last gate's first words: why it refused
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def cell_watch(self, launcher: Launcher, cfg: Config | None = None):
@@ -279,7 +291,8 @@ class Runner:
             self.healer = self.make_healer()
         try:
             for cfg in self.camp.configs():
-                self.run_config(cfg)
+                if self.only is None or cfg.label in self.only:
+                    self.run_config(cfg)
         finally:
             if self.healer is not None:
                 self.healer.close()
@@ -585,6 +598,8 @@ class Runner:
         if call is None:
             argv = self.gate_argv(cfg)
             res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
+            self.gate_reason = next((x.strip() for x in (res.stdout + "\n" + res.stderr).splitlines() if x.strip()),
+                                    res.describe())  # its first words: why it refused (a Slurm node's drain reason)
             return res.ok, " ".join(argv) if res.ok else f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
         from gpudoctor.gate import gate_target
         from gpudoctor.report import gate_lines
@@ -600,6 +615,7 @@ class Runner:
         if result.passed:
             return True, what
         lines = [text for text, _ in gate_lines(result)]  # root causes first
+        self.gate_reason = lines[0] if lines else result.headline
         more = f" (and {len(lines) - 1} more: gpudoctor gate{f' --host {spec}' if spec else ''})" if len(lines) > 1 else ""
         return False, f"{what} → exit {result.exit_code}: {lines[0]}{more}"
 
@@ -623,8 +639,8 @@ class Runner:
             if ok:
                 self.emit("note", text="gate passed after healing")
                 return
-        raise CampaignStopped(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
-                              + ("" if not camp.heal_command else f"; after healing: {said}"))
+        raise GateRefused(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
+                          + ("" if not camp.heal_command else f"; after healing: {said}"), said, self.gate_reason)
 
 
 def _loopback(address: str) -> bool:

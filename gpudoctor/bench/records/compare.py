@@ -37,7 +37,7 @@ METRICS = {
 }
 FASTER, SLOWER, SAME, NOT_ENOUGH, NOT_COMPARED = ("faster", "slower", "no difference detectable", "not enough data",
                                                   "not compared")
-SELECT_KEYS = ("method", "label", "tp", "host")
+SELECT_KEYS = ("method", "label", "tp", "host", "node")
 KEY_FIELDS = ("method", "tp", "workload", "load")
 # What is expected to differ when a method or TP is what is compared.
 _EXPECTED = {"method": ("server.flags", "server.command", "label"), "tp": ("server.flags", "server.command", "label",
@@ -53,7 +53,7 @@ def _stat(name: str):
 
 # ---- the two sides -------------------------------------------------------------------------------------------------
 def parse_side(arg: str) -> tuple[Path, dict]:
-    """`DIR` or `DIR:field=value[,field=value]` (fields: method, label, tp, host) -> (dir, selector)."""
+    """`DIR` or `DIR:field=value[,field=value]` (fields: method, label, tp, host, node) -> (dir, selector)."""
     p = Path(arg)
     if p.is_dir() or ":" not in arg:
         return p, {}
@@ -73,9 +73,15 @@ def _host(r: dict):
     return ((r.get("provenance") or {}).get("host") or {}).get("name")
 
 
+def node_of(r: dict):
+    """The Slurm node a record was measured on (provenance.slurm.node: `bench run --slurm`), else None."""
+    return ((r.get("provenance") or {}).get("slurm") or {}).get("node")
+
+
 def _matches(r: dict, sel: dict) -> bool:
     for k, v in sel.items():
-        have = _host(r) if k == "host" else (r.get("method") or r.get("label")) if k == "method" else r.get(k)
+        have = (_host(r) if k == "host" else node_of(r) if k == "node" else (r.get("method") or r.get("label"))
+                if k == "method" else r.get(k))
         if str(have) != v:
             return False
     return True
@@ -107,6 +113,8 @@ def _field(r: dict, f: str):
         return r.get("method") or r.get("label")
     if f == "load":
         return _load(r)
+    if f == "node":
+        return node_of(r)
     return r.get(f)
 
 
@@ -212,10 +220,11 @@ def compare_metric(ra: list[dict], rb: list[dict], metric: str, *, effect: float
 
 
 # ---- cells ----------------------------------------------------------------------------------------------------------
-def compare(a: dict, b: dict, *, effect: float = 0.05, min_effect: float = 0.01) -> dict:
-    """Compare side A with side B (load_side's dicts) cell by cell."""
+def compare(a: dict, b: dict, *, effect: float = 0.05, min_effect: float = 0.01, by_node: bool = False) -> dict:
+    """Compare side A with side B (load_side's dicts) cell by cell; `by_node`: a cell is also matched on the Slurm
+    node its records were measured on (provenance.slurm.node), so A and B are compared only on the same node."""
     ra, rb = a["records"], b["records"]
-    fields = key_fields(ra, rb, a["select"], b["select"])
+    fields = key_fields(ra, rb, a["select"], b["select"]) + (("node",) if by_node else ())
     ga, gb = defaultdict(list), defaultdict(list)
     for r in ra:
         ga[tuple(_field(r, f) for f in fields)].append(r)
@@ -229,7 +238,8 @@ def compare(a: dict, b: dict, *, effect: float = 0.05, min_effect: float = 0.01)
     varied = compared_fields(ra, rb, fields) + [k for k in SELECT_KEYS if a["select"].get(k) != b["select"].get(k)]
     return {"a": _side_info(a), "b": _side_info(b), "matched_on": list(fields), "compared": sorted(set(varied)),
             "effect": effect, "min_effect": min_effect, "cells": cells, "only_a": only_a, "only_b": only_b,
-            "warnings": provenance_warnings(ra, rb, set(varied))}
+            "warnings": [w for w in provenance_warnings(ra, rb, set(varied))  # by node: nodes are matched on
+                         if not (by_node and w.startswith("A and B ran on different nodes"))]}
 
 
 def compare_with(ra: list[dict], rb: list[dict], name_a: str, name_b: str, **kw) -> dict:
@@ -283,7 +293,7 @@ _PROV_FIELDS = (("server.engine", ("server", "engine")), ("server.version", ("se
                 ("gpu.name", ("gpu", "name")), ("gpu.driver", ("gpu", "driver")), ("gpu.cuda", ("gpu", "cuda")),
                 ("gpu.power_limit_w", ("gpu", "power_limit_w")), ("gpu.pcie", ("gpu", "pcie")),
                 ("gpus", ("gpu", "count")), ("server.numa_node", ("server", "numa_node")),
-                ("host", ("host", "name")), ("campaign.sha256", ("campaign", "sha256")),
+                ("host", ("host", "name")), ("node", ("slurm", "node")), ("campaign.sha256", ("campaign", "sha256")),
                 ("gpudoctor", ("gpudoctor", "version")))
 
 
@@ -312,7 +322,10 @@ def provenance_warnings(ra: list[dict], rb: list[dict], varied: set) -> list[str
             continue
         sa = {_canon(_get(p, path)) for p in pa} - {None}
         sb = {_canon(_get(p, path)) for p in pb} - {None}
-        if sa and sb and sa != sb:
+        if sa and sb and sa != sb and name == "node":
+            out.append(f"A and B ran on different nodes: {', '.join(sorted(sa))[:160]} vs {', '.join(sorted(sb))[:160]}"
+                       " (a difference may be the nodes'; --by-node compares only cells measured on the same node)")
+        elif sa and sb and sa != sb:
             out.append(f"A and B differ in {name}: {', '.join(sorted(sa))[:160]} vs {', '.join(sorted(sb))[:160]}")
     return out
 

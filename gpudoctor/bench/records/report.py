@@ -150,8 +150,40 @@ def render_comparison_table(result: dict, title: str) -> list[str]:
     return render_markdown_table(result, title)
 
 
+def render_slurm(state: dict | None) -> list[str]:
+    """report.md's "Nodes refused by the gate" section of a campaign run with --slurm (OUT/slurm/state.json): which
+    node each configuration's job landed on and was refused by the gate, what gpudoctor did to the node; and jobs
+    Slurm ended before their levels were recorded."""
+    if not isinstance(state, dict) or not isinstance(state.get("configs"), dict):
+        return []
+    refused = [(label, r) for label, st in sorted(state["configs"].items()) if isinstance(st, dict)
+               for r in st.get("refused") or [] if isinstance(r, dict)]
+    ended = [(label, e) for label, st in sorted(state["configs"].items()) if isinstance(st, dict)
+             for e in st.get("ended") or [] if isinstance(e, dict)]
+    lines = []
+    esc = lambda c: " ".join(str(c).split()).replace("|", "\\|")[:300]  # noqa: E731
+    if refused:
+        lines += ["## Nodes refused by the gate", "",
+                  "The configuration's job ran the gate on the node it landed on; the gate refused the node, gpudoctor "
+                  "drained it (never a node someone else drained) and resubmitted the configuration without it.", "",
+                  "| configuration | node | job | the gate said | the node |", "|---|---|---|---|---|"]
+        for label, r in refused:
+            lines.append(f"| {esc(label)} | {esc(r.get('node'))} | {esc(r.get('job_id'))} | {esc(r.get('said'))} | "
+                         f"{esc((r.get('drain') or {}).get('detail'))} |")
+        lines.append("")
+    if ended:
+        lines += ["## Jobs Slurm ended", "", "| configuration | job | how it ended | its last output |",
+                  "|---|---|---|---|"]
+        for label, e in ended:
+            lines.append(f"| {esc(label)} | {esc(e.get('job_id'))} | {esc(e.get('why'))} | "
+                         f"{esc(e.get('output') or '—')} |")
+        lines.append("")
+    return lines
+
+
 def render_markdown(records: list[dict], baseline: str | None, title: str, plots: list[str],
-                    order: Order | None = None, heals: list[dict] | None = None, plots_note: str | None = None) -> str:
+                    order: Order | None = None, heals: list[dict] | None = None, plots_note: str | None = None,
+                    slurm: dict | None = None, by_node: bool = False) -> str:
     agg = aggregate(records)
     order = order or Order(records)
     counts = defaultdict(int)
@@ -211,6 +243,9 @@ def render_markdown(records: list[dict], baseline: str | None, title: str, plots
     lines += render_comparisons(records, baseline, order)
     lines += render_trust(records, order)
     lines += render_heals(records, heals or [])
+    lines += render_slurm(slurm)
+    if by_node:
+        lines += render_by_node(records)
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
     elif plots_note:
@@ -324,7 +359,24 @@ def _plot(plt, agg, cells, kind, axis, workload, baseline, order, color, plot_di
     return name
 
 
-def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True) -> dict:
+def render_by_node(records: list[dict]) -> list[str]:
+    """report.md's "By node" section (--by-node): tok/s per Slurm node, configuration and level, so a difference
+    between methods can be told from a difference between the nodes they ran on."""
+    from gpudoctor.bench.records.compare import node_of
+
+    groups: dict = defaultdict(list)
+    for r in records:
+        groups[(str(node_of(r) or "—"), r["label"], r["workload"], str(load_label(_load(r))))].append(r)
+    lines = ["## By node", "", "Each level on the Slurm node it was measured on (provenance.slurm.node; — where the "
+             "record has none).", "", "| node | label | workload | load | ok/total | tok/s (mean of ok) |",
+             "|---|---|---|---|---:|---:|"]
+    for (node, label, wl, load), rs in sorted(groups.items()):
+        ok = [r["output_tok_per_s"] for r in rs if r["status"] == "ok" and r.get("output_tok_per_s") is not None]
+        lines.append(f"| {node} | {label} | {wl} | {load} | {len(ok)}/{len(rs)} | {_fmt(_mean(ok))} |")
+    return lines + [""]
+
+
+def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = True, by_node: bool = False) -> dict:
     """Write report.md, results.csv and plots/ into OUT_DIR from its results.jsonl. Returns what was written, and
     under "plots_skipped" why no plot was drawn when matplotlib is not there (the tables and CSV are written anyway)."""
     from gpudoctor.files.atomic import atomic_write
@@ -355,9 +407,14 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     heals = []
     if (d / "heals.jsonl").exists():
         heals = [json.loads(x) for x in (d / "heals.jsonl").read_text().splitlines() if x.strip()]
+    slurm = None
+    if (d / "slurm" / "state.json").exists():  # a campaign run with --slurm (gpudoctor.bench.campaign.slurm)
+        from gpudoctor.files.inputs import read_json
+
+        slurm = read_json(d / "slurm" / "state.json", what="slurm/state.json", max_bytes=16 << 20)
     mode = safe.output_mode()
-    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped),
-                 mode=mode)
+    atomic_write(d / "report.md", render_markdown(records, baseline, title, pngs, order, heals, plots_note=skipped,
+                                                  slurm=slurm, by_node=by_node), mode=mode)
     atomic_write(d / "results.csv", render_csv(records, baseline), mode=mode)
     return {"report": str(d / "report.md"), "csv": str(d / "results.csv"), "plots": [str(d / p) for p in pngs],
             "plots_skipped": skipped}

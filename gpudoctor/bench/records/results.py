@@ -108,6 +108,8 @@ class ResultStore:
         self.dir = Path(out_dir)
         self.path = self.dir / "results.jsonl"
         self.stamp: dict = {}  # fields every record appended from now on carries (e.g. {"heal": {...}} after a heal)
+        # provenance every record appended from now on carries, measured or not (a Slurm job: {"slurm": {node, job}})
+        self.provenance_stamp: dict = {}
 
     def load(self) -> list[dict]:
         """Every record, each checked (check_record); a truncated or wrong-shaped line is InputError FILE:LINE."""
@@ -140,6 +142,8 @@ class ResultStore:
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
         rec = {"schema": SCHEMA, **rec, **self.stamp}
+        if self.provenance_stamp:
+            rec["provenance"] = {**(rec.get("provenance") or {}), **self.provenance_stamp}
         for f in FIELDS:
             rec.setdefault(f, None)
         if rec["status"] != OK:
