@@ -215,16 +215,22 @@ def apply_edit(host, plan: EditPlan, *, validate: Callable[[bytes], str | None] 
 def _write_backup(host, path: str, data: bytes, backup_dir: str, timeout: float) -> str:
     for attempt in range(5):
         dest = backup_path_for(path, backup_dir) + (f".{attempt}" if attempt else "")
+        # written under a temp name, then renamed: a run killed mid-write never leaves a torn file named as a backup
+        tmp = f"{dest}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}"
         try:
             host.makedirs(os.path.dirname(dest), 0o700, timeout=timeout)
-            host.write_file(dest, data, mode=0o600, exclusive=True, timeout=timeout)
+            if host.stat(dest, timeout=timeout).exists:
+                continue
+            host.write_file(tmp, data, mode=0o600, exclusive=True, timeout=timeout)
+            if _read(host, tmp, timeout) != data:
+                host.unlink(tmp, timeout=timeout)
+                raise EditError(f"the backup {dest} does not read back as written; nothing was changed")
+            host.rename(tmp, dest, timeout=timeout)
         except FileExistsError:
             continue
         except OSError as exc:
             raise EditError(f"cannot write the backup {dest}: {errno.errorcode.get(exc.errno or 0, exc.errno)} "
                             f"{exc.strerror or ''}; nothing was changed (set another --backup-dir)") from exc
-        if _read(host, dest, timeout) != data:
-            raise EditError(f"the backup {dest} does not read back as written; nothing was changed")
         return dest
     raise EditError(f"cannot find a free backup name for {path} in {backup_dir}")
 

@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 from gpudoctor.errors import InputError, LockHeld, RemedyError
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.model import human_bytes, probe
 
 CHUNK = 64 << 20  # work unit: a 64 MiB range of one file
@@ -293,10 +294,7 @@ def _part(path: str) -> str:
 
 
 def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    fs.fs_unlink(path, missing_ok=True)
 
 
 class _Copier:
@@ -312,6 +310,7 @@ class _Copier:
         """Copy [off, off+length) of sfd into dfd (the file at tmp). auto = copy_file_range (same filesystem,
         may reflink), else sendfile (one in-kernel copy), else pread/pwrite; each refuses before copying a byte."""
         method = self.method  # read once: another thread may switch it while this one copies
+        fs.fs_note("write", tmp, off, length)  # one chunk: a step of the mutation seam
         if method in ("auto", "copy_file_range"):
             try:
                 self._cfr(sfd, dfd, off, length, tick)
@@ -387,13 +386,13 @@ class _OpenFile:
     def fds(self):
         with self.lock:
             if self.sfd is None:
-                os.makedirs(os.path.dirname(self.final), exist_ok=True)
+                fs.fs_makedirs(os.path.dirname(self.final))
                 self.sfd = os.open(self.f.src, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 except OSError:
                     pass
-                self.dfd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                self.dfd = fs.fs_open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         return self.sfd, self.dfd
 
     def chunk_done(self, pause) -> None:
@@ -404,9 +403,10 @@ class _OpenFile:
         if self.sfd is None:  # an empty file has one chunk and no fds yet
             self.fds()
         try:
-            os.fsync(self.dfd)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
-            os.fchmod(self.dfd, self.f.mode)
+            fs.fs_chmod(self.tmp, self.f.mode, self.dfd)
+            fs.fs_note("utime", self.tmp)
             os.utime(self.dfd, ns=(self.f.mtime_ns, self.f.mtime_ns))
+            fs.fs_fsync(self.dfd, self.tmp)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
             try:
                 os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)  # do not double the RAM the model takes
             except OSError:
@@ -416,7 +416,7 @@ class _OpenFile:
             os.close(self.sfd)
             self.sfd = self.dfd = None
         pause()
-        os.rename(self.tmp, self.final)
+        fs.fs_rename(self.tmp, self.final)  # and fsyncs DST: "renamed" survives a crash of a disk DST
 
 
 def _test_pause_fn():
@@ -440,8 +440,8 @@ def apply_stage(plan: StagePlan, *, jobs: int = DEFAULT_JOBS, on_progress=None, 
     pause = _test_pause_fn()
     chunk = int(os.environ.get("GPUDOCTOR_TEST_STAGE_CHUNK", "0") or 0) or CHUNK
     method = method or os.environ.get("GPUDOCTOR_STAGE_COPY", "auto")
-    os.makedirs(plan.dst, exist_ok=True)
-    lock_fd = os.open(os.path.join(plan.dst, probe.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fs.fs_makedirs(plan.dst)
+    lock_fd = fs.fs_open(os.path.join(plan.dst, probe.LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -565,7 +565,7 @@ def _write_record(plan: StagePlan, state: str, log, marker: dict | None = None) 
     for d in probe.state_dirs():
         path = os.path.join(d, probe.STATE_SUBDIR, probe.record_key(plan.dst) + ".json")
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fs.fs_makedirs(os.path.dirname(path))
             atomic_write(path, json.dumps(rec, indent=1) + "\n")
             return path
         except OSError as exc:

@@ -151,7 +151,11 @@ class ResultStore:
         gone = [{**r, "retracted": why} for r in recs if key(r) in keys]
         if not gone:
             return []
-        append_jsonl_atomic(self.dir / "retracted.jsonl", gone)
+        kept_before = self.dir / "retracted.jsonl"  # a run killed between the two writes retracts them again:
+        seen = set(kept_before.read_text().splitlines()) if kept_before.exists() else set()  # once is enough
+        fresh = [g for g in gone if json.dumps(g, sort_keys=True) not in seen]
+        if fresh:
+            append_jsonl_atomic(kept_before, fresh)
         kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs if key(r) not in keys)
         atomic_write(self.path, kept)
         return gone
