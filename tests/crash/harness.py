@@ -71,7 +71,8 @@ class Report:
 
     def line(self) -> str:
         return (f"{self.name}: {self.steps} steps ({', '.join(f'{k} {v}' for k, v in sorted(self.ops.items()))}), "
-                f"{self.crash_points} crash points, {len(self.failures)} failures")
+                f"{self.crash_points} crash points, {len(self.failures)} failures"
+                + (f" ({self.leftover_temps} temp files left by kills)" if self.leftover_temps else ""))
 
 
 # --- running a writer in a child ----------------------------------------------------------------------------
@@ -208,7 +209,8 @@ class Judge:
             if _match(rel, self.w.logs):
                 if old is not None and (cur is None or not cur[1].startswith(old[1])):
                     bad.append(f"after step {k}: log {rel} lost what it held before")
-                elif cur is not None and cur[1] and not _whole_json(cur[1]):
+                elif cur is not None and cur[1] and not (cur[1].endswith(b"\n") and (
+                        _whole_json(cur[1]) or not rel.endswith("jsonl"))):
                     bad.append(f"after step {k}: log {rel} holds a torn line")
                 continue
             if cur == old or cur == new:

@@ -432,8 +432,26 @@ def stage_cli() -> Writer:
     return Writer("model.stage_cli", "state", setup, run, locks=(".gpudoctor-stage.lock",))
 
 
+def known_hosts() -> Writer:
+    """A newly trusted SSH host key appended to known_hosts (host/ssh.py, host_key_policy accept-new)."""
+    from gpudoctor.host.ssh import _append_known_host
+
+    key = SimpleNamespace(get_name=lambda: "ssh-ed25519", get_base64=lambda: "AAAAC3NzaC1lZDI1NTE5AAAAIExample")
+
+    def setup(base):
+        (base / "ssh").mkdir(mode=0o700)
+        (base / "ssh" / "known_hosts").write_text("[old]:22 ssh-ed25519 AAAAold\n")
+        return SimpleNamespace(path=base / "ssh" / "known_hosts")
+
+    def run(c, f):
+        _append_known_host(str(c.path), "[gpu1]:22", key)
+
+    return Writer("ssh.known_hosts", "state", setup, run, logs=("ssh/known_hosts",))
+
+
 STATE_WRITERS = [recovery_store, lambda: recovery_store(corrupt=True), daemon_state, audit_log, host_lock,
-                 bench_results, lambda: bench_results(retract=True), campaign_meta, heals, snapshot_output, prom_textfile, stage_cli]
+                 bench_results, lambda: bench_results(retract=True), campaign_meta, heals, snapshot_output,
+                 prom_textfile, stage_cli, known_hosts]
 
 
 def all_writers() -> list[Writer]:

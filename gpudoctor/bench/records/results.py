@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from gpudoctor.files.atomic import append_jsonl_atomic
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 
 SCHEMA = "gpudoctor.bench/3"
 # /3 added per_request and steady (every level: the per-request series and its steady window), provenance (what
@@ -125,7 +126,7 @@ class ResultStore:
         return {key(r) for r in self.load()}
 
     def append(self, rec: dict) -> dict:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        fs.fs_makedirs(str(self.dir))
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
         rec = {"schema": SCHEMA, **rec, **self.stamp}
