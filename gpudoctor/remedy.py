@@ -261,15 +261,18 @@ class AuditLog:
         finally:
             os.close(fd)
 
-    def records(self) -> list[dict]:
+    def records(self, started: bool = False) -> list[dict]:
+        """The outcome records (with started=True also the "started" ones, in order)."""
         out = []
         try:
             with open(self.path, "rb") as fh:
                 for raw in fh:
                     try:
-                        out.append(json.loads(raw))
+                        rec = json.loads(raw)
                     except ValueError:
                         continue
+                    if started or rec.get("result") != "started":
+                        out.append(rec)
         except FileNotFoundError:
             pass
         return out

@@ -231,7 +231,7 @@ def fs_makedirs(path, mode=0o777):
     if os.path.isdir(path):
         return
     parent = os.path.dirname(path.rstrip("/"))
-    if parent and parent != path and not os.path.isdir(parent):
+    if parent and parent != path and not os.path.exists(parent):  # as os.makedirs: a file there is ENOTDIR below
         fs_makedirs(parent, mode)
     fs_note("mkdir", path)
     try:
