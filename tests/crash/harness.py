@@ -67,12 +67,14 @@ class Report:
     ops: dict = field(default_factory=dict)
     crash_points: int = 0
     failures: list = field(default_factory=list)
-    leftover_temps: int = 0
+    leftover_temps: int = 0  # temp files a kill left (hidden names beside their target)
+    temps_after_rerun: int = 0  # of those, still there after the rerun converged
 
     def line(self) -> str:
         return (f"{self.name}: {self.steps} steps ({', '.join(f'{k} {v}' for k, v in sorted(self.ops.items()))}), "
                 f"{self.crash_points} crash points, {len(self.failures)} failures"
-                + (f" ({self.leftover_temps} temp files left by kills)" if self.leftover_temps else ""))
+                + (f" ({self.leftover_temps} temp files left by kills, {self.temps_after_rerun} after the reruns)"
+                   if self.leftover_temps else ""))
 
 
 # --- running a writer in a child ----------------------------------------------------------------------------
@@ -274,6 +276,9 @@ class Judge:
                 continue  # a lock file: what a killed holder wrote stays until the next holder (flock is the lock)
             bad.append(f"crash after step {k}, then a rerun: {rel} is {_short(cur)}, an uninterrupted run leaves "
                        f"{_short(ref)}")
+        for rel, cur in now.items():
+            if TEMP.search(os.path.basename(rel)) and cur[0] == "char":
+                bad.append(f"crash after step {k}, then a rerun: a temp device node {rel} is left behind")
         if self.w.audit:
             cur = now.get("0:" + self.w.audit)
             last = json.loads(cur[1].splitlines()[-1]) if cur and cur[1].strip() else {}
@@ -369,7 +374,9 @@ def crash_all(w: Writer, work: Path, limit: int | None = None) -> Report:
             if rc != 0:
                 rep.failures.append(f"crash after step {k}, then a rerun: the rerun failed (exit {rc})")
                 continue
-            rep.failures += judge.converged(world(roots), k)
+            final = world(roots)
+            rep.temps_after_rerun += sum(1 for r in final if TEMP.search(os.path.basename(r)))
+            rep.failures += judge.converged(final, k)
     finally:
         os.environ.clear()
         os.environ.update(env)
