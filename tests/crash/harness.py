@@ -151,6 +151,10 @@ def _match(rel: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(os.path.basename(path), p) for p in patterns)
 
 
+def _is_temp(rel: str) -> bool:
+    return bool(TEMP.search(os.path.basename(rel.split(":", 1)[1])))
+
+
 def _is_backup(rel: str) -> bool:
     return "gpudoctor/backups/" in rel
 
@@ -190,8 +194,7 @@ class Judge:
         self.contents = {v[1] for v in before.values() if v[0] == "file"}
 
     def _skip(self, rel: str) -> bool:
-        base = os.path.basename(rel.split(":", 1)[1])
-        return (bool(TEMP.search(base)) or _match(rel, self.w.ignore) or _is_backup(rel)
+        return (_is_temp(rel) or _match(rel, self.w.ignore) or _is_backup(rel)
                 or (self.w.audit is not None and rel.split(":", 1)[1] == self.w.audit))
 
     def targets(self) -> list[str]:
@@ -226,7 +229,7 @@ class Judge:
             what = "missing" if cur is None else ("torn" if cur[0] == "file" else f"neither old nor new: {cur}")
             bad.append(f"after step {k}: {rel} is {what} (old {_short(old)}, new {_short(new)}, now {_short(cur)})")
         for rel, cur in now.items():
-            if _is_backup(rel) and cur[0] == "file" and not TEMP.search(os.path.basename(rel)) \
+            if _is_backup(rel) and cur[0] == "file" and not _is_temp(rel) \
                     and cur[1] not in self.contents:
                 bad.append(f"after step {k}: backup {rel} is not a whole copy of any file that was there")
             if rel not in self.before and rel not in self.after and not self._skip(rel) and cur[0] != "dir" \
@@ -277,7 +280,7 @@ class Judge:
             bad.append(f"crash after step {k}, then a rerun: {rel} is {_short(cur)}, an uninterrupted run leaves "
                        f"{_short(ref)}")
         for rel, cur in now.items():
-            if TEMP.search(os.path.basename(rel)) and cur[0] == "char":
+            if _is_temp(rel) and cur[0] == "char":
                 bad.append(f"crash after step {k}, then a rerun: a temp device node {rel} is left behind")
         if self.w.audit:
             cur = now.get("0:" + self.w.audit)
@@ -368,14 +371,14 @@ def crash_all(w: Writer, work: Path, limit: int | None = None) -> Report:
                                     f"from run to run")
                 continue
             now = world(roots)
-            rep.leftover_temps += sum(1 for r in now if TEMP.search(os.path.basename(r)))
+            rep.leftover_temps += sum(1 for r in now if _is_temp(r))
             rep.failures += judge.crashed(now, k)
             rc = _child(lambda: w.run(ctx, w.facts(ctx)), None, None)
             if rc != 0:
                 rep.failures.append(f"crash after step {k}, then a rerun: the rerun failed (exit {rc})")
                 continue
             final = world(roots)
-            rep.temps_after_rerun += sum(1 for r in final if TEMP.search(os.path.basename(r)))
+            rep.temps_after_rerun += sum(1 for r in final if _is_temp(r))
             rep.failures += judge.converged(final, k)
     finally:
         os.environ.clear()

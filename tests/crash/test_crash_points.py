@@ -53,3 +53,34 @@ def test_the_order_check_finds_a_rename_without_fsyncs():
     assert any("without an fsync" in b for b in bad) and any("not followed by an fsync of /d" in b for b in bad)
     good = steps[:2] + [["fsync", "/d/.t", [], 1], steps[2], ["fsync-dir", "/d", [], 1]]
     assert check_order(good) == []
+
+
+def test_the_harness_catches_a_torn_write_and_a_non_converging_rerun(tmp_path):
+    """A writer that rewrites a file in place (truncate, then write) is torn at its crash points; one that appends a
+    line each run never converges."""
+    import os
+
+    def setup(base):
+        (base / "conf").write_text("old\n")
+        return base
+
+    def in_place(base, _facts):
+        fd = ops.fs_open(str(base / "conf"), os.O_WRONLY | os.O_TRUNC)
+        try:
+            ops.fs_write(fd, b"new content\n", str(base / "conf"))
+        finally:
+            os.close(fd)
+
+    rep = crash_all(Writer("in-place", "state", setup, in_place), tmp_path)
+    assert rep.steps == 2 and any("conf is torn" in f for f in rep.failures), rep.failures
+
+    def appends(base, _facts):
+        fd = ops.fs_open(str(base / "conf"), os.O_WRONLY | os.O_APPEND)
+        try:
+            ops.fs_write(fd, b"one more\n", str(base / "conf"))
+            ops.fs_fsync(fd, str(base / "conf"))
+        finally:
+            os.close(fd)
+
+    rep = crash_all(Writer("appends", "state", setup, appends), tmp_path)
+    assert any("then a rerun" in f for f in rep.failures), rep.failures
