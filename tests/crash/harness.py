@@ -20,9 +20,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,8 @@ from gpudoctor.host import ops
 
 KILLED = 77  # the exit status of a child stopped at its crash point
 FAILED = 3  # the writer itself failed (an uninterrupted run must succeed)
+HUNG = -999  # the child did not end within CHILD_TIMEOUT_S
+CHILD_TIMEOUT_S = 180.0
 
 # Temp names the product uses beside a target (never a target themselves): files/atomic.py `.NAME.HEX.tmp`,
 # files/edit.py `NAME.tmp.gpudoctor.PID.HEX`, remedies/common.temp_beside `.NAME.gpudoctor.PID.HEX`,
@@ -108,8 +112,16 @@ def _child(fn, stop_at: int | None, out: str | None) -> int:
                 with open(out, "w") as fh:
                     json.dump(steps, fh)
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while True:  # a child that hangs (a lock another thread held at fork) is killed and reported, never waited on
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return HUNG
+        time.sleep(0.01)
 
 
 # --- the state of the world ---------------------------------------------------------------------------------
