@@ -170,11 +170,12 @@ def fs_note(op, path, *detail):
         r(op, path, *detail)
 
 
-def fs_open(path, flags, mode=0o666):
-    """open(2) for writing: "create" (O_CREAT), "truncate" (O_TRUNC) or "open-write"."""
+def fs_open(path, flags, mode=0o666, dir_fd=None):
+    """open(2) for writing: "create" (O_CREAT), "truncate" (O_TRUNC) or "open-write". With dir_fd (an openat walk
+    that refuses links), path is relative to it and recorded as given."""
     op = "truncate" if flags & os.O_TRUNC else "create" if flags & os.O_CREAT else "open-write"
     fs_note(op, path)
-    return os.open(path, flags, mode)
+    return os.open(path, flags, mode, dir_fd=dir_fd)
 
 
 def fs_write(fd, data, path, offset=None):
@@ -195,9 +196,16 @@ def fs_fsync(fd, path):
     os.fsync(fd)
 
 
-def fs_fsync_dir(path):
-    """fsync a directory so a rename or unlink in it survives a crash; best effort (pmxcfs refuses it)."""
+def fs_fsync_dir(path, fd=None):
+    """fsync a directory so a rename or unlink in it survives a crash; best effort (pmxcfs refuses it). fd: the
+    directory already open (an openat walk): fsynced, left open."""
     fs_note("fsync-dir", path or ".")
+    if fd is not None:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        return
     try:
         fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -210,20 +218,27 @@ def fs_fsync_dir(path):
         os.close(fd)
 
 
-def fs_rename(src, dst):
-    """rename(2), then fsync of the destination's directory: the rename is durable when this returns."""
+def fs_rename(src, dst, dir_fd=None):
+    """rename(2), then fsync of the destination's directory: the rename is durable when this returns. dir_fd: both
+    names are relative to that directory (renameat)."""
     fs_note("rename", src, dst)
-    os.rename(src, dst)
-    fs_fsync_dir(os.path.dirname(dst))
+    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    fs_fsync_dir(os.path.dirname(dst), dir_fd)
 
 
-def fs_unlink(path, missing_ok=False):
+def fs_unlink(path, missing_ok=False, dir_fd=None):
     fs_note("unlink", path)
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
         if not missing_ok:
             raise
+
+
+def fs_mkdir(path, mode=0o777, dir_fd=None):
+    """One mkdir(2) (mkdirat with dir_fd)."""
+    fs_note("mkdir", path)
+    os.mkdir(path, mode, dir_fd=dir_fd)
 
 
 def fs_makedirs(path, mode=0o777):

@@ -289,18 +289,26 @@ def recovery_store(corrupt: bool = False) -> Writer:
                   locks=("recovery/ladder.json.lock",))
 
 
-def daemon_state() -> Writer:
+def daemon_state(corrupt: bool = False) -> Writer:
+    """The daemon's cycle: load (an unreadable file set aside), save."""
     from gpudoctor.daemon.state import DaemonState, StateStore
 
     def setup(base):
         path = base / "daemon" / "state.json"
-        StateStore(path).save(DaemonState(cycles=1, pid=10, boot_id="b1"))
+        if corrupt:
+            path.parent.mkdir(parents=True)
+            path.write_text('{"hosts": {"gpu1": ')  # cut short
+        else:
+            StateStore(path).save(DaemonState(cycles=1, pid=10, boot_id="b1"))
         return SimpleNamespace(path=path)
 
     def run(c, f):
-        StateStore(c.path).save(DaemonState(cycles=2, pid=10, boot_id="b1", metrics_addr="127.0.0.1:9400"))
+        store = StateStore(c.path)
+        st = store.load()
+        st.cycles, st.pid, st.boot_id, st.metrics_addr = 2, 10, "b1", "127.0.0.1:9400"
+        store.save(st)
 
-    return Writer("daemon.state", "state", setup, run)
+    return Writer("daemon.state" + (".set_aside" if corrupt else ""), "state", setup, run)
 
 
 def audit_log() -> Writer:
@@ -449,7 +457,8 @@ def known_hosts() -> Writer:
     return Writer("ssh.known_hosts", "state", setup, run, logs=("ssh/known_hosts",))
 
 
-STATE_WRITERS = [recovery_store, lambda: recovery_store(corrupt=True), daemon_state, audit_log, host_lock,
+STATE_WRITERS = [recovery_store, lambda: recovery_store(corrupt=True), daemon_state,
+                 lambda: daemon_state(corrupt=True), audit_log, host_lock,
                  bench_results, lambda: bench_results(retract=True), campaign_meta, heals, snapshot_output,
                  prom_textfile, stage_cli, known_hosts]
 
