@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from gpudoctor.errors import GpudoctorError, HostUnreachable, LockHeld, RemedyError
 from gpudoctor.findings import Finding, Status
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.log import get_logger
 
 STATE_DIR = os.environ.get("GPUDOCTOR_STATE_DIR", "/var/lib/gpudoctor")
@@ -181,9 +182,9 @@ def _safe_name(name: str) -> str:
 @contextmanager
 def host_lock(lock_dir: str, host_name: str, purpose: str = "") -> Iterator[str]:
     """flock(LOCK_EX|LOCK_NB) on <lock_dir>/<host>.lock; LockHeld names the holder (pid, user, machine, since, what)."""
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    fs.fs_makedirs(lock_dir, 0o700)
     path = os.path.join(lock_dir, _safe_name(host_name) + ".lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = fs.fs_open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -195,13 +196,13 @@ def host_lock(lock_dir: str, host_name: str, purpose: str = "") -> Iterator[str]
         info = {"pid": os.getpid(), "user": _user(), "machine": socket.gethostname(),
                 "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "what": purpose or " ".join(["gpudoctor", *sys.argv[1:]])[:300]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        os.fsync(fd)
+        fs.fs_ftruncate(fd, 0, path)
+        fs.fs_write(fd, (json.dumps(info) + "\n").encode(), path, offset=0)
+        fs.fs_fsync(fd, path)
         try:
             yield path
         finally:
-            os.ftruncate(fd, 0)
+            fs.fs_ftruncate(fd, 0, path)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
@@ -228,8 +229,9 @@ def _user() -> str:
 # --- the audit log ------------------------------------------------------------------------------
 
 class AuditLog:
-    """Append-only JSONL: one record per outcome. Each record is one write(2) with O_APPEND under flock, then fsync,
-    so concurrent writers never interleave and a crash never leaves half a line before the next record."""
+    """Append-only JSONL: a "started" record before each change is applied, then one per outcome. Each record is one
+    write(2) with O_APPEND under flock, then fsync, so concurrent writers never interleave and a crash never leaves
+    half a line before the next record; a "started" with no outcome after it is a run killed mid-apply."""
 
     def __init__(self, path: str):
         self.path = path
@@ -239,8 +241,8 @@ class AuditLog:
         line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
         d = os.path.dirname(self.path)
         if d:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fs.fs_makedirs(d, 0o700)
+        fd = fs.fs_open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -250,22 +252,27 @@ class AuditLog:
                         fh.seek(size - 1)
                         if fh.read(1) != b"\n":
                             line = b"\n" + line
-                os.write(fd, line)
-                os.fsync(fd)
+                fs.fs_write(fd, line, self.path)
+                fs.fs_fsync(fd, self.path)
+                if not size:  # a new log: its name must survive a crash too
+                    fs.fs_fsync_dir(d)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
-    def records(self) -> list[dict]:
+    def records(self, started: bool = False) -> list[dict]:
+        """The outcome records (with started=True also the "started" ones, in order)."""
         out = []
         try:
             with open(self.path, "rb") as fh:
                 for raw in fh:
                     try:
-                        out.append(json.loads(raw))
+                        rec = json.loads(raw)
                     except ValueError:
                         continue
+                    if started or rec.get("result") != "started":
+                        out.append(rec)
         except FileNotFoundError:
             pass
         return out
@@ -330,6 +337,10 @@ class Engine:
         except RemedyError as exc:
             return self._record(Outcome(change, "failed", exc.one_line()))
         with host_lock(self.lock_dir, change.host, f"gpudoctor {change.remedy}: {change.summary}"):
+            if self.audit_log is not None:  # before the first change: a run killed mid-apply still left its trace
+                self.audit_log.append({"host": change.host, "remedy": change.remedy, "summary": change.summary,
+                                       "result": "started", "user": _user(), "pid": os.getpid(),
+                                       "machine": socket.gethostname()})
             try:
                 applied = remedy.apply(host, change, self.ctx) or {}
             except Exception as exc:  # noqa: BLE001 - reported, logged, never half-silent

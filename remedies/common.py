@@ -70,6 +70,24 @@ def temp_beside(path: str, tag: str = "gpudoctor") -> str:
     return os.path.join(d or ".", f".{name}.{tag}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
+def remove_stale_temps(host, path: str, timeout: float, tag: str = "gpudoctor") -> list[str]:
+    """Remove temp_beside() names a killed run left beside path (ours by name; the host lock keeps runs apart)."""
+    import re
+
+    d, name = os.path.split(path)
+    mine = re.compile(re.escape(f".{name}.{tag}.") + r"\d+\.[0-9a-f]{8}$")
+    entries = host.listdir(d or ".", timeout=timeout)
+    gone = []
+    for e in entries if isinstance(entries, list) else []:
+        if mine.match(e):
+            try:
+                host.unlink(os.path.join(d, e), timeout)
+                gone.append(e)
+            except OSError:
+                pass
+    return gone
+
+
 def errtext(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         import errno

@@ -24,7 +24,8 @@ from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding
 from gpudoctor.remedy import Change, Remedy, RemedyContext
 
-from .common import bad, command, container_kind, errtext, run_check, target_name, temp_beside, tools, verdict
+from .common import (bad, command, container_kind, errtext, remove_stale_temps, run_check, target_name, temp_beside,
+                     tools, verdict)
 
 ID_CREATE = "devices.node.create"
 ID_MODE = "devices.node.mode"
@@ -108,6 +109,7 @@ def restore_node(host, path: str, before: dict, timeout: float) -> str:
         want = (before.get("major"), before.get("minor"), before.get("mode"))
         if cur.exists and cur.kind == "char" and (cur.major, cur.minor, cur.mode) == want:
             return f"{path} already {want[0]}:{want[1]}"
+        remove_stale_temps(host, path, timeout)
         tmp = temp_beside(path)
         host.mknod(tmp, int(want[0]), int(want[1]), int(want[2]), timeout)
         _rename_or_clean(host, tmp, path, timeout)
@@ -327,6 +329,7 @@ class CreateNodes(Remedy):
                                   f"reloaded?): nothing was changed for {p}; plan again")
             if _is_right(before.get(p), wmaj, wmin):
                 continue
+            remove_stale_temps(host, p, t)  # a node a killed run made and never renamed into place
             tmp = temp_beside(p)
             try:
                 host.mknod(tmp, wmaj, wmin, MODE, t)

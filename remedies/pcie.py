@@ -129,8 +129,8 @@ class PcieMrrs(Remedy):
     def apply(self, host, change: Change, ctx: RemedyContext) -> dict:
         d, t = change.data, ctx.timeout
         setpci, v, op = d["setpci"], d["v"], reg_op(d["v"])
-        orig, written = {}, []
-        for tg in d["targets"]:
+        orig, written, todo = {}, [], []
+        for tg in d["targets"]:  # every dry run first: a refused one writes nothing at all
             bdf = tg["bdf"]
             cur = self._read(host, setpci, bdf, t)
             orig[bdf] = cur
@@ -141,21 +141,27 @@ class PcieMrrs(Remedy):
             shown = f"{cur:04x}->({v << 12:04x}:{MASK:04x})->{expect:04x}"
             if not dry.ok or "No devices selected" in dry.stderr or shown not in dry.stdout:
                 raise RemedyError(f"the dry run `setpci -D -v -s {bdf} {op}` did not show {shown}: "
-                                  f"{(dry.stdout + dry.stderr).strip()[:200] or dry.describe()}"
-                                  + (f"; already written: {', '.join(written)}" if written else "; nothing was written"))
-            res = host.run([setpci, "-s", bdf, op], timeout=t)
-            if not res.ok or "No devices selected" in res.stderr:
-                raise RemedyError(f"setpci -s {bdf} {op}: {res.describe()} {res.stderr.strip()[:200]}")
-            written.append(bdf)
+                                  f"{(dry.stdout + dry.stderr).strip()[:200] or dry.describe()}; nothing was written")
+            todo.append(bdf)
+        # The boot-time unit before the register: a run killed between the two leaves a register the next run still
+        # sees wrong (so it finishes the job); the other order left a right register with no unit, which no plan
+        # would ever add, and the setting gone at the next reboot (tests/crash found it).
         before, after = _unb64(d["unit_before_b64"]), _unb64(d["unit_after_b64"])
         host.makedirs(os.path.dirname(PCIE_UNIT_FILE), 0o755, t)
         ed = apply_edit(host, EditPlan(PCIE_UNIT_FILE, before, after), backup_dir=ctx.backup_dir, timeout=t)
         en = host.run([d["systemctl"], "is-enabled", PCIE_UNIT], timeout=t)
         was_enabled = en.stdout.strip() == "enabled"
-        if ed.changed:
+        if ed.changed or not was_enabled:  # not yet enabled: perhaps a killed run wrote the file and no more
             _must(host.run([d["systemctl"], "daemon-reload"], timeout=max(t, 30.0)))
         if not was_enabled:
             _must(host.run([d["systemctl"], "enable", PCIE_UNIT], timeout=max(t, 30.0)))
+        for bdf in todo:
+            res = host.run([setpci, "-s", bdf, op], timeout=t)
+            if not res.ok or "No devices selected" in res.stderr:
+                raise RemedyError(f"setpci -s {bdf} {op}: {res.describe()} {res.stderr.strip()[:200]}"
+                                  + (f"; already written: {', '.join(written)}" if written else "")
+                                  + f"; {PCIE_UNIT} is in place: run again to finish")
+            written.append(bdf)
         return {"changed": bool(written) or ed.changed or not was_enabled, "orig": orig, "written": written,
                 "file_changed": ed.changed, "backup": ed.backup, "was_enabled": was_enabled}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudoctor.files.atomic import atomic_write
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.daemon.budget import Breaker, RemedyLedger
 from gpudoctor.log import get_logger
 
@@ -92,7 +93,7 @@ class StateStore:
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             try:
-                os.replace(self.path, aside)
+                fs.fs_rename(self.path, aside)
             except OSError:
                 aside = None
             self.log.error("daemon.state_unreadable", error=str(exc), moved_to=str(aside) if aside else None)
@@ -101,7 +102,7 @@ class StateStore:
     def save(self, state: DaemonState) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fs.fs_makedirs(str(self.path.parent))
         atomic_write(self.path, json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n", mode=0o600)
 
 

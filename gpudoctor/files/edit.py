@@ -215,27 +215,39 @@ def apply_edit(host, plan: EditPlan, *, validate: Callable[[bytes], str | None] 
 def _write_backup(host, path: str, data: bytes, backup_dir: str, timeout: float) -> str:
     for attempt in range(5):
         dest = backup_path_for(path, backup_dir) + (f".{attempt}" if attempt else "")
+        # written under a temp name, then renamed: a run killed mid-write never leaves a torn file named as a backup
+        tmp = f"{dest}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}"
         try:
             host.makedirs(os.path.dirname(dest), 0o700, timeout=timeout)
-            host.write_file(dest, data, mode=0o600, exclusive=True, timeout=timeout)
+            if not attempt:  # a backup temp a killed run left (its dated name differs: match the pattern)
+                _remove_stale_temps(host, os.path.dirname(dest), os.path.basename(path), timeout, dated=True)
+            if host.stat(dest, timeout=timeout).exists:
+                continue
+            host.write_file(tmp, data, mode=0o600, exclusive=True, timeout=timeout)
+            if _read(host, tmp, timeout) != data:
+                host.unlink(tmp, timeout=timeout)
+                raise EditError(f"the backup {dest} does not read back as written; nothing was changed")
+            host.rename(tmp, dest, timeout=timeout)
         except FileExistsError:
             continue
         except OSError as exc:
             raise EditError(f"cannot write the backup {dest}: {errno.errorcode.get(exc.errno or 0, exc.errno)} "
                             f"{exc.strerror or ''}; nothing was changed (set another --backup-dir)") from exc
-        if _read(host, dest, timeout) != data:
-            raise EditError(f"the backup {dest} does not read back as written; nothing was changed")
         return dest
     raise EditError(f"cannot find a free backup name for {path} in {backup_dir}")
 
 
-def _remove_stale_temps(host, d: str, name: str, timeout: float) -> None:
-    """Temp files an earlier, killed gpudoctor run left beside the target (ours only, by name)."""
+def _remove_stale_temps(host, d: str, name: str, timeout: float, dated: bool = False) -> None:
+    """Temp files an earlier, killed gpudoctor run left beside the target (ours only, by name); dated: those of a
+    backup of it (NAME.<UTC stamp>[.N]<TEMP_MARK>…)."""
+    import re
+
     entries = host.listdir(d, timeout=timeout)
     if not isinstance(entries, list):
         return
+    stamp = re.compile(re.escape(name) + r"\.\d{8}T\d{6}\.\d{6}Z(\.\d+)?" + re.escape(TEMP_MARK))
     for e in entries:
-        if e.startswith(name + TEMP_MARK):
+        if (stamp.match(e) if dated else e.startswith(name + TEMP_MARK)):
             try:
                 host.unlink(os.path.join(d, e), timeout=timeout)
             except OSError:

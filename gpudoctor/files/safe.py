@@ -25,6 +25,7 @@ import stat
 import tempfile
 
 from gpudoctor.errors import InputError
+from gpudoctor.host import ops as fs  # the mutation seam: every write below is recorded there (tests/crash)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LINKS = 40  # like the kernel's ELOOP bound
@@ -97,7 +98,7 @@ def open_dir(path: str, *, create: bool = False, mode: int = 0o755, strict: bool
                 if not create:
                     raise
                 try:
-                    os.mkdir(name, mode, dir_fd=fd)
+                    fs.fs_mkdir(name, mode, dir_fd=fd)
                 except FileExistsError:
                     pass
                 nfd = _open_sub(fd, name, here)
@@ -202,7 +203,7 @@ def subdir(dirfd: int, rel: str, *, create: bool = True, mode: int = 0o755, root
             shown = shown + "/" + name
             if create:
                 try:
-                    os.mkdir(name, mode, dir_fd=fd)
+                    fs.fs_mkdir(name, mode, dir_fd=fd)
                 except FileExistsError:
                     pass
             nfd = _open_sub(fd, name, shown)
@@ -217,7 +218,7 @@ def subdir(dirfd: int, rel: str, *, create: bool = True, mode: int = 0o755, root
 
 def create_excl(dirfd: int, name: str, mode: int = 0o600, flags: int = os.O_WRONLY) -> int:
     """A new file `name` in dirfd: O_CREAT|O_EXCL|O_NOFOLLOW, so never an existing file or a link's target."""
-    return os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+    return fs.fs_open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
 
 
 def open_regular(dirfd: int, name: str, flags: int, mode: int = 0o600, path: str = "") -> int:
@@ -244,22 +245,16 @@ def reopen(fd: int, flags: int) -> int:
 
 def unlink_at(dirfd: int, name: str) -> None:
     """Remove `name` from dirfd (a link is removed, never followed); absent is fine."""
-    try:
-        os.unlink(name, dir_fd=dirfd)
-    except FileNotFoundError:
-        pass
+    fs.fs_unlink(name, missing_ok=True, dir_fd=dirfd)
 
 
 def rename_at(dirfd: int, src: str, dst: str) -> None:
-    """Rename within dirfd: a link at dst is replaced, never followed."""
-    os.rename(src, dst, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    """Rename within dirfd: a link at dst is replaced, never followed; the directory fsynced after."""
+    fs.fs_rename(src, dst, dir_fd=dirfd)
 
 
 def fsync_fd(dirfd: int) -> None:
-    try:
-        os.fsync(dirfd)
-    except OSError:
-        pass
+    fs.fs_fsync_dir("", dirfd)
 
 
 def write_at(dirfd: int, name: str, data: bytes | str, mode: int) -> None:
@@ -276,16 +271,16 @@ def write_at(dirfd: int, name: str, data: bytes | str, mode: int) -> None:
     else:
         raise OSError(errno.EEXIST, "no temporary name free", name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        rename_at(dirfd, tmp, name)
+        try:
+            fs.fs_write(fd, data, tmp)
+            fs.fs_chmod(tmp, mode, fd)
+            fs.fs_fsync(fd, tmp)
+        finally:
+            os.close(fd)
+        rename_at(dirfd, tmp, name)  # and fsyncs the directory
     except BaseException:
         unlink_at(dirfd, tmp)
         raise
-    fsync_fd(dirfd)
 
 
 def write_file(path: str | os.PathLike, data: bytes | str, *, public: bool = False) -> None:

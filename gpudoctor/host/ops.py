@@ -154,6 +154,134 @@ def op_batch(req):
     return {"r": [r if r is not None else {"timeout": 1} for r in results]}
 
 
+# --- the mutation seam: every change gpudoctor makes to a file on a host, local or remote, is one of these ----------
+# RECORDER is None in production (one global read per step). The crash-point harness (tests/crash) sets it to a
+# callable(op, path, *detail) that is told of each step BEFORE it is made, so it can record the order or end the
+# process between two steps. Local writers (files/atomic.py, model/stage.py, remedy.py's lock and audit log, the
+# recovery and daemon state) call the same functions; the SSH agent and the one-shot carrier run this text.
+
+RECORDER = None
+
+
+def fs_note(op, path, *detail):
+    """Tell the recorder of one mutating step about to be made (for primitives done in place: a copy's chunk)."""
+    r = RECORDER
+    if r is not None:
+        r(op, path, *detail)
+
+
+def fs_open(path, flags, mode=0o666, dir_fd=None):
+    """open(2) for writing: "create" (O_CREAT), "truncate" (O_TRUNC) or "open-write". With dir_fd (an openat walk
+    that refuses links), path is relative to it and recorded as given."""
+    op = "truncate" if flags & os.O_TRUNC else "create" if flags & os.O_CREAT else "open-write"
+    fs_note(op, path)
+    return os.open(path, flags, mode, dir_fd=dir_fd)
+
+
+def fs_write(fd, data, path, offset=None):
+    """The whole of data at the fd's position (or at offset: pwrite)."""
+    fs_note("write", path, len(data))
+    view = memoryview(data)
+    while view:
+        if offset is None:
+            n = os.write(fd, view)
+        else:
+            n = os.pwrite(fd, view, offset)
+            offset += n
+        view = view[n:]
+
+
+def fs_fsync(fd, path):
+    fs_note("fsync", path)
+    os.fsync(fd)
+
+
+def fs_fsync_dir(path, fd=None):
+    """fsync a directory so a rename or unlink in it survives a crash; best effort (pmxcfs refuses it). fd: the
+    directory already open (an openat walk): fsynced, left open."""
+    fs_note("fsync-dir", path or ".")
+    if fd is not None:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        return
+    try:
+        fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fs_rename(src, dst, dir_fd=None):
+    """rename(2), then fsync of the destination's directory: the rename is durable when this returns. dir_fd: both
+    names are relative to that directory (renameat)."""
+    fs_note("rename", src, dst)
+    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    fs_fsync_dir(os.path.dirname(dst), dir_fd)
+
+
+def fs_unlink(path, missing_ok=False, dir_fd=None):
+    fs_note("unlink", path)
+    try:
+        os.unlink(path, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def fs_mkdir(path, mode=0o777, dir_fd=None):
+    """One mkdir(2) (mkdirat with dir_fd)."""
+    fs_note("mkdir", path)
+    os.mkdir(path, mode, dir_fd=dir_fd)
+
+
+def fs_makedirs(path, mode=0o777):
+    """os.makedirs(exist_ok=True), one recorded mkdir per missing component."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent and parent != path and not os.path.exists(parent):  # as os.makedirs: a file there is ENOTDIR below
+        fs_makedirs(parent, mode)
+    fs_note("mkdir", path)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
+def fs_chmod(path, mode, fd=None):
+    fs_note("chmod", path, mode)
+    if fd is None:
+        os.chmod(path, mode)
+    else:
+        os.fchmod(fd, mode)
+
+
+def fs_chown(path, uid, gid, fd=None):
+    fs_note("chown", path, uid, gid)
+    if fd is None:
+        os.chown(path, uid, gid)
+    else:
+        os.fchown(fd, uid, gid)
+
+
+def fs_ftruncate(fd, size, path):
+    fs_note("truncate", path, size)
+    os.ftruncate(fd, size)
+
+
+def fs_mknod(path, mode, device):
+    fs_note("mknod", path)
+    os.mknod(path, mode, device)
+
+
 # --- writes (remedies only, through gpudoctor.files.edit) ---------------------------------------------------
 
 def _done(fn):
@@ -171,17 +299,15 @@ def op_write(req):
 
     def write():
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if req.get("exclusive") else os.O_TRUNC)
-        fd = os.open(path, flags, 0o666 if mode is None else mode)
+        fd = fs_open(path, flags, 0o666 if mode is None else mode)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            fs_write(fd, data, path)
             st = os.fstat(fd)
             if mode is not None and stat.S_IMODE(st.st_mode) != mode:
-                os.fchmod(fd, mode)  # cut by the umask
+                fs_chmod(path, mode, fd)  # cut by the umask
             if owner is not None and (st.st_uid, st.st_gid) != tuple(owner):
-                os.fchown(fd, owner[0], owner[1])
-            os.fsync(fd)
+                fs_chown(path, owner[0], owner[1], fd)
+            fs_fsync(fd, path)
         finally:
             os.close(fd)
 
@@ -189,30 +315,28 @@ def op_write(req):
 
 
 def op_rename(req):
-    def ren():
-        os.rename(req["src"], req["dst"])
-        try:
-            fd = os.open(os.path.dirname(req["dst"]) or ".", os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass  # some filesystems (pmxcfs) refuse fsync on a directory: the rename itself stands
+    # fs_fsync_dir is best effort: some filesystems (pmxcfs) refuse fsync on a directory; the rename itself stands
+    return _done(lambda: fs_rename(req["src"], req["dst"]))
 
-    return _done(ren)
+
+def op_unlink(req):
+    def rm():
+        fs_unlink(req["path"])
+        fs_fsync_dir(os.path.dirname(req["path"]))
+
+    return _done(rm)
 
 
 def op_mknod(req):
     path, mode = req["path"], int(req["mode"])
 
     def mk():
-        os.mknod(path, stat.S_IFCHR | mode, os.makedev(int(req["major"]), int(req["minor"])))
+        fs_mknod(path, stat.S_IFCHR | mode, os.makedev(int(req["major"]), int(req["minor"])))
         try:
             if stat.S_IMODE(os.lstat(path).st_mode) != mode:
-                os.chmod(path, mode)  # mknod's mode was cut by the umask
+                fs_chmod(path, mode)  # mknod's mode was cut by the umask
         except OSError:
-            os.unlink(path)
+            fs_unlink(path)
             raise
 
     return _done(mk)
@@ -222,9 +346,9 @@ READS = {"read": op_read, "stat": op_stat, "open": op_open, "listdir": op_listdi
 WRITES = {
     "write": op_write,
     "rename": op_rename,
-    "unlink": lambda req: _done(lambda: os.unlink(req["path"])),
-    "makedirs": lambda req: _done(lambda: os.makedirs(req["path"], int(req.get("mode", 0o700)), exist_ok=True)),
-    "chmod": lambda req: _done(lambda: os.chmod(req["path"], int(req["mode"]))),
+    "unlink": op_unlink,
+    "makedirs": lambda req: _done(lambda: fs_makedirs(req["path"], int(req.get("mode", 0o700)))),
+    "chmod": lambda req: _done(lambda: fs_chmod(req["path"], int(req["mode"]))),
     "mknod": op_mknod,
 }
 OPS = dict(READS, batch=op_batch, **WRITES)

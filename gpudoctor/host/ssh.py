@@ -803,19 +803,21 @@ def _changed_key_message(name: str, label: str, got, expected, files: list[str])
 
 def _append_known_host(path: str, label: str, key) -> None:
     """Record a newly trusted key the way OpenSSH does: one line appended, file 0600, directory 0700."""
+    from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
+
     d = os.path.dirname(path)
     if d and not os.path.isdir(d):
-        os.makedirs(d, mode=0o700, exist_ok=True)
+        fs.fs_makedirs(d, 0o700)
     line = f"{label} {key.get_name()} {key.get_base64()}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = fs.fs_open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         if os.fstat(fd).st_size:
             with open(path, "rb") as fh:
                 fh.seek(-1, os.SEEK_END)
                 if fh.read(1) != b"\n":
                     line = "\n" + line
-        os.write(fd, line.encode())
-        os.fsync(fd)
+        fs.fs_write(fd, line.encode(), path)
+        fs.fs_fsync(fd, path)
     finally:
         os.close(fd)
 

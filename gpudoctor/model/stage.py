@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from gpudoctor.errors import InputError, LockHeld, RemedyError
 from gpudoctor.files import safe
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.model import human_bytes, probe
 
 CHUNK = 64 << 20  # work unit: a 64 MiB range of one file
@@ -333,6 +334,7 @@ class _Copier:
         """Copy [off, off+length) of sfd into dfd. auto = copy_file_range (same filesystem,
         may reflink), else sendfile (one in-kernel copy), else pread/pwrite; each refuses before copying a byte."""
         method = self.method  # read once: another thread may switch it while this one copies
+        fs.fs_note("write", tmp, off, length)  # one chunk: a step of the mutation seam
         if method in ("auto", "copy_file_range"):
             try:
                 self._cfr(sfd, dfd, off, length, tick)
@@ -468,9 +470,10 @@ class _OpenFile:
         if self.sfd is None:  # an empty file has one chunk and no fds yet
             self.fds()
         try:
-            os.fsync(self.dfd)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
-            os.fchmod(self.dfd, safe.staged_mode(self.f.mode))
+            fs.fs_chmod(self.tmp, safe.staged_mode(self.f.mode), self.dfd)
+            fs.fs_note("utime", self.tmp)
             os.utime(self.dfd, ns=(self.f.mtime_ns, self.f.mtime_ns))
+            fs.fs_fsync(self.dfd, self.tmp)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
             try:
                 os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)  # do not double the RAM the model takes
             except OSError:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gpudoctor.files.atomic import atomic_write
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.log import get_logger
 from gpudoctor.recovery.ladder import HostLadder
 
@@ -71,7 +72,7 @@ class RecoveryStore:
     def _set_aside(self, exc) -> dict:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
         try:
-            os.replace(self.path, aside)
+            fs.fs_rename(self.path, aside)
             self.aside = str(aside)
         except OSError:
             self.aside = None
@@ -91,8 +92,8 @@ class RecoveryStore:
 
     @contextlib.contextmanager
     def _locked(self, name: str = ".lock", blocking: bool = True):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(str(self.path) + name, os.O_RDWR | os.O_CREAT, 0o600)
+        fs.fs_makedirs(str(self.path.parent))
+        fd = fs.fs_open(str(self.path) + name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

@@ -145,7 +145,7 @@ def test_fix_apply_reboot_restarts_the_real_container_and_uvm_opens_then_a_secon
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert len(lab.backups()) == 1 and lab.init_pid() == init_after
     audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert [(a["host"], a["result"]) for a in audit] == [("kpro6", "applied")]
+    assert [(a["host"], a["result"]) for a in audit] == [("kpro6", "started"), ("kpro6", "applied")]
 
 
 def test_snapshot_over_ssh_replays_both_hosts_to_the_same_diagnosis(seed_lab, tmp_path):

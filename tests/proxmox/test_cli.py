@@ -111,13 +111,14 @@ def test_fix_dry_run_changes_nothing_then_apply_then_nothing_to_do(work):
         b"c 234:* rwm\n", b"c 234:* rwm\nlxc.cgroup2.devices.allow: c 511:* rwm\n")
     (bk,) = (tmp / "backups").rglob("200.conf.*")
     assert bk.read_bytes() == before
-    (rec,) = [json.loads(x) for x in (tmp / "audit.jsonl").read_text().splitlines()]
+    started, rec = [json.loads(x) for x in (tmp / "audit.jsonl").read_text().splitlines()]
+    assert started["result"] == "started" and started["remedy"] == "lxc.cgroup_allow"  # written before the change
     assert rec["result"] == "applied" and rec["remedy"] == "lxc.cgroup_allow" and rec["backup"] == str(bk)
     assert "+lxc.cgroup2.devices.allow: c 511:* rwm" in rec["diff"]
 
     r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
     assert r.returncode == 0 and "nothing to fix" in r.stdout
-    assert conf.read_bytes() == after and len((tmp / "audit.jsonl").read_text().splitlines()) == 1
+    assert conf.read_bytes() == after and len((tmp / "audit.jsonl").read_text().splitlines()) == 2
     assert gd("lxc", "audit", "--config", conf, "--devices", DEV511).returncode == 1  # only the stale 509 warns
 
 

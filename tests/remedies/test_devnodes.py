@@ -25,7 +25,8 @@ def engine(r, *remedies, host=None):
 
 def audit(r):
     f = r.root.parent / "audit.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    recs = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return [a for a in recs if a["result"] != "started"]  # the outcomes
 
 
 def dev_listing(r):

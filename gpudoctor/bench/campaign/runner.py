@@ -156,6 +156,12 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+def write_meta(out_dir: Path, campaign_path, meta: dict) -> None:
+    """DIR/campaign.yaml (the file as given) and DIR/campaign.json (what the report reads), each replaced whole."""
+    safe.write_file(out_dir / "campaign.yaml", Path(campaign_path).read_bytes())  # links at the names replaced
+    safe.write_file(out_dir / "campaign.json", json.dumps(meta, indent=1))
+
+
 class Runner:
     """One campaign run into one output directory.
 
@@ -275,14 +281,13 @@ class Runner:
             self.counter = self.load_counter()
         except HostError as exc:
             raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
-        safe.write_file(self.dir / "campaign.yaml", Path(self.camp.path).read_bytes())
-        safe.write_file(self.dir / "campaign.json", json.dumps(
+        write_meta(self.dir, self.camp.path, (
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
              "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
              "request_rates": self.camp.request_rates,
              "tp": self.camp.tp, "concurrency": self.camp.concurrency, "token_counts": self.counter.source,
              "target": self.camp.target, "server_url": self.camp.base_url,
-             "remote_dir": self.remote_dir if self.camp.is_remote else None}, indent=1))
+             "remote_dir": self.remote_dir if self.camp.is_remote else None}))
         if self.camp.is_remote:
             self.emit("note", text=f"servers run on {self.camp.target} (logs there in {self.remote_dir}); "
                                    f"load goes to {self.camp.base_url}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpudoctor.files.atomic import append_jsonl_atomic
 from gpudoctor.files.safe import output_mode
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 
 SCHEMA = "gpudoctor.bench/3"
 # /3 added per_request and steady (every level: the per-request series and its steady window), provenance (what
@@ -139,6 +140,7 @@ class ResultStore:
 
     def append(self, rec: dict) -> dict:
         self.ours()
+        fs.fs_makedirs(str(self.dir))
         if key(rec) in self.keys():
             raise ValueError(f"duplicate result record {key(rec)}")
         rec = {"schema": SCHEMA, **rec, **self.stamp}
@@ -167,7 +169,11 @@ class ResultStore:
         if not gone:
             return []
         self.ours()
-        append_jsonl_atomic(self.dir / "retracted.jsonl", gone, mode=output_mode())
+        kept_before = self.dir / "retracted.jsonl"  # a run killed between the two writes retracts them again:
+        seen = set(kept_before.read_text().splitlines()) if kept_before.exists() else set()  # once is enough
+        fresh = [g for g in gone if json.dumps(g, sort_keys=True) not in seen]
+        if fresh:
+            append_jsonl_atomic(kept_before, fresh, mode=output_mode())
         kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs if key(r) not in keys)
         atomic_write(self.path, kept, mode=output_mode())
         return gone

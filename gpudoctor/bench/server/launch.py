@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from gpudoctor.host.base import Host
+from gpudoctor.files.atomic import atomic_write
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 
 
 class Launcher(Protocol):
@@ -50,7 +52,7 @@ class LocalLauncher:
             except OSError as exc:
                 log.write(f"=== gpudoctor: cannot start {argv[0]}: {exc.strerror}\n".encode())
                 raise
-        Path(self.pid_file).write_text(json.dumps({"pid": self.proc.pid, "argv": argv}))
+        atomic_write(self.pid_file, json.dumps({"pid": self.proc.pid, "argv": argv}))  # whole or absent
         return self.proc.pid
 
     def gone(self) -> str | None:
@@ -66,7 +68,7 @@ class LocalLauncher:
             stop_group(self.proc.pid, timeout, lambda: self.proc.poll() is not None)
             self.proc.wait()
         try:
-            os.unlink(self.pid_file)
+            fs.fs_unlink(self.pid_file)
         except FileNotFoundError:
             pass
 
@@ -107,7 +109,7 @@ def reap_orphan(pid_file: str, timeout: float) -> str | None:
     if _group_alive(pid) and _cmdline_matches(pid, info.get("argv") or []):
         stop_group(pid, timeout, lambda: not _group_alive(pid))
         note = f"stopped server left running by an interrupted campaign (pid {pid})"
-    os.unlink(pid_file)
+    fs.fs_unlink(pid_file, missing_ok=True)
     return note
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from gpudoctor.errors import HostError
 from gpudoctor.host.base import Host
 from gpudoctor.host.childpy import python_argv
+from gpudoctor.files.atomic import atomic_write
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.log import get_logger
 
 DEFAULT_REMOTE_DIR = "~/.cache/gpudoctor/bench"
@@ -176,7 +178,7 @@ class HostLauncher:
         if res.ok and out.get("pid", "").strip().isdigit() and out.get("dir"):
             self.pid, self.dir = int(out["pid"]), out["dir"]
             self.offset = int(out.get("offset", "0").strip() or 0)
-            Path(self.pid_file).write_text(json.dumps({
+            atomic_write(self.pid_file, json.dumps({
                 "host": self.host.name, "pid": self.pid, "argv": self.wrapper_argv(argv), "dir": self.dir,
                 "log": self.remote_log, "rc_file": self.rc_file}))
             self.log.info("bench.server.started", pid=self.pid, dir=self.dir)
@@ -214,7 +216,7 @@ class HostLauncher:
                 self.log.warning("bench.server.survived_kill", pid=self.pid)
                 return  # keep the pid file: a later --resume tries again
         try:
-            os.unlink(self.pid_file)
+            fs.fs_unlink(self.pid_file)
         except FileNotFoundError:
             pass
 

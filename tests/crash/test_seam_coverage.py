@@ -1,0 +1,69 @@
+"""Every mutating file operation in gpudoctor's code goes through the mutation seam (host/ops.py fs_*, or a Host
+write, which is host/ops.py on the target): a raw os.rename/os.replace/os.unlink/open(…, "w")/write_text/… anywhere
+else fails here unless it is listed below with the reason it is not a host file gpudoctor keeps (issue #40, item 7)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import gpudoctor
+
+PKG = Path(gpudoctor.__file__).resolve().parent
+# gpudoctor.checks and gpudoctor.remedies are checks/ and remedies/ in the checkout, inside the package when installed
+ROOTS = [PKG] + [PKG.parent / d for d in ("checks", "remedies") if not (PKG / d).exists() and (PKG.parent / d).exists()]
+RAW = re.compile(r"os\.(rename|replace|unlink|remove|rmdir|mkdir|makedirs|chmod|fchmod|chown|fchown|mknod|ftruncate"
+                 r"|truncate|write|pwrite|symlink|link|utime)\(|\.write_(text|bytes)\(|mkstemp\(|shutil\.(copy\w*|move"
+                 r"|rmtree)\(|Path\([^)]*\)\.(unlink|mkdir|rmdir|touch|chmod)\(|(?<!fs)\.(mkdir|rmdir|touch)\(|"
+                 r"open\([^)]*['\"](w|a|wb|ab|r\+|x|w\+)['\"]|os\.open\([^)]*O_(CREAT|WRONLY|RDWR|APPEND)|savefig\(")
+SEAM = "host/ops.py"  # the seam itself
+
+# file -> (substring of the line, why it is not a host file gpudoctor keeps)
+ALLOWED = {
+    "cli.py": [("os.devnull", "/dev/null opened for writing")],
+    "host/forked.py": [("os.write(w_st", "a pipe to the parent, not a file")],
+    "host/agent_prog.py": [("os.write(1", "the agent's stdout, not a file")],
+    "model/stage.py": [("os.open(tmp, os.O_WRONLY", "a chunk of the part file: recorded by _Copier.copy as one write"),
+                       ("os.pwrite(dfd", "a chunk of the part file: recorded by _Copier.copy as one write"),
+                       ("os.utime(self.dfd", "recorded just above (fs_note utime)")],
+    "sglang/differential.py": [("", "a scratch model directory of the differential tool (mkdtemp)")],
+    "sglang/resolver.py": [("", "a fake nvidia-smi in the resolver's own mkdtemp scratch")],
+    "bench/cell/health.py": [("", "the sampler runs on the target as its own stdlib program; its output is one "
+                                  "level's scratch (temp + replace)")],
+    "bench/server/launch.py": [("open(self.log_path", "the server's log, appended by the server itself"),
+                               ("Path(self.log_path).parent.mkdir", "the log's directory")],
+    "bench/server/remote.py": [("open(self.log_path", "a local mirror of the server's log"),
+                               ("Path(self.log_path).parent.mkdir", "the mirror's directory")],
+    "bench/standin/server.py": [("", "the stand-in inference server (tests and demos): its own logs")],
+    "bench/records/report.py": [("", "plots of a report (report.md and results.csv go through atomic_write)")],
+    "bench/campaign/runner.py": [("lock", "the --out lock file (files/safe.py's O_NOFOLLOW open, #40 'follow')"),
+                                 ("self.dir.", "the --out directory itself"),
+                                 ("dest.mkdir", "the --out mirror directory")],
+}
+
+
+def _raw_lines():
+    for root in ROOTS:
+        for p in sorted(root.rglob("*.py")):
+            rel = p.relative_to(root).as_posix() if root == PKG else f"{root.name}/{p.relative_to(root).as_posix()}"
+            if rel == SEAM:
+                continue
+            for n, line in enumerate(p.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if RAW.search(code) and "fs.fs_" not in code:
+                    yield rel, n, line.strip()
+
+
+def test_every_mutation_goes_through_the_seam():
+    bad = []
+    for rel, n, line in _raw_lines():
+        if not any(sub in line for sub, _ in ALLOWED.get(rel, [])):
+            bad.append(f"{rel}:{n}: {line}")
+    assert not bad, "mutating file operations outside host/ops.py's seam:\n" + "\n".join(bad)
+
+
+def test_the_scan_sees_raw_writes():
+    assert RAW.search('os.replace(tmp, path)') and RAW.search('Path(x).write_text("y")')
+    assert RAW.search('fd = os.open(p, os.O_WRONLY | os.O_CREAT)') and not RAW.search('fs.fs_rename(a, b)')
+    assert os.path.exists(PKG / SEAM)
