@@ -262,7 +262,7 @@ def write_at(dirfd: int, name: str, data: bytes | str, mode: int) -> None:
     if isinstance(data, str):
         data = data.encode()
     for _ in range(100):
-        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        tmp = f".{name}.{os.urandom(4).hex()}.tmp"
         try:
             fd = create_excl(dirfd, tmp, 0o600)
             break

@@ -330,7 +330,7 @@ class _Copier:
 
     _FALLBACK = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP)
 
-    def copy(self, sfd: int, dfd: int, off: int, length: int, tick) -> None:
+    def copy(self, sfd: int, dfd: int, tmp: str, off: int, length: int, tick) -> None:
         """Copy [off, off+length) of sfd into dfd. auto = copy_file_range (same filesystem,
         may reflink), else sendfile (one in-kernel copy), else pread/pwrite; each refuses before copying a byte."""
         method = self.method  # read once: another thread may switch it while this one copies
@@ -470,10 +470,10 @@ class _OpenFile:
         if self.sfd is None:  # an empty file has one chunk and no fds yet
             self.fds()
         try:
-            fs.fs_chmod(self.tmp, safe.staged_mode(self.f.mode), self.dfd)
-            fs.fs_note("utime", self.tmp)
+            fs.fs_chmod(self.part, safe.staged_mode(self.f.mode), self.dfd)
+            fs.fs_note("utime", self.part)
             os.utime(self.dfd, ns=(self.f.mtime_ns, self.f.mtime_ns))
-            fs.fs_fsync(self.dfd, self.tmp)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
+            fs.fs_fsync(self.dfd, self.part)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
             try:
                 os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)  # do not double the RAM the model takes
             except OSError:
@@ -606,7 +606,7 @@ def _run_phase(pool, files: list[StageFile], dirs: _Dirs, chunk: int, copier: _C
         pause()
         if length > 0:
             sfd, dfd = of.fds()
-            copier.copy(sfd, dfd, off, length, tick)
+            copier.copy(sfd, dfd, of.part, off, length, tick)
         of.chunk_done(pause)
 
     futs = [pool.submit(work, *u) for u in units]
