@@ -29,7 +29,9 @@ from gpudoctor.bench.campaign.runner import CampaignStopped, GateRefused, Runner
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
 from gpudoctor.errors import GpudoctorError, InputError
+from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
+from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.target import local_host
 
 JOB_REFUSED = 4  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
@@ -155,9 +157,10 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
         try:
             return runner.run(resume=True)
         except GateRefused as exc:
-            jobdir.mkdir(parents=True, exist_ok=True)
+            fs.fs_makedirs(str(jobdir))
             atomic_write(jobdir / "refused.json", json.dumps({"node": node, "job_id": job, "said": exc.said,
-                                                               "reason": exc.reason, "at": time.time()}).encode())
+                                                               "reason": exc.reason, "at": time.time()}).encode(),
+                         mode=safe.output_mode())
             raise NodeRefused(f"the gate refused node {node} for {label}: {exc.said}") from None
     finally:
         host.close()
@@ -189,7 +192,7 @@ class SlurmCampaign(Runner):
         return self.sdir / "state.json"
 
     def save(self) -> None:
-        atomic_write(self.state_path, json.dumps(self.state, indent=1).encode())
+        atomic_write(self.state_path, json.dumps(self.state, indent=1).encode(), mode=safe.output_mode())
 
     def load_state(self) -> dict:
         if self.state_path.exists():
@@ -222,14 +225,13 @@ class SlurmCampaign(Runner):
 
     def _run(self) -> dict:
         super()._run()
-        self.sdir.mkdir(exist_ok=True)
+        fs.fs_makedirs(str(self.sdir))
         self.state = self.load_state()
         self.configs = {c.label: c for c in self.camp.configs()}
         for label, cfg in self.configs.items():
-            atomic_write(self.sdir / f"{label}.sh",
+            atomic_write(self.sdir / f"{label}.sh",  # slurmd runs it as the submitting user: 0700 is enough
                          job_script(self.camp, cfg, self.dir.resolve(), self.job_name(label),
-                                    self.state["campaign_id"]).encode())
-            os.chmod(self.sdir / f"{label}.sh", 0o755)
+                                    self.state["campaign_id"]).encode(), mode=0o700)
             self.cs(label)
         self.save()
         self.emit("note", text=f"Slurm campaign {self.state['campaign_id']}: {len(self.configs)} configuration(s), "
