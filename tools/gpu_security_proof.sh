@@ -86,7 +86,7 @@ unshare --pid --fork --mount-proc env HF_TOKEN=hf_secret_do_not_leak AWS_SECRET_
 ok "snapshot --deep in eve's directory: rc $rc, mode $(stat -c %a "$O/snapshot.json" 2>/dev/null)" \
    '[ "$(stat -c %a "$O/snapshot.json" 2>/dev/null)" = 600 ]'
 ok "no secret of the environment in the snapshot" \
-   "! \"$GPY\" -c 'import base64,json,re,sys; t=open(sys.argv[1]).read(); sys.exit(0 if re.search(r\"do_not_leak\", t + \"\".join(base64.b64decode(x).decode(\"latin-1\") for x in re.findall(r\"[A-Za-z0-9+/=]{16,}\", t))) else 1)' \"$O/snapshot.json\""
+   "! \"$GPY\" -I -c 'import base64,json,re,sys; t=open(sys.argv[1]).read(); sys.exit(0 if re.search(r\"do_not_leak\", t + \"\".join(base64.b64decode(x).decode(\"latin-1\") for x in re.findall(r\"[A-Za-z0-9+/=]{16,}\", t))) else 1)' \"$O/snapshot.json\""
 "$GD" release gpu1 --inventory "$INV" > "$O/release.out" 2>&1; rc=$?
 ok "release gpu1 (deep verification) from eve's directory: rc $rc (0 released)" '[ $rc = 0 ]'
 ok "nothing of eve's directory was imported (no $A/IMPORT-MARKER)" '[ ! -e "$A/IMPORT-MARKER" ]'

@@ -146,12 +146,17 @@ class PipelineEngine:
         """The remedy engine's changes that address a bad finding of this diagnosis, in its order."""
         bad = {f.key for f in diagnosis.findings if f.bad}
         out = []
-        for change in self._remedy_engine(host).plan(diagnosis.facts).changes:
+        plan = self._remedy_engine(host).plan(diagnosis.facts)
+        for change in plan.changes:
             hit = [k for k in change.fixes if k in bad]
             if not hit:
                 continue
             out.append(Action(remedy=change.remedy, finding=hit[0], summary=change.summary,
                               reboot=bool(change.needs_reboot), data={"change": change}))
+        for r in plan.refusals:  # a remedy a bad finding declares would not act: the daemon says why, once a cycle
+            hit = [f.key for f in diagnosis.findings if f.bad and f.remedy == r.remedy and f.remediable]
+            if hit:
+                out.append(Action(remedy=r.remedy, finding=hit[0], summary=r.reason, data={"refused": r.reason}))
         return out
 
     def apply(self, host: str, action: Action) -> Outcome:

@@ -333,6 +333,11 @@ class Daemon:
             if self._stop:
                 return
             self.pinger.beat()
+            if "refused" in action.data:  # its plan refused (another user's model directory, a locked config, ...)
+                self.log.warning("remedy.refused", host=name, remedy=action.remedy, reason=action.data["refused"])
+                self.found.get(name, {}).setdefault("actions", []).append(
+                    (action.remedy, "refused: " + action.data["refused"]))
+                continue
             if not p.allows(action.remedy):
                 self._skip(name, action, "policy")
                 continue

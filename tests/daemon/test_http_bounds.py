@@ -93,7 +93,8 @@ def test_scrape_answers_while_1000_idle_sockets_are_open_and_they_are_closed_aft
         code, body = get(addr)
         assert code == 200 and body == b"up 1\n" * 2000
         assert time.monotonic() - t0 < 5.0 and srv.counters.timed_out == 0  # answered before any idle one timed out
-        assert threading.active_count() == threads_before + 1  # the one server thread, whatever the sockets
+        # the one server thread, whatever the sockets (another test's leftover thread may end meanwhile: at most)
+        assert threading.active_count() <= threads_before + 1
         assert srv.open_connections <= httpd.MAX_CONNECTIONS
         c = srv.counters
         assert c.evicted + c.refused >= 1000 - httpd.MAX_CONNECTIONS

@@ -42,7 +42,11 @@ def test_the_daemon_never_restages_from_a_marker_inside_the_target(tmp_path, shm
     evil = tmp_path / "evil-src"
     write_model(evil, shards=1, elems=1024)
     _plant(shm_name, evil)
-    assert _daemon_actions(tmp_path, shm_name) == []
+    acts = _daemon_actions(tmp_path, shm_name)
+    assert not [a for a in acts if "change" in a.data], acts  # nothing to apply...
+    # ...and the daemon says why, once a cycle (it used to drop a refused plan without a word)
+    assert [a.data.get("refused", "") for a in acts] and all("marker inside it is not trusted" in a.data["refused"]
+                                                             for a in acts), acts
 
 
 def test_a_record_another_user_can_write_is_not_a_source(tmp_path, shm_name, monkeypatch):

@@ -1,4 +1,4 @@
-"""Root obeys no file another user can write (#40, docs/security/exec.md), and bad input as root stays one line.
+"""Root obeys no file another user can write (#40, docs/security.md), and bad input as root stays one line.
 
 An inventory names programs gpudoctor runs (deep python, verify commands) and hosts `release` marks ready; a campaign
 names the servers it starts. As root, gpudoctor refuses one that another user owns or can change — the file or any

@@ -1,4 +1,4 @@
-"""Root never executes or imports what another user controls (#40, docs/security/exec.md).
+"""Root never executes or imports what another user controls (#40, docs/security.md).
 
 The attacker is uid 65534 with a shell: it starts a process whose command line looks like an SGLang server (argv[0]
 forged, as `exec -a` does) naming an interpreter it owns, or plants json.py in a directory root works in. Each of

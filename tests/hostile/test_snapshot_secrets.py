@@ -1,4 +1,4 @@
-"""A snapshot carries no secret of the machine it was taken on (#40, docs/security/exec.md).
+"""A snapshot carries no secret of the machine it was taken on (#40, docs/security.md).
 
 PID 1 of a fresh PID namespace (unshare --pid --fork --mount-proc) is started with HF_TOKEN, a cloud key and a
 password beside the keys diagnosis reads; `gpudoctor snapshot -o` runs inside it. Every read in the transcript is
