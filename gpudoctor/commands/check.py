@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from gpudoctor.conventions import alias
+from gpudoctor.conventions import alias, settings
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
 from gpudoctor.files.inputs import http_url, output_file, seconds
@@ -158,7 +158,7 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
                       units=tuple(ctx.units if snapshot_path else units),
                       models=tuple(ctx.model_paths if snapshot_path else models),
                       snapshot_of=d.host if snapshot_path else None)
-        render(d, _styled(), verbose=show_all, scope=scope, triage=triage)
+        render(d, _styled(), verbose=show_all, scope=scope, triage=triage, quiet=settings().quiet)
     raise SystemExit(d.exit_code)
 
 

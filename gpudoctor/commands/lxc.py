@@ -7,6 +7,7 @@ import click
 from gpudoctor.commands.fix import FIX_EXIT_DOC, engine_options, run_fix
 from gpudoctor.errors import ConfigError, InputError
 from gpudoctor.options import Count
+from gpudoctor.conventions import settings
 
 AUDIT_EXIT_DOC = """\b
 Exit codes:
@@ -212,7 +213,7 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
     if as_json:
         click.echo(report.lxc_audit_json(d, inp))
     else:
-        report.lxc_audit(report.writer(), d, inp, verbose=show_all)
+        report.lxc_audit(report.writer(), d, inp, verbose=show_all, quiet=settings().quiet)
     raise SystemExit(d.exit_code)
 
 

@@ -374,3 +374,16 @@ def test_an_old_spelling_declared_anywhere_gains_the_new_name(tmp_path):
     help_text = CliRunner().invoke(probe, ["--help"]).output
     assert "--snapshot" in help_text and "-a, --all-findings" in help_text
     assert "--facts" not in help_text and "--verbose-findings" not in help_text
+
+
+def test_quiet_check_shows_only_what_is_not_ok_and_the_verdict():
+    """-q (before or after the command): check's text keeps the verdict, the root cause and the rows that are not ok;
+    no healthy row. The exit code is the same."""
+    plain = gpudoctor("check", "--snapshot", EXAMPLE)
+    for args in (["-q", "check", "--snapshot", EXAMPLE], ["check", "--snapshot", EXAMPLE, "-q"]):
+        q = gpudoctor(*args)
+        assert q.returncode == plain.returncode == 2
+        assert q.stdout.splitlines()[0].startswith("gpudoctor check vm: FAIL (exit 2)")
+        rows = [ln for ln in q.stdout.splitlines() if re.match(r"^\S+\s+(ok|OK)\s", ln)]
+        assert rows == [] and re.search(r"(?m)^\S+\s+ok\s", plain.stdout)
+        assert "devices.node.major[/dev/nvidia-uvm]" in q.stdout and len(q.stdout) < len(plain.stdout)
