@@ -72,7 +72,7 @@ FIGURES = ("fabric.deep.figure", "fabric.nccl.allreduce")
 
 def writer(*, stderr: bool = False, color: bool | None = None, width: int | None = None):
     """The one writer of every findings command (check, gate, fix, daemon --once, lxc audit): a term.Styled. color
-    and width: the CLI's settings (None: decided by the stream, docs/cli-rendering.md)."""
+    and width: the CLI's settings (None: decided by the stream, docs/cli.md (Rendering))."""
     from gpudoctor.term import Styled
 
     return Styled(stderr=stderr, color=color, width=width)

@@ -66,7 +66,7 @@ def console(*, stderr: bool = False, **kw):
 
 class SafeStream:
     """A text stream wrapper that escapes every non-printable character except newline and tab; to a terminal it
-    also folds a line longer than the terminal's width at spaces (never inside a token, docs/cli-rendering.md), so
+    also folds a line longer than the terminal's width at spaces (never inside a token, docs/cli.md (Rendering)), so
     every command's long lines read as the findings' do. A pipe or file gets every line as written; so do JSON (a
     write that starts with '{' or '[') and a write that ends no line (a prompt, a progress line redrawn in place)."""
 
@@ -233,7 +233,7 @@ class Styled:
     check (docs/h200/check_latency-2026-12-04.txt). As console() does: every text is made printable (newlines kept), and it writes beneath cli.main's SafeStream (RawWriter), so
     its own colour codes pass and a closed pipe still ends the command with 141.
 
-    The one rule for every command's findings (docs/cli-rendering.md): to a terminal, lines fold at its width, at
+    The one rule for every command's findings (docs/cli.md (Rendering)): to a terminal, lines fold at its width, at
     spaces only (a token is never split); to a pipe or file, nothing folds: one line stays one line, so `grep ID`
     finds it whole.
 

@@ -28,12 +28,15 @@ def gpudoctor(*args, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
 
 
 def commands(group, prefix=()):
-    """Every (path, command) under a click group, depth first: ("lxc",), ("lxc", "audit"), …"""
+    """Every (path, command) under a click group that a user sees, depth first: ("lxc",), ("lxc", "audit"), …
+    (a hidden command, such as the job a Slurm campaign's script runs, is no user's command)"""
     import click
 
     ctx = click.Context(group)
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
+        if getattr(cmd, "hidden", False):
+            continue
         yield prefix + (name,), cmd
         if isinstance(cmd, click.Group):
             yield from commands(cmd, prefix + (name,))
