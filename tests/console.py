@@ -40,3 +40,20 @@ def commands(group, prefix=()):
         yield prefix + (name,), cmd
         if isinstance(cmd, click.Group):
             yield from commands(cmd, prefix + (name,))
+
+
+def drain(fd: int, timeout: float) -> bytes:
+    """Everything a pty's (or pipe's) reading end gives until the writer closes it (EOF, or EIO on a pty) or
+    `timeout` seconds pass."""
+    import time
+
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.console import drain
+
 from gpudoctor.diagnose import Diagnosis
 from gpudoctor.findings import Finding, Status
 from gpudoctor.report import render
@@ -60,18 +62,10 @@ def on_pty(cols: int, *args) -> tuple[int, str]:
             os.execve(sys.executable, [sys.executable, "-m", "gpudoctor", *args], _env())
         finally:
             os._exit(127)
-    chunks, deadline = [], time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
+    raw = drain(fd, 120)
     _, status = os.waitpid(pid, 0)
     os.close(fd)
-    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return os.waitstatus_to_exitcode(status), raw.decode(errors="replace").replace("\r\n", "\n")
 
 
 def bad_findings(path: str) -> list[dict]:

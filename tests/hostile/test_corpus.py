@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.childenv import pythonpath
+from tests.console import drain
 
 from tests.hostile.cases import CORPUS, all_cases
 
@@ -217,18 +218,8 @@ def test_a_bare_escape_in_any_summary_line_is_escaped_on_a_real_terminal(tmp_pat
     if pid == 0:  # the child: the real CLI, its stdout a terminal
         os.environ.update(_env(tmp_path))
         os.execv(sys.executable, [sys.executable, "-m", "gpudoctor", "check", "--snapshot", str(snap)])
-    chunks = []
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
+    text = drain(fd, TIMEOUT_S)
     _, status = os.waitpid(pid, 0)
-    text = b"".join(chunks)
     assert os.waitstatus_to_exitcode(status) == 2, text[-500:]
     assert b"\\x1b[2J" in text and b"\\x1b]0;owned" in text  # shown, escaped
     assert b"\x1b[2J" not in text and b"\x1b]0;" not in text and b"\x07" not in text and b"\x08" not in text

@@ -301,7 +301,7 @@ def test_the_stage_bar_speaks_binary_units_as_its_summary_does(tmp_path):
     import re
     import subprocess
 
-    from tests.console import console_script
+    from tests.console import console_script, drain
     from .modelfiles import write_model
 
     write_model(tmp_path / "src", shards=2, elems=600_000)
@@ -312,20 +312,12 @@ def test_the_stage_bar_speaks_binary_units_as_its_summary_does(tmp_path):
                            stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160", "TERM": "xterm"}, timeout=60)
         os.close(slave)
         slave = None
-        chunks = []
-        while True:
-            try:
-                b = os.read(master, 65536)
-            except OSError:
-                break
-            if not b:
-                break
-            chunks.append(b)
+        raw = drain(master, 60)
     finally:
         if slave is not None:
             os.close(slave)
         os.close(master)
-    bar = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    bar = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode("utf-8", "replace"))
     assert p.returncode == 0, (p.stdout, bar)
     rates = re.findall(r"[\d.]+ ?([kKMG]i?B)/s", bar + p.stdout.decode())
     assert rates and all(u.endswith("iB") for u in rates), (rates, bar)
