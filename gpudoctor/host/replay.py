@@ -52,6 +52,15 @@ def _rdv(args: list) -> list:
     return [a.rsplit("/", 1)[-1].lstrip(".") if isinstance(a, str) and "gpudoctor-nccl-" in a else a for a in args]
 
 
+def _program_role(rest: list) -> list:
+    """A `-c PROGRAM ARGS` probe by its program's first line (a module's docstring: what the probe is) and its
+    arguments: a snapshot recorded before an edit of the program's body (the model probe sends
+    gpudoctor/model/probe.py's whole text) still answers it, and today's parsers read what it recorded."""
+    if len(rest) >= 2 and rest[0] == "-c" and isinstance(rest[1], str):
+        return ["-c", "first line: " + rest[1].lstrip().split("\n", 1)[0], *rest[2:]]
+    return rest
+
+
 def _run_key(host: Host, argv) -> str:
     """Key of a command; the target's python interpreter path is normalised so replays match anywhere."""
     argv = list(argv)
@@ -192,9 +201,12 @@ class ReplayHost(Host):
                 except ValueError:
                     continue
                 if isinstance(args, list) and args and isinstance(args[0], str) and _is_python(args[0]):
-                    roles.setdefault(json.dumps(_rdv(_strip_flags(args[1:]))), key)
+                    rest = _rdv(_strip_flags(args[1:]))
+                    roles.setdefault(json.dumps(rest), key)
+                    roles.setdefault(json.dumps(_program_role(rest)), key)
             self._roles = roles
-        key = self._roles.get(json.dumps(_rdv(_strip_flags(list(argv[1:])))))
+        rest = _rdv(_strip_flags(list(argv[1:])))
+        key = self._roles.get(json.dumps(rest)) or self._roles.get(json.dumps(_program_role(rest)))
         return self.transcript.get(key) if key is not None else None
 
     def nvml(self, timeout):
