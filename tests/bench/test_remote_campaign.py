@@ -371,7 +371,7 @@ def test_gate_and_heal_commands_aimed_at_the_target(tmp_path, monkeypatch):
     aim = runner.for_target
     monkeypatch.setenv("PATH", str(tmp_path))  # no gpudoctor on PATH: the running one is used
     assert aim(["gpudoctor", "gate", "--profile", "benchmark"]) == [
-        sys.executable, "-m", "gpudoctor", "gate", "--profile", "benchmark", "--host", "ct200", "--inventory",
+        sys.executable, "-I", "-m", "gpudoctor", "gate", "--profile", "benchmark", "--host", "ct200", "--inventory",
         "/etc/inv.yaml"]
     assert aim(["/opt/gd/bin/gpudoctor", "fix", "--apply", "--yes"])[-4:] == [
         "--host", "ct200", "--inventory", "/etc/inv.yaml"]
