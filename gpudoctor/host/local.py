@@ -54,6 +54,9 @@ def with_deadline(fn, timeout: float, default):
     return val
 
 
+ON_COMMAND = None  # called with (argv, rc, seconds) after each command when -vv asked for it (gpudoctor.log sets it)
+
+
 @dataclass
 class LocalHost(Host):
     """This machine. `root` prefixes every absolute path (tests point it at a temp tree)."""
@@ -106,11 +109,8 @@ class LocalHost(Host):
             return CommandResult(list(argv), None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=asked)
         res = CommandResult(list(argv), proc.returncode, out.decode("utf-8", "replace"),
                             err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=asked)
-        from gpudoctor import log
-
-        if log.enabled(2):  # -vv: every command this host ran (-v: each probe's time; #41: -vv was -v)
-            log.get_logger("gpudoctor.host").debug("command.finished", argv=list(argv)[:8], rc=res.rc,
-                                                   seconds=round(res.duration_s, 4))
+        if ON_COMMAND is not None:  # -vv: every command this host ran (set by gpudoctor.log; host/ imports nothing above)
+            ON_COMMAND(list(argv)[:8], res.rc, round(res.duration_s, 4))
         return res
 
     @staticmethod
