@@ -40,6 +40,14 @@ finally:
     sys.path[:] = _saved
 os.environ["PYTHONSAFEPATH"] = "1"
 
+# A shell starts a background job (`cmd &`, as .ci/run starts the Debian stages) with SIGINT ignored, and an ignored
+# signal stays ignored across exec: every process the tests start would then be deaf to Ctrl-C, and the tests that
+# send it one (exit 130, a campaign's cancel) could not pass. Give them the default back, as a terminal would.
+import signal as _signal  # noqa: E402
+
+if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
 from tests import needs  # noqa: E402
 from tests.devmount import DevMount, remove  # noqa: E402
 from tests.sshd import SSHD, CutProxy, start_sshd  # noqa: E402

@@ -28,7 +28,7 @@ from gpudoctor.host.local import LocalHost
 # arguments), and claim torch so that it would be chosen.
 EVIL = r"""#!/bin/sh
 p=$$ up=""
-while [ "${{p:-1}}" -gt 1 ]; do up="$up $p"; p=$(sed -n 's/.*) . \([0-9]*\) .*/\1/p' /proc/$p/stat); done
+while [ "${{p:-0}}" -ge 1 ]; do up="$up $p"; [ "$p" = 1 ] && break; p=$(sed -n 's/.*) . \([0-9]*\) .*/\1/p' /proc/$p/stat); done
 echo "$(id -u) [$up ] $*" >> {marker}
 echo 2.9.0+cu130
 """
@@ -36,7 +36,8 @@ echo 2.9.0+cu130
 
 def ran_here(marker: Path) -> list[str]:
     """The marker's lines left by a run this test process started (another gpudoctor on the machine — from main,
-    without the fix — may find this test's forged server too, and run the attacker's python from its own process)."""
+    without the fix — may find this test's forged server too, and run the attacker's python from its own process).
+    The ancestry goes up to PID 1 inclusive: in CI's Debian 13 stage pytest is PID 1 of its own namespace."""
     me = f" {os.getpid()} "
     return [ln for ln in (marker.read_text().splitlines() if marker.exists() else []) if me in ln]
 
