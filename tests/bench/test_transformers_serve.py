@@ -43,7 +43,10 @@ def test_every_level_ok_with_exact_output_tokens(tfserve, tmp_path, api):
         assert r["status"] == "ok" and r["failed"] == 0 and r["completed"] == 6, r
         assert r["output_tokens"] == 6 * MAX_TOKENS and r["output_tokens_source"] == "usage", r
         assert r["short_requests"] == 0 and r["server_kind"] == "openai" and r["model"] is None
-        assert r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] > 0 and r["prompt_tokens_mean"] > 0
+        # ITL is measured (never missing); on a loaded 2-core machine the CPU server's tokens can reach the client in
+        # one read, and a median gap of 0 ms is then what the client saw (CI's trixie stage shares the cores)
+        assert r["ttft_ms_p50"] > 0 and r["itl_ms_p50"] is not None and r["itl_ms_p50"] >= 0, r
+        assert r["prompt_tokens_mean"] > 0
     assert "server dialect: openai" in p.stderr and "context limit: 4096" in p.stderr
 
 
