@@ -106,7 +106,7 @@ def _v1_allows(lines: list[str], major: int, minor: int) -> bool:
                "match the live majors.")
 def oci_rules(facts):
     """A container made from a stale spec keeps its dead node; a daemon-reload reset shows as rules the cgroup lost."""
-    from gpudoctor.checks.devices import expected_numbers
+    from gpudoctor.boundary.nodes import expected_numbers
 
     oci = facts.get("oci") or {}
     live = ((facts.get("host") or {}).get("proc_devices") or {}).get("char") or {}

@@ -5,7 +5,7 @@ majors. The unit the probe runs in (a gate in ExecStartPre= runs in the server's
 
 from gpudoctor.boundary import systemd_devices as SD
 from gpudoctor.checkreg import check
-from gpudoctor.checks.devices import expected_numbers
+from gpudoctor.boundary.nodes import expected_numbers
 from gpudoctor.findings import Finding, Status
 
 REMEDY = "systemd.device_allow"

@@ -234,7 +234,7 @@ def serving_port(facts):
 @check("workload.bench.orphan", summary="No inference server that gpudoctor's bench started is left running after "
        "its campaign is gone.", remedy="workload.bench.orphan")
 def bench_orphan(facts):
-    """Servers carry GPUDOCTOR_BENCH_RUN/LABEL/OWNER in their environment (gpudoctor/bench/server/marker.py); an owner on
+    """Servers carry GPUDOCTOR_BENCH_RUN/LABEL/OWNER in their environment (gpudoctor/gather/marker.py); an owner on
     this machine that is gone (its PID with that start time) makes the server an orphan."""
     procs = facts.get("procs") or {}
     if "holders" not in procs:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudoctor.errors import ConfigError, InventoryError
+from gpudoctor.inventory_policy import parse_recovery_policy
 
 ENV_VAR = "GPUDOCTOR_INVENTORY"
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -139,7 +140,7 @@ class Policy:
     never_apply: tuple[str, ...] = ()  # patterns that are never applied automatically (wins over auto_apply)
     budgets: dict = field(default_factory=dict)  # e.g. max_changes_per_hour: 3, max_reboots_per_day: 1
     checks: dict = field(default_factory=dict)  # check id -> {threshold: value}, e.g. pcie.mrrs: {expect: 512}
-    recovery: dict = field(default_factory=dict)  # the recovery ladder's keys (gpudoctor.recovery.policy), validated
+    recovery: dict = field(default_factory=dict)  # the recovery ladder's keys (gpudoctor.inventory_policy), validated
     verify: dict | None = None  # the active verification's section as plain values (gpudoctor.recovery.verify)
     verify_lines: dict = field(default_factory=dict)  # verify key -> its line in the file, for error messages
 
@@ -648,8 +649,6 @@ class _Loader:
                 checks[cid] = settings
             kw["checks"] = checks
         if "recovery" in items:
-            from gpudoctor.recovery.policy import parse_recovery_policy
-
             rec = {}
             for rname, (k, v) in self.mapping(items["recovery"][1], "policy.recovery").items():
                 val = self.value(v)

@@ -12,14 +12,12 @@ _settings: dict = {"verbosity": 0, "json_logs": None}
 def set_defaults(verbosity: int = 0, json_logs: bool | None = None) -> None:
     """Remember the CLI's choices; structlog itself is imported only when something logs (keeps start-up fast)."""
     _settings.update(verbosity=verbosity, json_logs=json_logs)
-    if verbosity >= 2:  # -vv: every command a local host runs, logged when it finishes
-        from gpudoctor.host import local
-
-        local.ON_COMMAND = _command_finished
 
 
-def _command_finished(argv, rc, seconds) -> None:
-    get_logger("gpudoctor.host").debug("command.finished", argv=argv, rc=rc, seconds=seconds)
+def command_finished(argv, rc, seconds) -> None:
+    """-vv: every command a local host runs, logged when it finishes (host/local.py calls this; log imports nothing)."""
+    if _settings["verbosity"] >= 2:
+        get_logger("gpudoctor.host").debug("command.finished", argv=argv, rc=rc, seconds=seconds)
 
 
 class _CurrentStderr:

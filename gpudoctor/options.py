@@ -79,3 +79,14 @@ class NumberList(click.ParamType):
         if not out:
             self.fail(f"{value!r} names no number", param, ctx)
         return out
+
+
+def finite(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
+    """A click type for a number flag: finite (NaN and inf are refused, which click.FloatRange lets through) and in
+    range."""
+    return Finite(min=lo, max=hi, min_open=lo_open, max_open=hi_open)
+
+
+def seconds(lo: float = 0.0, hi: float = 86400.0):
+    """A click type for a duration flag: a finite number of seconds in [lo, hi]."""
+    return finite(lo, hi)

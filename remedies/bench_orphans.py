@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from gpudoctor.bench.server.marker import ENV_OWNER
+from gpudoctor.gather.marker import ENV_OWNER
 from gpudoctor.errors import RemedyError
 from gpudoctor.findings import Finding, Status
 from gpudoctor.host.childpy import python_argv

@@ -157,7 +157,8 @@ class CreateNodes(Remedy):
     summary = "create missing /dev/nvidia* nodes, or replace one whose major:minor is not the live one"
 
     def plan(self, facts: dict, ctx: RemedyContext) -> Change | None:
-        from gpudoctor.checks.devices import expected_numbers, major, present
+        from gpudoctor.boundary.nodes import expected_numbers
+        from gpudoctor.checks.devices import major, present
         from gpudoctor.checks.host import uvm_loaded
 
         nodes = (facts.get("devices") or {}).get("nodes")
@@ -281,7 +282,7 @@ class CreateNodes(Remedy):
                             "modprobe": modprobe, "gpu_minors": gpu_minors})
 
     def apply(self, host, change: Change, ctx: RemedyContext) -> dict:
-        from gpudoctor.checks.devices import expected_numbers
+        from gpudoctor.boundary.nodes import expected_numbers
         from gpudoctor.gather.hostinfo import parse_proc_devices
 
         d = change.data

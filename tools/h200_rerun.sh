@@ -86,7 +86,7 @@ run e-busy-gate $GD gate --profile benchmark
 run e-busy-fix $GD fix --only workload.bench.orphan
 run e-busy-user-check $AS_USER $GD check
 step "F plus an orphaned bench server (2 GiB, port 30000, its campaign gone)"
-OWNER=$(python3 -c "from gpudoctor.bench.server.marker import owner_token; print(owner_token())")
+OWNER=$(python3 -c "from gpudoctor.gather.marker import owner_token; print(owner_token())")
 GPUDOCTOR_BENCH_RUN=/tmp/campaign-old GPUDOCTOR_BENCH_LABEL=tp1-old GPUDOCTOR_BENCH_OWNER=$OWNER \
   setsid python3 /tmp/hold.py 2 30000 /tmp/orphan.ready > "$R/f-orphan.log" 2>&1 < /dev/null &
 for i in $(seq 1 240); do [ -s /tmp/orphan.ready ] && break; sleep 0.25; done

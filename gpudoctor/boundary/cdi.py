@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from gpudoctor.boundary.nodes import expected_numbers
+
 SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # the spec's default directories; /var/run/cdi wins on a conflict
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 # Released spec versions (SPEC.md "Released versions"); a newer one is read, with a warning.
@@ -183,8 +185,6 @@ class Stale:
 def audit(specs: list[Spec], live: dict, host_nodes: dict) -> tuple[list[Stale], list[NodeEntry], list[tuple]]:
     """(stale entries, entries that are right, (entry, note) pairs). live: /proc/devices char names → major; host_nodes: path →
     StatResult JSON of each entry's host node."""
-    from gpudoctor.checks.devices import expected_numbers
-
     stale: list[Stale] = []
     good: list[NodeEntry] = []
     notes: list[tuple] = []

@@ -8,8 +8,8 @@ import click
 
 from gpudoctor.conventions import alias
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, CannotJudge, InputError
-from gpudoctor.files.inputs import finite, http_url, output_dir, seconds
-from gpudoctor.options import Count, NumberList
+from gpudoctor.files.inputs import http_url, output_dir
+from gpudoctor.options import Count, NumberList, finite, seconds
 
 
 class Display:

@@ -9,8 +9,8 @@ import click
 from gpudoctor.conventions import alias, settings
 from gpudoctor.errors import InputError
 from gpudoctor.findings import LAYERS
-from gpudoctor.files.inputs import http_url, output_file, seconds
-from gpudoctor.options import Count
+from gpudoctor.files.inputs import http_url, output_file
+from gpudoctor.options import Count, seconds
 
 
 def _console():

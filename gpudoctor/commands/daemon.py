@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from gpudoctor.errors import EXIT_OK, ConfigError
-from gpudoctor.files.inputs import seconds
+from gpudoctor.options import seconds
 
 
 def _default_state() -> str:

@@ -9,7 +9,7 @@ import click
 
 from gpudoctor.conventions import alias
 from gpudoctor.errors import InputError
-from gpudoctor.files.inputs import seconds
+from gpudoctor.options import seconds
 
 FIX_EXIT_DOC = """\b
 Exit codes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import click
 
-from gpudoctor.files.inputs import seconds
+from gpudoctor.options import seconds
 
 from gpudoctor.commands.check import common, open_check_target
 from gpudoctor.errors import GpudoctorError, HostError

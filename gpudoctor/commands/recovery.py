@@ -8,7 +8,7 @@ import time
 
 import click
 
-from gpudoctor.files.inputs import seconds
+from gpudoctor.options import seconds
 
 _FILE_HELP = ("The ladder's file (default: $STATE_DIRECTORY/recovery.json, /var/lib/gpudoctor/recovery.json as root): "
               "the one the daemon and the gates keep.")
@@ -48,7 +48,7 @@ def release(host, inventory, recovery_file, timeout, as_json):
     3 bad input (unknown host, bad inventory).
     """
     from gpudoctor.commands import say_inventory
-    from gpudoctor.daemon.loop import read_boot_id
+    from gpudoctor.host.local import read_boot_id
     from gpudoctor.recovery import advance, gates
     from gpudoctor.target import LOCAL_NAMES, open_target
 
@@ -95,7 +95,7 @@ def show(recovery_file, as_json):
     \b
     Exit codes: 0 every host ready; 1 a host is not ready; 3 bad input.
     """
-    from gpudoctor.daemon.loop import read_boot_id
+    from gpudoctor.host.local import read_boot_id
     from gpudoctor.recovery import gates
     from gpudoctor.recovery.ladder import view
 

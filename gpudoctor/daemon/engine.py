@@ -171,7 +171,7 @@ class PipelineEngine:
 
     def verify(self, host: str):
         """The active verification on the host, through the same Target its checks use (policy verify:)."""
-        from gpudoctor.recovery.policy import verify_policy_of
+        from gpudoctor.recovery.verify import verify_policy_of
         from gpudoctor.recovery.verify import run_verification
 
         policy = verify_policy_of(self.policy or None, path=self.cfg.inventory)

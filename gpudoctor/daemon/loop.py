@@ -27,6 +27,7 @@ from gpudoctor.daemon.state import DaemonState, StateStore
 from gpudoctor.daemon.xid import XidEvent, xid_findings
 from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError, HostError
 from gpudoctor.findings import Status, exit_code, worst
+from gpudoctor.host.local import read_boot_id
 from gpudoctor.log import get_logger
 from gpudoctor.recovery import advance as recovery
 from gpudoctor.recovery.ladder import RecoveryPolicy, may_heal, view
@@ -42,14 +43,6 @@ class DaemonConfig:
     observe_only: bool = False
     once: bool = False
     stall_s: float = 900.0
-
-
-def read_boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 class Daemon:
@@ -89,7 +82,8 @@ class Daemon:
         """Build the engine and policy; raises GpudoctorError on bad input (the first load must succeed)."""
         engine = self.engine_factory(self.config.engine)
         policy = parse_policy(getattr(engine, "policy", None) or {}, path=self.config.engine.inventory)
-        from gpudoctor.recovery.policy import from_policy, verify_policy_of
+        from gpudoctor.inventory_policy import from_policy
+        from gpudoctor.recovery.verify import verify_policy_of
 
         self.recovery_policy = from_policy(getattr(engine, "policy", None), path=self.config.engine.inventory)
         verify_policy_of(getattr(engine, "policy", None) or None, path=self.config.engine.inventory)  # bad: fail now

@@ -278,18 +278,3 @@ def output_dir(path, what: str = "output directory", *, error=InputError) -> str
 
     safe.check_out_dir(p)
     return p
-
-
-# --- flags -------------------------------------------------------------------------------------------------------
-
-def finite(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
-    """A click type for a number flag: finite (NaN and inf are refused, which click.FloatRange lets through) and in
-    range (gpudoctor.options.Finite)."""
-    from gpudoctor.options import Finite
-
-    return Finite(min=lo, max=hi, min_open=lo_open, max_open=hi_open)
-
-
-def seconds(lo: float = 0.0, hi: float = 86400.0):
-    """A click type for a duration flag: a finite number of seconds in [lo, hi]."""
-    return finite(lo, hi)

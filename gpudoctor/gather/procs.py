@@ -22,7 +22,7 @@ import json
 import re
 from urllib.parse import urlparse
 
-from gpudoctor.bench.server.marker import PREFIX
+from gpudoctor.gather.marker import PREFIX
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host.childpy import python_argv
 from gpudoctor.host import Host

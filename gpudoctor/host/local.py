@@ -10,10 +10,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from gpudoctor.log import command_finished
 from gpudoctor.host.base import CommandResult, Host
 
 
 from gpudoctor.host.early import EARLY as _PRESTARTED  # argv tuple -> (Popen, start): probes started at CLI entry
+
+
+def read_boot_id() -> str | None:
+    """This machine's boot id (/proc/sys/kernel/random/boot_id), None where it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
 
 
 def prestart(argv: list[str]) -> None:
@@ -54,7 +64,6 @@ def with_deadline(fn, timeout: float, default):
     return val
 
 
-ON_COMMAND = None  # called with (argv, rc, seconds) after each command when -vv asked for it (gpudoctor.log sets it)
 
 
 @dataclass
@@ -109,8 +118,7 @@ class LocalHost(Host):
             return CommandResult(list(argv), None, "", "", time.perf_counter() - t0, timed_out=True, timeout_s=asked)
         res = CommandResult(list(argv), proc.returncode, out.decode("utf-8", "replace"),
                             err.decode("utf-8", "replace"), time.perf_counter() - t0, timeout_s=asked)
-        if ON_COMMAND is not None:  # -vv: every command this host ran (set by gpudoctor.log; host/ imports nothing above)
-            ON_COMMAND(list(argv)[:8], res.rc, round(res.duration_s, 4))
+        command_finished(list(argv)[:8], res.rc, round(res.duration_s, 4))  # -vv only
         return res
 
     @staticmethod

@@ -62,7 +62,7 @@ def pid_is_daemon(pid) -> bool:
 
 def _verifier(target):
     """run_verification on the target's host (this machine for a snapshot), per the inventory's policy verify:."""
-    from gpudoctor.recovery.policy import verify_policy_of
+    from gpudoctor.recovery.verify import verify_policy_of
     from gpudoctor.recovery.verify import run_verification
 
     inv = target.inventory
@@ -101,7 +101,8 @@ def _read(store, name, boot, wait_s, sleep=time.sleep, clock=time.monotonic):
 
 def judge(target, result, store, *, clock=time.time, wait_s: float = 0.0) -> LadderVerdict:
     """Record the gate's result on the ladder (unless a daemon moves it) and read where the host stands."""
-    from gpudoctor.recovery.policy import from_inventory, verify_policy_of
+    from gpudoctor.inventory_policy import from_inventory
+    from gpudoctor.recovery.verify import verify_policy_of
 
     inv = target.inventory
     policy = from_inventory(inv)
@@ -112,7 +113,7 @@ def judge(target, result, store, *, clock=time.time, wait_s: float = 0.0) -> Lad
     if target.host is None:  # a snapshot stands for this machine: its ladder, its boot
         import socket
 
-        from gpudoctor.daemon.loop import read_boot_id
+        from gpudoctor.host.local import read_boot_id
 
         name, boot, driver = socket.gethostname(), read_boot_id(), None
     if result.error is not None:  # the gate could not check: closed anyway, and it records nothing it did not see

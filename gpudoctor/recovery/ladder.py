@@ -17,26 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from gpudoctor.inventory_policy import RecoveryPolicy  # noqa: F401 - the ladder's policy, parsed beside the inventory
+
 FAILING, HEALING, VERIFYING, READY, INSPECT = "failing", "healing", "verifying", "ready", "needs-inspection"
 STATES = (FAILING, HEALING, VERIFYING, READY, INSPECT)
 HISTORY = 64  # failure onsets kept per host (bounded file)
-
-
-@dataclass(frozen=True)
-class RecoveryPolicy:
-    """The inventory's policy `recovery:` section (parse_recovery_policy)."""
-
-    clean_cycles: int = 1  # passing passive checks in a row before the verification may run
-    clean_seconds: float = 0.0  # and this long since the first of them
-    retry_s: float = 300.0  # after a failed verification, wait this long before the next one ...
-    retry_factor: float = 2.0  # ... times this for every further failure ...
-    retry_max_s: float = 3600.0  # ... at most this long
-    recurrences: int = 2  # the same root cause coming back this many times within window_s: needs-inspection
-    window_s: float = 86400.0
-
-    def retry_after(self, failures: int) -> float:
-        """Seconds to wait after the n-th failed verification in a row."""
-        return min(self.retry_max_s, self.retry_s * self.retry_factor ** (failures - 1))
 
 
 @dataclass

@@ -97,6 +97,15 @@ def parse_verify_policy(spec, *, path: str | None = None, lines: dict | None = N
     return VerifyPolicy(**kw)
 
 
+def verify_policy_of(policy, *, path=None):
+    """The VerifyPolicy of an inventory's policy (gpudoctor.inventory.Policy or a plain mapping; None: defaults)."""
+    if policy is None:
+        return parse_verify_policy(None, path=path)
+    if isinstance(policy, dict):
+        return parse_verify_policy(policy.get("verify"), path=path)
+    return parse_verify_policy(getattr(policy, "verify", None), path=path, lines=getattr(policy, "verify_lines", None))
+
+
 def _commands(value, err) -> tuple:
     """Site commands: a list of argv lists (["dcgmi", "diag", "-r", "2"]); a string is refused (no shell)."""
     if not isinstance(value, (list, tuple)):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.server.marker import owner_token, parse_owner, server_env
+from gpudoctor.gather.marker import owner_token, parse_owner, server_env
 from gpudoctor.diagnose import diagnose
 from gpudoctor.gate import evaluate, resolve_profile
 from gpudoctor.gather import gather

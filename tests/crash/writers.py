@@ -217,7 +217,7 @@ def model_stage() -> Writer:
 
 def bench_orphan() -> Writer:
     """A server left by a campaign that is gone (its owner pid is dead): stopped by process group."""
-    from gpudoctor.bench.server.marker import ENV_OWNER, ENV_RUN, ENV_LABEL
+    from gpudoctor.gather.marker import ENV_OWNER, ENV_RUN, ENV_LABEL
     from gpudoctor.host.local import LocalHost
 
     def setup(base):

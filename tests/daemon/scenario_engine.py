@@ -86,7 +86,7 @@ class ScenarioEngine:
     def verify(self, host):
         """The real verification (policy verify: from the scenario, re-read now) on this machine: its site commands
         run through gpudoctor's LocalHost, so a test makes it pass or fail with a flag file."""
-        from gpudoctor.recovery.policy import verify_policy_of
+        from gpudoctor.recovery.verify import verify_policy_of
         from gpudoctor.recovery.verify import run_verification
         from gpudoctor.target import open_target
 

@@ -7,7 +7,7 @@ import pytest
 from gpudoctor.errors import InventoryError
 from gpudoctor.inventory import load_inventory
 from gpudoctor.recovery.ladder import RecoveryPolicy
-from gpudoctor.recovery.policy import from_inventory
+from gpudoctor.inventory_policy import from_inventory
 
 HEAD = "hosts:\n  a: {address: 10.0.0.1}\npolicy:\n"
 

@@ -14,7 +14,7 @@ from gpudoctor.errors import ConfigError
 from gpudoctor.recovery import advance as A
 from gpudoctor.recovery import ladder as L
 from gpudoctor.recovery.ladder import HostLadder, RecoveryPolicy
-from gpudoctor.recovery.policy import from_policy, parse_recovery_policy
+from gpudoctor.inventory_policy import from_policy, parse_recovery_policy
 from gpudoctor.recovery.store import SCHEMA, RecoveryStore, state_dir
 
 P = RecoveryPolicy()

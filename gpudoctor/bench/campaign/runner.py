@@ -27,7 +27,7 @@ from gpudoctor.bench.server import logscan
 from gpudoctor.bench.campaign.file import Campaign, Config
 from gpudoctor.bench.client.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.client.load import LevelSpec
-from gpudoctor.bench.server.marker import server_env
+from gpudoctor.gather.marker import server_env
 from gpudoctor.host.childpy import python_argv
 from gpudoctor.bench.client.prompts import build, load_names, load_source, misfit
 from gpudoctor.bench.records.results import CRASHED, ERROR, OK, ResultStore, key

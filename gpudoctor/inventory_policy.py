@@ -1,11 +1,29 @@
-"""The inventory's policy `recovery:` section: the clean window, the verification's retry backoff, recurrence."""
+"""The inventory's policy `recovery:` section: the recovery ladder's clean window, its verification's retry backoff,
+recurrence — parsed here, beside the inventory that validates it, below gpudoctor/recovery/ which uses it."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 from gpudoctor.errors import ConfigError
-from gpudoctor.recovery.ladder import RecoveryPolicy
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """The inventory's policy `recovery:` section (parse_recovery_policy); the ladder (recovery/ladder.py) reads it."""
+
+    clean_cycles: int = 1  # passing passive checks in a row before the verification may run
+    clean_seconds: float = 0.0  # and this long since the first of them
+    retry_s: float = 300.0  # after a failed verification, wait this long before the next one ...
+    retry_factor: float = 2.0  # ... times this for every further failure ...
+    retry_max_s: float = 3600.0  # ... at most this long
+    recurrences: int = 2  # the same root cause coming back this many times within window_s: needs-inspection
+    window_s: float = 86400.0
+
+    def retry_after(self, failures: int) -> float:
+        """Seconds to wait after the n-th failed verification in a row."""
+        return min(self.retry_max_s, self.retry_s * self.retry_factor ** (failures - 1))
+
 
 INT_KEYS = ("clean_cycles", "recurrences")
 KEYS = tuple(f.name for f in fields(RecoveryPolicy))
@@ -41,17 +59,6 @@ def from_policy(policy, *, path=None) -> RecoveryPolicy:
         return RecoveryPolicy()
     spec = policy.get("recovery") if isinstance(policy, dict) else getattr(policy, "recovery", None)
     return parse_recovery_policy(spec or None, path=path)
-
-
-def verify_policy_of(policy, *, path=None):
-    """The VerifyPolicy of an inventory's policy (gpudoctor.inventory.Policy or a plain mapping; None: defaults)."""
-    from gpudoctor.recovery.verify import parse_verify_policy
-
-    if policy is None:
-        return parse_verify_policy(None, path=path)
-    if isinstance(policy, dict):
-        return parse_verify_policy(policy.get("verify"), path=path)
-    return parse_verify_policy(getattr(policy, "verify", None), path=path, lines=getattr(policy, "verify_lines", None))
 
 
 def from_inventory(inventory) -> RecoveryPolicy:
