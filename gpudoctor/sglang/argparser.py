@@ -310,12 +310,11 @@ def load_table(version: str = "0.5.23") -> FlagTable:
 
 
 def available_versions() -> list[str]:
+    import os
     import pkgutil
 
-    import gpudoctor.sglang as pkg
-
     out = []
-    for m in pkgutil.iter_modules(pkg.__path__):
+    for m in pkgutil.iter_modules([os.path.dirname(__file__)]):  # this package's files, without importing it
         if m.name.startswith("flagtable_"):
             out.append(m.name[len("flagtable_"):].replace("_", "."))
     return sorted(out)
