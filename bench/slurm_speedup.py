@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What does `bench run --slurm` buy? The same 6-configuration campaign run on one node and on three, wall time of each,
-measured in one run on one real Slurm 22.05 cluster (tests/slurmcluster.py: slurmctld and three slurmd, each node its
+measured in one run on one real Slurm 22.05 cluster (tests/slurmlab.py's cluster shape: slurmctld and three slurmd, each node its
 own network namespace, 2 GPUs per node as gres), the SGLang stand-in as every configuration's server.
 
 The campaign: 3 methods x TP 1, 2 (6 configurations, each one Slurm job holding its node: slurm.exclusive), each
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))
 
-from tests.slurmcluster import SlurmCluster  # noqa: E402
+from tests.slurmlab import SlurmLab  # noqa: E402
 
 GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")
 
@@ -61,7 +61,7 @@ def campaign(d: Path, partition: str, decode: float) -> Path:
     return p
 
 
-def run(c: SlurmCluster, d: Path, partition: str, decode: float) -> tuple[float, int]:
+def run(c: SlurmLab, d: Path, partition: str, decode: float) -> tuple[float, int]:
     out = d / f"out-{partition}"
     path = campaign(d, partition, decode)
     t0 = time.monotonic()
@@ -84,7 +84,7 @@ def main() -> int:
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="gpd-slurm-speedup-"))
     try:
-        with SlurmCluster(d / "cluster", nodes=3, gpus=2) as c:
+        with SlurmLab(d / "cluster", nodes=3, gpus=2) as c:
             one, _ = run(c, d, "one", args.decode_tok_s)
             three, _ = run(c, d, "lab", args.decode_tok_s)
     finally:
