@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpudoctor.integrations.slurm import show_job
+
 # how a job can end when Slurm, not the job, ended it (scontrol's JobState words)
 KILLED_BY_SLURM = frozenset({"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
                              "CANCELLED", "REVOKED"})
@@ -87,8 +89,6 @@ def _field(text: str, name: str) -> str | None:
 
 def ended(host, job_id: str) -> JobEnd:
     """How a job ended: `scontrol show job` while slurmctld still holds it (MinJobAge), else sacct."""
-    from gpudoctor.integrations.slurm import show_job
-
     res = show_job(host, job_id)
     if res.ok and _field(res.stdout, "JobState"):
         t = res.stdout

@@ -113,7 +113,7 @@ def test_a_node_refused_by_its_gate_is_drained_and_the_configuration_runs_elsewh
         src = "h200-uvm-blocked.json" if n == "n2" else "h200-healthy.json"
         (snaps / f"{n}.json").write_text((SNAPS / src).read_text())
     gate = f"[sh, -c, 'exec {GPUDOCTOR} gate --snapshot {snaps}/$SLURMD_NODENAME.json']"
-    path = campaign(tmp_path, gate=gate, slurm="  partition: lab\n", tp="[1]", poll_s=5,
+    path = campaign(tmp_path, gate=gate, slurm="  partition: lab\n", tp="[1]",
                     methods=METHODS + "  m4: {args: [--decode-tok-s, '500']}\n  m5: {args: [--decode-tok-s, '700']}\n")
     out = tmp_path / "out"
     p = bench(lab, "run", str(path), "--out", str(out), "--slurm")
@@ -324,3 +324,36 @@ def test_resume_with_another_campaign_is_refused_and_submits_and_writes_nothing(
     assert "\n" not in err and "Traceback" not in err, err
     assert err.startswith(f"gpudoctor: {out}: holds another campaign") and str(other) in err, err
     assert tree(out) == before and slurm_jobs(lab) == held and not lab.jobs()  # nothing written or submitted
+
+
+def test_a_refused_node_takes_no_second_job_even_with_no_submitter_watching(lab, tmp_path):
+    # #50.3: the refused job drains its own node before it ends, so Slurm never starts a next job there — here the
+    # scripts are submitted by hand (--no-submit: no gpudoctor watches the queue to drain anything afterwards)
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    for n in lab.nodes:
+        src = "h200-uvm-blocked.json" if n == "n2" else "h200-healthy.json"
+        (snaps / f"{n}.json").write_text((SNAPS / src).read_text())
+    gate = f"[sh, -c, 'exec {GPUDOCTOR} gate --snapshot {snaps}/$SLURMD_NODENAME.json']"
+    path = campaign(tmp_path, gate=gate, slurm="  partition: lab\n", tp="[1]",
+                    methods=METHODS + "  m4: {args: [--decode-tok-s, '500']}\n  m5: {args: [--decode-tok-s, '700']}\n")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--no-submit")
+    assert p.returncode == 1, p.stderr[-2000:]
+    ids = []
+    for s in sorted((out / "slurm").glob("*.sh")):  # five jobs for three nodes: two wait for a node to free
+        r = lab.run(["sbatch", "--parsable", str(s)])
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.strip())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and lab.jobs():
+        time.sleep(0.3)
+    assert not lab.jobs()
+    ran = {x.split()[0].split("=")[1]: next(f.split("=")[1] for f in x.split() if f.startswith("NodeList="))
+           for x in slurm_jobs(lab) if x.split()[0].split("=")[1] in ids}
+    assert sorted(ran) == sorted(ids), ran
+    assert list(ran.values()).count("n2") == 1, ran  # the refused job only
+    info = lab.info("n2")
+    assert "DRAIN" in info.state and info.reason.startswith("gpudoctor: bench gate: BLOCK devices.node.major")
+    refused = [json.loads(f.read_text()) for f in (out / "jobs").glob("*/refused.json")]
+    assert len(refused) == 1 and refused[0]["node"] == "n2" and refused[0]["drain"]["action"] == "drained"

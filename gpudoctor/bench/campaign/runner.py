@@ -25,6 +25,7 @@ from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.bench.server import logscan
 from gpudoctor.bench.campaign.file import Campaign, Config, check_gate_profile, check_paths, load
+from gpudoctor.bench.campaign.heal import Healer
 from gpudoctor.bench.client.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.client.load import LevelSpec
 from gpudoctor.bench.server.marker import server_env
@@ -375,8 +376,6 @@ class Runner:
             self.emit("note", text=f"restarting {cfg.label} for {len(todo)} levels after a crash")
 
     def make_healer(self):
-        from gpudoctor.bench.campaign.heal import Healer
-
         healer = Healer(self.camp.heal, target=self.camp.target if self.camp.is_remote else None,
                         inventory=self.inventory_path, models=(self.camp.model,), out_dir=self.dir, emit=self.emit,
                         resume_hint=self.resume_hint, engine_factory=self.heal_engine_factory)
