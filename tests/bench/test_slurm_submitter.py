@@ -1,0 +1,255 @@
+"""The submitting side of `bench run --slurm` and the job's own exits, decision by decision, against a fake Slurm that
+answers sbatch/squeue/scontrol/scancel as Slurm 22.05 does (fast: no lab; the real cluster's tests are
+test_slurm_campaign.py). Each test holds one rule that a broken line of gpudoctor/bench/campaign/slurm.py would
+break (bench/mutation.py runs these): a refused.json of another job or another node drains nothing; a resubmission
+excludes the refused node; node_retries and max_jobs are counted; a crashed job is restarted once; the job exits 4
+when its gate refuses; the job script's python fallback runs isolated (-I)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.bench.campaign import file as campaign
+from gpudoctor.bench.campaign.slurm import JOB_REFUSED, SlurmCampaign, gpudoctor_command
+from gpudoctor.host.base import CommandResult
+from tests.bench.conftest import env
+
+BASE = """\
+name: demo
+model: /models/llama
+server: {command: /venv/bin/python -m sglang.launch_server}
+tp: [1]
+methods: {ar: {baseline: true}}
+workloads: [{name: chat, max_tokens: [64]}]
+concurrency: [1, 2]
+gate: {command: false}
+"""
+
+
+class FakeSlurm:
+    """sbatch, squeue, scontrol (show job/node/reservation, update), scancel as a Host's run(); each job leaves the
+    queue after `stay` squeue calls, having done what `outcome(label, job, node)` says: ok (every level recorded),
+    refuse (refused.json, exit 4), crash (nothing recorded, NODE_FAIL)."""
+
+    def __init__(self, out: Path, nodes=("n1", "n2", "n3"), outcome=None, stay: int = 1):
+        self.out, self.nodes, self.stay = out, list(nodes), stay
+        self.outcome = outcome or (lambda label, job, node: "ok")
+        self.jobs: dict[str, dict] = {}
+        self.calls: list[list[str]] = []
+        self.drained: dict[str, str] = {}
+        self.max_queued = 0
+        self.camp: SlurmCampaign | None = None
+        self.name = "local"
+
+    def res(self, argv, rc=0, out=""):
+        return CommandResult(argv, rc, out, "" if rc == 0 else "error")
+
+    def queued(self):
+        return [j for j in self.jobs.values() if j["polls"] < self.stay]
+
+    def run(self, argv, timeout=None, **_kw):
+        self.calls.append(list(argv))
+        cmd = argv[0]
+        if cmd == "sbatch":
+            return self.sbatch(argv)
+        if cmd == "squeue":
+            uid = next(a.split("=")[1] for a in argv if a.startswith("--user="))
+            lines = []
+            for j in self.queued():
+                j["polls"] += 1
+                if str(j["uid"]) == uid:
+                    lines.append(f"{j['id']}|{j['uid']}|{j['name']}|RUNNING|{j['node']}|None")
+            return self.res(argv, out="\n".join(lines))
+        if cmd == "scancel":
+            return self.res(argv)
+        if argv[:3] == ["scontrol", "show", "job"]:
+            j = self.jobs[argv[3]]
+            return self.res(argv, out=f"JobId={j['id']} JobName={j['name']}\n   JobState={j['state']} Reason=None "
+                                      f"ExitCode={j['rc']}:0\n   NodeList={j['node']}\n")
+        if argv[:3] == ["scontrol", "show", "node"]:
+            node = argv[3]
+            state = "IDLE+DRAIN" if node in self.drained else "IDLE"
+            reason = f"\n   Reason={self.drained[node]} [root@2026-12-07T06:00:00]" if node in self.drained else ""
+            return self.res(argv, out=f"NodeName={node} Arch=x86_64\n   State={state} ThreadsPerCore=1\n"
+                                      f"   Version=22.05.8{reason}\n")
+        if argv[:3] == ["scontrol", "show", "reservation"]:
+            return self.res(argv, out="No reservations in the system\n")
+        if argv[:2] == ["scontrol", "update"]:
+            kv = dict(a.split("=", 1) for a in argv[2:])
+            if kv.get("state") == "drain":
+                self.drained[kv["nodename"]] = kv["reason"]
+            return self.res(argv)
+        raise AssertionError(f"unexpected command {argv}")
+
+    def sbatch(self, argv):
+        script = Path(argv[-1])
+        label = script.stem
+        exclude = {n for a in argv if a.startswith("--exclude=") for n in a.split("=", 1)[1].split(",")}
+        node = next(n for n in self.nodes if n not in exclude and n not in self.drained)
+        jid = str(len(self.jobs) + 1)
+        name = re.search(r"--job-name=(\S+)", script.read_text()).group(1)
+        what = self.outcome(label, jid, node)
+        d = self.out / "jobs" / label
+        d.mkdir(parents=True, exist_ok=True)
+        state, rc = "COMPLETED", 0
+        if what == "ok":
+            from gpudoctor.bench.records.results import ResultStore
+
+            store = ResultStore(d)
+            store.provenance_stamp = {"slurm": {"node": node, "job_id": jid}}
+            for lv in self.camp.levels(label):
+                if lv.key not in store.keys():
+                    store.append({**lv.spec.head(), "status": "ok", "completed": 1})
+        elif what == "refuse":
+            (d / "refused.json").write_text(json.dumps({"node": node, "job_id": jid, "said": "gate: BLOCK x",
+                                                        "reason": "BLOCK x"}))
+            state, rc = "FAILED", JOB_REFUSED
+        else:
+            state = "NODE_FAIL"
+        self.jobs[jid] = {"id": jid, "uid": os.getuid(), "name": name, "node": node, "state": state, "rc": rc,
+                          "polls": 0, "label": label, "argv": list(argv)}
+        self.max_queued = max(self.max_queued, len(self.queued()))
+        return self.res(argv, out=f"{jid}\n")
+
+    def sbatches(self, label=None):
+        return [j for j in self.jobs.values() if label is None or j["label"] == label]
+
+
+def run(tmp_path, extra="", outcome=None, stay=1, before=None):
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n" + extra)
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, outcome=outcome, stay=stay)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    notes = []
+    sc.emit = lambda kind, **kw: notes.append(kw.get("text") or kw.get("what") or "")
+    if before:
+        before(out)
+    counts = sc.run(resume=before is not None)
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    return fake, counts, state, notes
+
+
+def test_a_refusal_resubmits_excluding_the_node_and_drains_it(tmp_path):
+    fake, counts, state, _ = run(tmp_path, outcome=lambda label, job, node: "refuse" if node == "n1" else "ok")
+    jobs = fake.sbatches()
+    assert [j["node"] for j in jobs] == ["n1", "n2"]
+    assert "--exclude=n1" in jobs[1]["argv"] and not any(a.startswith("--exclude") for a in jobs[0]["argv"])
+    assert fake.drained == {"n1": "gpudoctor: bench gate: BLOCK x"}
+    assert counts["ok"] == 2 and state["excluded"] == ["n1"]
+    assert [r["node"] for r in state["configs"]["ar-tp1"]["refused"]] == ["n1"]
+
+
+def test_a_refused_json_of_another_job_drains_nothing(tmp_path):
+    def stale(out):  # an earlier job's refusal on the node this job then runs on (a resumed directory)
+        d = out / "jobs" / "ar-tp1"
+        d.mkdir(parents=True)
+        (d / "refused.json").write_text(json.dumps({"node": "n1", "job_id": "999", "said": "old", "reason": "old"}))
+
+    fake, counts, state, _ = run(tmp_path, before=stale)
+    assert fake.drained == {} and state["configs"]["ar-tp1"]["refused"] == [] and counts["ok"] == 2
+    assert state["configs"]["ar-tp1"]["status"] == "done"
+
+
+def test_a_refused_json_naming_another_node_than_slurm_drains_nothing(tmp_path):
+    def lying(label, job, node):
+        d = tmp_path / "out" / "jobs" / label
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "refused.json").write_text(json.dumps({"node": "n3", "job_id": job, "said": "no", "reason": "no"}))
+        return "crash"
+
+    fake, counts, state, notes = run(tmp_path, outcome=lying)
+    assert fake.drained == {} and state["configs"]["ar-tp1"]["refused"] == [] and state["excluded"] == []
+    assert any("refused.json names node n3, but Slurm ran job 1 on n1: no node drained" in n for n in notes), notes
+    assert counts["crashed"] == 1 and counts["skipped"] == 1
+
+
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_node_retries_resubmissions_then_the_levels_are_errors(tmp_path, retries):
+    fake, counts, state, _ = run(tmp_path, extra=f"  node_retries: {retries}\n",
+                                 outcome=lambda label, job, node: "refuse", )
+    assert len(fake.sbatches()) == retries + 1
+    assert counts == {"ok": 0, "crashed": 0, "error": 2, "skipped": 0}
+    st = state["configs"]["ar-tp1"]
+    assert st["status"] == "failed" and len(st["refused"]) == retries + 1
+    recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert all(f"slurm.node_retries ({retries}) resubmissions are spent" in r["error"] for r in recs)
+
+
+def test_max_jobs_bounds_the_jobs_in_the_queue(tmp_path):
+    methods = "methods: {ar: {baseline: true}, b: {}, c: {}, d: {}}\n"
+    f_extra = "  max_jobs: 2\n"
+    (tmp_path / "x").mkdir()
+    global BASE
+    saved = BASE
+    BASE = BASE.replace("methods: {ar: {baseline: true}}\n", methods)
+    try:
+        fake, counts, _, _ = run(tmp_path, extra=f_extra, stay=3)
+        assert fake.max_queued == 2 and len(fake.sbatches()) == 4 and counts["ok"] == 8
+        fake, counts, _, _ = run(tmp_path / "x", stay=3)  # max_jobs 0: all at once
+        assert fake.max_queued == 4 and counts["ok"] == 8
+    finally:
+        BASE = saved
+
+
+@pytest.mark.parametrize("on_crash,jobs", [("restart", 2), ("skip", 1)])
+def test_a_job_slurm_ended_is_submitted_again_once_with_on_crash_restart(tmp_path, on_crash, jobs):
+    fake, counts, state, _ = run(tmp_path.joinpath(), extra=f"on_crash: {on_crash}\n",
+                                 outcome=lambda label, job, node: "crash")
+    assert len(fake.sbatches()) == jobs  # restarted once, never twice
+    st = state["configs"]["ar-tp1"]
+    assert st["restarts"] == jobs - 1 and len(st["ended"]) == jobs and st["status"] == "failed"
+    assert counts == {"ok": 0, "crashed": 1, "error": 0, "skipped": 1}
+    assert "NODE_FAIL" in st["ended"][-1]["why"]
+
+
+def test_a_job_crashed_once_then_complete_is_done_with_restart(tmp_path):
+    n = []
+
+    def once(label, job, node):
+        n.append(job)
+        return "crash" if len(n) == 1 else "ok"
+
+    fake, counts, state, _ = run(tmp_path, extra="on_crash: restart\n", outcome=once)
+    assert len(fake.sbatches()) == 2 and counts["ok"] == 2 and state["configs"]["ar-tp1"]["status"] == "done"
+
+
+def test_the_job_exits_4_when_its_gate_refuses_the_node(tmp_path):
+    """`bench job` as the job script runs it, gate `false`, a stand-in scontrol on PATH that fails (no Slurm
+    here): exit 4 and refused.json naming the node and the job."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact' >&2\nexit 1\n")
+    (bindir / "scontrol").chmod(0o755)
+    (tmp_path / "model").mkdir()
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("/models/llama", str(tmp_path / "model")).replace("gate: {command: false}",
+                                                                                 "gate: {command: 'false'}"))
+    out = tmp_path / "out"
+    out.mkdir()
+    e = {**env(), "PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "42"}
+    p = subprocess.run([sys.executable, "-m", "gpudoctor", "bench", "job", str(f), "--out", str(out), "--config",
+                        "ar-tp1"], capture_output=True, text=True, env=e, timeout=120, cwd=tmp_path)
+    assert JOB_REFUSED == 4 and p.returncode == 4, p.stderr[-2000:]
+    assert "the gate refused node n7 for ar-tp1" in p.stderr
+    r = json.loads((out / "jobs" / "ar-tp1" / "refused.json").read_text())
+    assert r["node"] == "n7" and r["job_id"] == "42" and r["drain"]["action"] == "failed"
+
+
+def test_the_job_scripts_python_fallback_is_isolated(tmp_path, monkeypatch):
+    py = tmp_path / "python3"  # an interpreter with no gpudoctor console script beside it
+    py.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(py))
+    argv = gpudoctor_command()
+    assert argv[0] == str(py) and "-I" in argv and argv[-2:] == ["-m", "gpudoctor"]
+    (tmp_path / "gpudoctor").write_text("#!/bin/sh\n")
+    (tmp_path / "gpudoctor").chmod(0o755)
+    assert gpudoctor_command() == [str(tmp_path / "gpudoctor")]
