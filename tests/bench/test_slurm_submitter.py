@@ -253,3 +253,127 @@ def test_the_job_scripts_python_fallback_is_isolated(tmp_path, monkeypatch):
     (tmp_path / "gpudoctor").write_text("#!/bin/sh\n")
     (tmp_path / "gpudoctor").chmod(0o755)
     assert gpudoctor_command() == [str(tmp_path / "gpudoctor")]
+
+
+def test_the_python_fallback_also_when_the_console_script_is_not_executable(tmp_path, monkeypatch):
+    py = tmp_path / "python3"
+    py.symlink_to(sys.executable)
+    (tmp_path / "gpudoctor").write_text("#!/bin/sh\n")  # there, but not executable: not run
+    monkeypatch.setattr(sys, "executable", str(py))
+    assert gpudoctor_command()[-2:] == ["-m", "gpudoctor"]
+
+
+@pytest.mark.parametrize("section,want,unwanted", [
+    ("", ["--gpus=1", "--exclusive"], ["--gres=gpu:1"]),
+    ("  gpu_request: none\n  exclusive: false\n", [], ["--gpus=1", "--gres=gpu:1", "--exclusive"]),
+], ids=["defaults", "none-shared"])
+def test_the_scripts_gpu_request_and_exclusive(tmp_path, section, want, unwanted):
+    from gpudoctor.bench.campaign.slurm import job_script
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n" + section)
+    c = campaign.load(str(f))
+    sb = [x.split(" ", 1)[1] for x in job_script(c, c.configs()[0], tmp_path / "o", "j", "i").splitlines()
+          if x.startswith("#SBATCH ")]
+    assert all(w in sb for w in want) and not any(u in sb for u in unwanted), sb
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("case,message", [
+    ("remote", "the campaign's target must be local"),
+    ("label", "no configuration 'nope-tp1' in the campaign (it has ar-tp1)"),
+    ("profile", "gate.command: unknown gate profile 'nosuch'"),
+    ("other", "holds another campaign"),
+    ("model", "does not exist on local"),
+])
+def test_bench_job_refuses_before_it_writes_anything(tmp_path, case, message):
+    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.errors import GpudoctorError
+
+    (tmp_path / "model").mkdir()
+    text = BASE.replace("/models/llama", str(tmp_path / "model"))
+    if case == "remote":
+        text += "target: ct200\n"
+    elif case == "profile":
+        text = text.replace("gate: {command: false}", "gate: {command: gpudoctor gate --profile nosuch}")
+    elif case == "model":
+        text = text.replace(str(tmp_path / "model"), str(tmp_path / "gone"))
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    out.mkdir()
+    if case == "other":
+        (out / "campaign.yaml").write_text(text.replace("name: demo", "name: demo2"))
+    before, n = sorted(p.name for p in out.iterdir()), fds()
+    with pytest.raises(GpudoctorError) as exc:
+        run_job(str(f), str(out), "nope-tp1" if case == "label" else "ar-tp1")
+    assert message in exc.value.one_line(), exc.value.one_line()
+    assert sorted(p.name for p in out.iterdir()) == before and fds() == n  # nothing written, no fd left open
+
+
+def test_no_submit_keeps_the_campaign_id_and_copies_the_campaign(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n")
+    out = tmp_path / "out"
+    notes = []
+    counts = run_slurm_campaign(str(f), str(out), submit=False, on_event=lambda k, **kw: notes.append(kw))
+    assert counts == {"ok": 0, "crashed": 0, "error": 0, "skipped": 0}
+    cid = json.loads((out / "slurm" / "state.json").read_text())["campaign_id"]
+    assert (out / "campaign.yaml").read_text() == f.read_text() and (out / "campaign.json").exists()
+    assert any(n.get("text", "").startswith(f"Slurm campaign {cid}: 1 configuration(s), job scripts in")
+               for n in notes), notes
+    script = (out / "slurm" / "ar-tp1.sh").read_text()
+    run_slurm_campaign(str(f), str(out), submit=False, resume=True)
+    assert json.loads((out / "slurm" / "state.json").read_text())["campaign_id"] == cid
+    assert (out / "slurm" / "ar-tp1.sh").read_text() == script  # the same job name: the same campaign
+
+
+def test_a_run_without_resume_into_a_slurm_campaign_is_refused(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.errors import InputError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n")
+    run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    with pytest.raises(InputError, match="holds a Slurm campaign"):
+        run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+
+
+@pytest.mark.parametrize("sig,code", [("INT", 130), ("TERM", 143)])
+def test_an_interrupted_submitter_cancels_its_own_jobs_only(tmp_path, sig, code):
+    import signal as signals
+
+    from gpudoctor.bench.campaign.slurm import Interrupted
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+    polls = []
+
+    def run(argv, timeout=None, **kw):
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:  # the job is running: the user interrupts
+                if sig == "INT":
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signals.SIGTERM)
+        return real(argv, timeout, **kw)
+
+    fake.run = run
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    old = signals.getsignal(signals.SIGTERM)
+    with pytest.raises(Interrupted) as exc:
+        sc.run(resume=False)
+    assert signals.getsignal(signals.SIGTERM) == old  # put back
+    assert exc.value.exit_code == code and "cancelled this campaign's 1 job(s) (1)" in exc.value.one_line()
+    assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", f"--user={os.getuid()}", "1"]]
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["status"] == "cancelled"
