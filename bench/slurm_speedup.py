@@ -107,7 +107,7 @@ def run(c: SlurmLab, d: Path, partition: str, decode: float) -> tuple[float, dic
     nodes = sorted({r["provenance"]["slurm"]["node"] for r in recs})
     b = breakdown(c, out, t0, t1)
     print(f"{partition}: {wall:.1f} s wall, 12 levels recorded once, on {', '.join(nodes)}; "
-          f"before the first sbatch {b['before_first_sbatch_s']:.0f} s, first job started "
+          f"before the first sbatch {max(0.0, b['before_first_sbatch_s']):.0f} s, first job started "
           f"{b['first_start_after_submit_s']:.0f} s after it; {b['jobs']} jobs: queued {b['queue_wait_s']:.0f} s, "
           f"ran {b['job_run_s']:.0f} s (of which server start {b['server_start_s']:.1f} s); after the last job ended "
           f"{b['after_last_job_s']:.1f} s", flush=True)

@@ -113,6 +113,7 @@ class FakeSlurm:
             state, rc = "FAILED", JOB_REFUSED
         else:
             state = "NODE_FAIL"
+            (self.out / "slurm" / f"{label}-{jid}.out").write_text("starting\nready in 1.0 s\nlost\nNODE_FAIL\n")
         self.jobs[jid] = {"id": jid, "uid": os.getuid(), "name": name, "node": node, "state": state, "rc": rc,
                           "polls": 0, "label": label, "argv": list(argv)}
         self.max_queued = max(self.max_queued, len(self.queued()))
@@ -139,7 +140,8 @@ def run(tmp_path, extra="", outcome=None, stay=1, before=None):
 
 
 def test_a_refusal_resubmits_excluding_the_node_and_drains_it(tmp_path):
-    fake, counts, state, _ = run(tmp_path, outcome=lambda label, job, node: "refuse" if node == "n1" else "ok")
+    fake, counts, state, notes = run(tmp_path, outcome=lambda label, job, node: "refuse" if node == "n1" else "ok")
+    assert "submitted as Slurm job 1" in notes and "submitted as Slurm job 2 (excluding n1)" in notes, notes
     jobs = fake.sbatches()
     assert [j["node"] for j in jobs] == ["n1", "n2"]
     assert "--exclude=n1" in jobs[1]["argv"] and not any(a.startswith("--exclude") for a in jobs[0]["argv"])
@@ -202,10 +204,13 @@ def test_max_jobs_bounds_the_jobs_in_the_queue(tmp_path):
 
 @pytest.mark.parametrize("on_crash,jobs", [("restart", 2), ("skip", 1)])
 def test_a_job_slurm_ended_is_submitted_again_once_with_on_crash_restart(tmp_path, on_crash, jobs):
-    fake, counts, state, _ = run(tmp_path.joinpath(), extra=f"on_crash: {on_crash}\n",
-                                 outcome=lambda label, job, node: "crash")
+    fake, counts, state, notes = run(tmp_path.joinpath(), extra=f"on_crash: {on_crash}\n",
+                                     outcome=lambda label, job, node: "crash")
     assert len(fake.sbatches()) == jobs  # restarted once, never twice
     st = state["configs"]["ar-tp1"]
+    assert st["ended"][0]["output"] == "ready in 1.0 s | lost | NODE_FAIL"  # the job output's last lines
+    assert ("ar-tp1: Slurm job 1 NODE_FAIL on n1 ExitCode=0:0 before every level was recorded; its output: ready in "
+            "1.0 s | lost | NODE_FAIL") in notes, notes
     assert st["restarts"] == jobs - 1 and len(st["ended"]) == jobs and st["status"] == "failed"
     assert counts == {"ok": 0, "crashed": 1, "error": 0, "skipped": 1}
     assert "NODE_FAIL" in st["ended"][-1]["why"]
@@ -377,3 +382,30 @@ def test_an_interrupted_submitter_cancels_its_own_jobs_only(tmp_path, sig, code)
     assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", f"--user={os.getuid()}", "1"]]
     st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
     assert st["status"] == "cancelled"
+
+
+def test_a_submitted_job_is_on_disk_before_the_submitter_waits(tmp_path):
+    """Killed right after its first sbatch (as SIGKILL would, no finally runs), the submitter has already recorded
+    the job id: --resume watches that job instead of submitting the configuration twice."""
+
+    class Killed(BaseException):
+        pass
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "squeue" and fake.jobs:
+            raise Killed
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(Killed):
+        sc.run(resume=False)
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["jobs"] == ["1"] and st["job"] == "1" and st["status"] == "submitted"
