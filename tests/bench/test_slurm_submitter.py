@@ -409,3 +409,15 @@ def test_a_submitted_job_is_on_disk_before_the_submitter_waits(tmp_path):
         sc.run(resume=False)
     st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
     assert st["jobs"] == ["1"] and st["job"] == "1" and st["status"] == "submitted"
+
+
+def test_an_unknown_gate_profile_stops_the_submitter_before_anything(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("gate: {command: false}", "gate: {command: gpudoctor gate --profile nosuch}")
+                 + "slurm:\n  poll_s: 1\n")
+    with pytest.raises(ConfigError, match="gate.command: unknown gate profile 'nosuch'"):
+        run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    assert not (tmp_path / "out").exists()
