@@ -1,6 +1,7 @@
 """Slurm jobs for `bench run --slurm`: submit (sbatch), watch (squeue, then `scontrol show job` — run by
 gpudoctor.integrations.slurm, the one module that runs scontrol — or sacct for how a job ended), cancel (scancel by
-job id) — only jobs gpudoctor submitted, recognised by their exact job names.
+job id) — only jobs gpudoctor submitted: the job ids it recorded at submit, of the user it runs as (a job is never
+recognised by its name alone: anyone can name a job like a campaign's).
 
 Every command runs through `host.run` (a LocalHost where the submitting gpudoctor runs), never through a shell. Node
 states (drain on a refused gate) stay gpudoctor.integrations.slurm's.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from gpudoctor.integrations.slurm import show_job
 
 # how a job can end when Slurm, not the job, ended it (scontrol's JobState words)
 KILLED_BY_SLURM = frozenset({"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
@@ -62,18 +65,20 @@ def submit(host, script: str, extra: list[str]) -> str:
     return job
 
 
-def queue(host, names: list[str]) -> dict[str, dict]:
-    """Jobs in the queue with one of these exact names: {job id: {name, state, node, reason}}."""
-    if not names:
+def queue(host, job_ids: list[str], uid: int) -> dict[str, dict]:
+    """Those of these jobs still in the queue that belong to user `uid`: {job id: {name, state, node, reason}}.
+    squeue lists the user's jobs (-u; a job id Slurm already forgot would make `squeue -j` fail); the ids and the
+    owner are checked here again."""
+    wanted = set(job_ids)
+    if not wanted:
         return {}
-    out = _run(host, ["squeue", "-h", "--name=" + ",".join(names), "-o", "%i|%j|%T|%N|%r"])
+    out = _run(host, ["squeue", "-h", f"--user={uid}", "-o", "%i|%U|%j|%T|%N|%r"])
     jobs = {}
-    wanted = set(names)
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 5 or parts[1] not in wanted:  # squeue's own name filter, checked again
+        if len(parts) != 6 or parts[0] not in wanted or parts[1] != str(uid):
             continue
-        jobs[parts[0]] = {"name": parts[1], "state": parts[2], "node": parts[3] or None, "reason": parts[4]}
+        jobs[parts[0]] = {"name": parts[2], "state": parts[3], "node": parts[4] or None, "reason": parts[5]}
     return jobs
 
 
@@ -84,8 +89,6 @@ def _field(text: str, name: str) -> str | None:
 
 def ended(host, job_id: str) -> JobEnd:
     """How a job ended: `scontrol show job` while slurmctld still holds it (MinJobAge), else sacct."""
-    from gpudoctor.integrations.slurm import show_job
-
     res = show_job(host, job_id)
     if res.ok and _field(res.stdout, "JobState"):
         t = res.stdout
@@ -106,9 +109,9 @@ def ended(host, job_id: str) -> JobEnd:
     return JobEnd(job_id, None)
 
 
-def cancel(host, job_ids: list[str]) -> str | None:
-    """`scancel ID...` for these job ids only; None, or what failed."""
+def cancel(host, job_ids: list[str], uid: int) -> str | None:
+    """`scancel --user=UID ID...`: these job ids only, and only while user `uid` owns them; None, or what failed."""
     if not job_ids:
         return None
-    res = host.run(["scancel", *job_ids], timeout=30.0)
+    res = host.run(["scancel", f"--user={uid}", *job_ids], timeout=30.0)
     return None if res.ok else res.describe()

@@ -1,5 +1,5 @@
-"""`gpudoctor bench run --slurm` against a real Slurm 22.05 cluster (tests/slurmcluster.py: slurmctld and three slurmd,
-each node its own network namespace, GPUs as gres), the stand-in as the server: every configuration a job on the node
+"""`gpudoctor bench run --slurm` against a real Slurm 22.05 cluster (tests/slurmlab.py's cluster shape: slurmctld and
+three slurmd, each node its own network namespace, GPUs as gres), the stand-in as the server: every configuration a job on the node
 it lands on, a node refused by its gate drained and avoided, an admin's node never touched, resume after SIGKILL,
 Ctrl-C cancelling only the campaign's own jobs, a job Slurm killed recorded with Slurm's reason."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,10 +29,10 @@ methods:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tests.slurmcluster import SlurmCluster, need_lab
+    from tests.slurmlab import SlurmLab, need_lab
 
     need_lab()
-    c = SlurmCluster(tmp_path_factory.mktemp("slurmcluster"), nodes=3, gpus=2)
+    c = SlurmLab(tmp_path_factory.mktemp("slurmcluster"), nodes=3, gpus=2)
     c.start()
     try:
         yield c
@@ -47,14 +48,28 @@ def lab(cluster):
 
 
 def campaign(tmp_path, *, slurm: str = "", gate: str = '"true"', methods: str = METHODS, extra: str = "",
-             tp: str = "[1, 2]"):
-    path, _ = write(tmp_path, methods, gate=gate, extra=f"slurm:\n  poll_s: 0.3\n{slurm}" + extra)
+             tp: str = "[1, 2]", poll_s: float = 0.3):
+    path, _ = write(tmp_path, methods, gate=gate, extra=f"slurm:\n  poll_s: {poll_s}\n{slurm}" + extra)
     path.write_text(path.read_text().replace("tp: [1]\n", f"tp: {tp}\n"))
     return path
 
 
-def bench(lab, *args, timeout=180):
-    return lab.run([str(GPUDOCTOR), "bench", *args], env=env(), timeout=timeout)
+def bench(lab, *args, timeout=180, **kw):
+    return lab.run([str(GPUDOCTOR), "bench", *args], env=env(), timeout=timeout, **kw)
+
+
+def tree(d):
+    """Every file under d: its bytes and mtime (a file written or replaced changes either)."""
+    out = {}
+    for p in sorted(Path(d).rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(d))] = (p.read_bytes(), p.stat().st_mtime_ns)
+    return out
+
+
+def slurm_jobs(lab) -> list[str]:
+    """Every job slurmctld still holds (MinJobAge: 5 minutes after it ended), one `scontrol -o` line each."""
+    return [x for x in lab.run(["scontrol", "-o", "show", "jobs"]).stdout.splitlines() if x.startswith("JobId=")]
 
 
 def records(out):
@@ -112,7 +127,12 @@ def test_a_node_refused_by_its_gate_is_drained_and_the_configuration_runs_elsewh
         "nvidia-uvm device is 238:0")
     state = json.loads((out / "slurm" / "state.json").read_text())
     refused = [r for st in state["configs"].values() for r in st["refused"]]
-    assert refused and all(r["node"] == "n2" for r in refused) and state["excluded"] == ["n2"]
+    assert len(refused) == 1 and refused[0]["node"] == "n2" and state["excluded"] == ["n2"], refused
+    assert refused[0]["drain"]["action"] == "drained", refused  # by the job, while it still held n2
+    # no second job ever started on the refused node: of all the campaign's jobs, Slurm ran one on n2 (#50.3)
+    ids = {j for st in state["configs"].values() for j in st["jobs"]}
+    on_n2 = [x for x in slurm_jobs(lab) if x.split()[0].split("=")[1] in ids and " NodeList=n2 " in f"{x} "]
+    assert len(on_n2) == 1, on_n2
     assert "node n2 refused by the gate" in p.stderr
     rep = bench(lab, "report", str(out), "--no-plots")
     assert rep.returncode == 0, rep.stderr
@@ -165,12 +185,8 @@ def test_sigkill_of_the_submitter_then_resume_no_duplicate_no_loss(lab, tmp_path
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path, sig, code):
-    stranger = lab.run(["sbatch", "--parsable", "--job-name=someone-elses", "--partition=lab", "-o", "/dev/null",
-                        "--wrap", "sleep 300"]).stdout.strip()
-    assert stranger.isdigit()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not any(j.split()[0] == stranger and "RUNNING" in j for j in lab.jobs()):
-        time.sleep(0.1)
+    # another user's job named exactly like one of the campaign's jobs: neither cancelled by the interrupted run nor
+    # adopted by --resume (#50.4: jobs are the ids recorded at submit, of this user)
     path = campaign(tmp_path, slurm="  time_limit: '10'\n")
     out = tmp_path / "out"
     proc = lab.popen([str(GPUDOCTOR), "bench", "run", str(path), "--out", str(out), "--slurm"], env=env(),
@@ -178,24 +194,31 @@ def test_ctrl_c_cancels_only_the_campaigns_jobs(lab, tmp_path, sig, code):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any("gpd-" in j for j in lab.jobs()):
         time.sleep(0.1)
+    cid = json.loads((out / "slurm" / "state.json").read_text())["campaign_id"]
+    stranger = lab.as_user(65534, ["sbatch", "--parsable", f"--job-name=gpd-{cid}-baseline-tp1", "-o", "/dev/null",
+                                   "--wrap", "sleep 300"]).stdout.strip()
+    assert stranger.isdigit()
     time.sleep(1)
     proc.send_signal(sig)
     assert proc.wait(60) == code, (tmp_path / "e").read_text()[-2000:]
     err = (tmp_path / "e").read_text()
     assert "cancelled this campaign's" in err and "--resume" in err
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any("gpd-" in j for j in lab.jobs()):
+    while time.monotonic() < deadline and any("gpd-" in j and "nobody" not in j for j in lab.jobs()):
         time.sleep(0.2)
     jobs = lab.jobs()
-    assert not any("gpd-" in j for j in jobs)
-    assert any(j.split()[:3] == [stranger, "someone-elses", "RUNNING"] for j in jobs), jobs  # the stranger's survives
-    lab.run(["scancel", stranger])
+    assert [j.split()[0] for j in jobs if "gpd-" in j] == [stranger], (jobs, err[-1500:], lab.run(["scontrol", "show", "job", stranger]).stdout)  # the stranger's survives, alone
     before = records(out)
     p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--resume")  # the cancelled ones run again
     assert p.returncode == 0, p.stderr[-3000:]
     after = records(out)
     assert sorted(keys(after)) == EXPECTED and after[: len(before)] == before
     assert "was cancelled by an interrupted run: submitted again" in p.stderr
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    assert all(stranger not in st["jobs"] for st in state["configs"].values())  # never adopted
+    assert any(j.split()[0] == stranger and j.split()[-1] == "nobody" for j in lab.jobs()), (
+        lab.run(["scontrol", "show", "job", stranger]).stdout.replace("\n", " "))  # never cancelled
+    lab.run(["scancel", stranger])
 
 
 @pytest.mark.parametrize("on_crash", ["skip", "restart"])
@@ -233,13 +256,13 @@ STABLE = ("schema", "label", "method", "tp", "workload", "concurrency", "trial",
 
 
 def test_the_same_campaign_with_target_local_gives_the_same_records_minus_node_and_job(lab, tmp_path):
-    from tests.bench.conftest import run_cli
-
     path = campaign(tmp_path, tp="[1]")
     local, slurm = tmp_path / "local", tmp_path / "slurm"
-    p = run_cli("bench", "run", str(path), "--out", str(local))
+    # the campaign named relative to the current directory on both sides: one canonical path recorded (#50.2)
+    p = subprocess.run([str(GPUDOCTOR), "bench", "run", path.name, "--out", str(local)], capture_output=True,
+                       text=True, env=env(), timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    p = bench(lab, "run", str(path), "--out", str(slurm), "--slurm")
+    p = bench(lab, "run", path.name, "--out", str(slurm), "--slurm", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     a, b = records(local), records(slurm)
     assert sorted(keys(a)) == sorted(keys(b)) and len(a) == 6
@@ -252,6 +275,7 @@ def test_the_same_campaign_with_target_local_gives_the_same_records_minus_node_a
         assert set(pb) - set(pa) == {"slurm"} and sorted(pb["slurm"]) == ["job_id", "node"]
         for f in ("campaign", "server", "gpudoctor"):
             assert pa.get(f) == pb.get(f), f
+        assert pa["campaign"]["path"] == str(path.resolve())
 
 
 def test_sbatch_only_recipe(lab, tmp_path):
@@ -283,3 +307,53 @@ def test_a_job_slurm_refuses_stops_the_campaign_in_one_line(lab, tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("gpudoctor: cannot submit baseline-tp1: $ sbatch --parsable") and "partition" in last
     assert "Traceback" not in p.stderr and not lab.jobs() and records(out) == []
+
+
+def test_resume_with_another_campaign_is_refused_and_submits_and_writes_nothing(lab, tmp_path):
+    # #50.1: the same name (`name: test`), other methods: refused by content hash, before any sbatch or write
+    first = campaign(tmp_path, tp="[1]", methods="methods:\n  baseline: {baseline: true}\n")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(first), "--out", str(out), "--slurm")
+    assert p.returncode == 0, p.stderr[-2000:]
+    before, held = tree(out), slurm_jobs(lab)
+    (tmp_path / "other").mkdir()
+    other = campaign(tmp_path / "other", tp="[1]")
+    p = bench(lab, "run", str(other), "--out", str(out), "--slurm", "--resume")
+    assert p.returncode == 3, p.stderr[-2000:]
+    err = p.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith(f"gpudoctor: {out}: holds another campaign") and str(other) in err, err
+    assert tree(out) == before and slurm_jobs(lab) == held and not lab.jobs()  # nothing written or submitted
+
+
+def test_a_refused_node_takes_no_second_job_even_with_no_submitter_watching(lab, tmp_path):
+    # #50.3: the refused job drains its own node before it ends, so Slurm never starts a next job there — here the
+    # scripts are submitted by hand (--no-submit: no gpudoctor watches the queue to drain anything afterwards)
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    for n in lab.nodes:
+        src = "h200-uvm-blocked.json" if n == "n2" else "h200-healthy.json"
+        (snaps / f"{n}.json").write_text((SNAPS / src).read_text())
+    gate = f"[sh, -c, 'exec {GPUDOCTOR} gate --snapshot {snaps}/$SLURMD_NODENAME.json']"
+    path = campaign(tmp_path, gate=gate, slurm="  partition: lab\n", tp="[1]",
+                    methods=METHODS + "  m4: {args: [--decode-tok-s, '500']}\n  m5: {args: [--decode-tok-s, '700']}\n")
+    out = tmp_path / "out"
+    p = bench(lab, "run", str(path), "--out", str(out), "--slurm", "--no-submit")
+    assert p.returncode == 1, p.stderr[-2000:]
+    ids = []
+    for s in sorted((out / "slurm").glob("*.sh")):  # five jobs for three nodes: two wait for a node to free
+        r = lab.run(["sbatch", "--parsable", str(s)])
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.strip())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and lab.jobs():
+        time.sleep(0.3)
+    assert not lab.jobs()
+    ran = {x.split()[0].split("=")[1]: next(f.split("=")[1] for f in x.split() if f.startswith("NodeList="))
+           for x in slurm_jobs(lab) if x.split()[0].split("=")[1] in ids}
+    assert sorted(ran) == sorted(ids), ran
+    assert list(ran.values()).count("n2") == 1, ran  # the refused job only
+    info = lab.info("n2")
+    assert "DRAIN" in info.state and info.reason.startswith("gpudoctor: bench gate: BLOCK devices.node.major")
+    refused = [json.loads(f.read_text()) for f in (out / "jobs").glob("*/refused.json")]
+    assert len(refused) == 1 and refused[0]["node"] == "n2" and refused[0]["drain"]["action"] == "drained"

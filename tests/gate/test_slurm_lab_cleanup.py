@@ -18,8 +18,8 @@ def test_a_lab_that_fails_to_start_leaves_nothing(tmp_path):
     started = {}
     real_daemon = lab._daemon
 
-    def record(name, argv):
-        real_daemon(name, argv)
+    def record(name, argv, ns=None):
+        real_daemon(name, argv, ns)
         started[name] = lab.procs[name].pid
 
     lab._daemon = record
@@ -28,3 +28,4 @@ def test_a_lab_that_fails_to_start_leaves_nothing(tmp_path):
     assert set(started) == {"munged", "slurmctld"}
     assert not any(alive(pid) for pid in started.values())
     assert not Path(f"/run/netns/{lab.netns}").exists() and lab.leftovers() == []
+    assert not lab.pub.exists()  # the readable conf and socket directory too

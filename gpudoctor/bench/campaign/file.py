@@ -6,13 +6,16 @@ keys (a typo must not silently drop a setting) and checks every value's type and
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.files import yamlload
+from gpudoctor.bench.campaign.heal import HealSpec
 from gpudoctor.bench.server.remote import DEFAULT_REMOTE_DIR
+from gpudoctor.files import yamlload
 
 DEFAULT_SERVER = "python3 -m sglang.launch_server"  # SGLang's own docs; Debian and Ubuntu have no bare `python`
 DEFAULT_SERVERS = {"sglang": DEFAULT_SERVER, "vllm": "vllm serve"}
@@ -25,6 +28,9 @@ TOP_KEYS = {"name", "target", "model", "tokenizer_dir", "server", "nccl_env", "t
             "concurrency", "context_limit", "timeouts", "warmup", "gate", "gpu", "on_crash", "validate", "heal",
             "suspect", "health", "cache", "slurm"}
 MAX_CONTEXT_TOKENS = 2 * 1024 * 1024  # more than any served model; longer prompts take minutes just to build
+GPU_REQUESTS = ("gpus", "gres", "none")  # slurm.gpu_request
+_TIME = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE)$")  # sbatch --time
+_TOKEN = re.compile(r"^\S+$")
 TIMEOUTS = {"ready_s": 1800.0, "stall_s": 120.0, "level_s": 7200.0, "stop_s": 60.0, "gpu_release_s": 300.0,
             "gate_s": 600.0}
 
@@ -63,6 +69,22 @@ class Health:
     interval_s: float = 0.5
     gpus: list[int] | None = None
     kernel_log: str | None = "/dev/kmsg"
+
+
+@dataclass
+class SlurmSpec:
+    """A campaign's `slurm:` section (docs/bench.md "Campaigns on Slurm"): how gpudoctor.bench.campaign.slurm submits."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None  # sbatch --time
+    gpu_request: str = "gpus"  # gpus: --gpus=TP; gres: --gres=gpu:TP; none: no GPU request
+    sbatch_args: list[str] = field(default_factory=list)
+    max_jobs: int = 0  # configurations at once (0: all)
+    exclusive: bool = True  # one configuration per node: a benchmark shares no node, and servers share no port
+    node_retries: int = 2  # resubmissions of one configuration after nodes refused by the gate
+    poll_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -196,8 +218,21 @@ class Campaign:
     suspect: dict = field(default_factory=dict)  # gpudoctor.bench.cell.suspect thresholds (defaults filled in)
     health: Health = field(default_factory=Health)
     cache: str = "flush"  # before each level: flush the prefix cache, or keep it
-    slurm: object = None  # gpudoctor.bench.campaign.slurm.SlurmSpec when the campaign has a `slurm:` section
+    slurm: SlurmSpec | None = None  # the campaign's `slurm:` section (bench run --slurm), None without one
     lines: dict = field(default_factory=dict, repr=False)  # (key, ...) -> line in the file, for later errors
+    text: str = field(default="", repr=False)  # the file as it was read and parsed (a BOM dropped)
+
+    @property
+    def sha256(self) -> str:
+        """The campaign's content hash: of the text that was parsed, not of the file read again. `--resume` proves
+        with it that an output directory holds this campaign (DIR/campaign.yaml is that text); records carry it."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @property
+    def real_path(self) -> str:
+        """The file's one canonical name (absolute, links resolved): what records carry and a Slurm job is given,
+        however the path was typed."""
+        return os.path.realpath(self.path)
 
     @property
     def is_remote(self) -> bool:
@@ -329,7 +364,7 @@ def load(path: str) -> Campaign:
     from gpudoctor.files.inputs import trusted
 
     trusted(path, what="campaign", error=ConfigError)  # it names the servers root starts (#40)
-    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)
+    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)  # _text: Campaign.text
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)
     base = Path(path).resolve().parent
@@ -432,22 +467,49 @@ def load(path: str) -> Campaign:
         slo_ttft_ms=None if "ttft_ms" not in slo else float(v.number(slo["ttft_ms"], "slo", "ttft_ms", lo=0.001)),
         slo_itl_ms=None if "itl_ms" not in slo else float(v.number(slo["itl_ms"], "slo", "itl_ms", lo=0.001)),
         suspect=suspect, health=health, cache=cache,
-        slurm=_slurm(v, d["slurm"]) if d.get("slurm") not in (None, False) else None,
-        lines=doc.lines,
+        slurm=parse_slurm(v, d["slurm"]) if d.get("slurm") not in (None, False) else None,
+        lines=doc.lines, text=_text,
     )
 
 
-def _slurm(v: _V, raw):
-    """`slurm:` — how `bench run --slurm` submits each configuration (gpudoctor.bench.campaign.slurm)."""
-    from gpudoctor.bench.campaign.slurm import parse_spec
-
-    return parse_spec(v, raw)
+def parse_slurm(v: _V, raw) -> SlurmSpec:
+    """`slurm:` — how `bench run --slurm` submits each configuration (gpudoctor.bench.campaign.slurm), checked at
+    its lines."""
+    keys = {"partition", "account", "qos", "time_limit", "gpu_request", "sbatch_args", "max_jobs", "exclusive",
+            "node_retries", "poll_s"}
+    d = v.mapping(raw, "slurm", keys=keys)
+    s = SlurmSpec()
+    for k in ("partition", "account", "qos", "time_limit"):
+        if d.get(k) is not None:
+            val = str(d[k])
+            if not _TOKEN.match(val):
+                v.fail(f"slurm.{k} must be one word, got {val!r}", "slurm", k)
+            setattr(s, k, val)
+    if s.time_limit and not _TIME.match(s.time_limit):
+        v.fail(f"slurm.time_limit must be sbatch's --time (MINUTES, H:MM:SS, D-HH:MM:SS), got {s.time_limit!r}",
+               "slurm", "time_limit")
+    s.gpu_request = d.get("gpu_request", "gpus")
+    if s.gpu_request not in GPU_REQUESTS:
+        v.fail(f"slurm.gpu_request must be one of {', '.join(GPU_REQUESTS)}, got {s.gpu_request!r}",
+               "slurm", "gpu_request")
+    s.sbatch_args = v.argv(d.get("sbatch_args"), "slurm", "sbatch_args")
+    for i, a in enumerate(s.sbatch_args):
+        if not a.startswith("-") or not _TOKEN.match(a):
+            v.fail(f"slurm.sbatch_args: {a!r} must be one option (--name=value, no spaces)", "slurm", "sbatch_args")
+        if a.split("=")[0] in ("--job-name", "-J", "--comment", "--output", "-o", "--exclude", "-x", "--chdir"):
+            v.fail(f"slurm.sbatch_args: {a.split('=')[0]} is set by gpudoctor (docs/bench.md)", "slurm",
+                   "sbatch_args")
+    s.max_jobs = int(v.number(d.get("max_jobs", 0), "slurm", "max_jobs", integer=True, lo=0))
+    s.node_retries = int(v.number(d.get("node_retries", 2), "slurm", "node_retries", integer=True, lo=0, hi=100))
+    s.poll_s = float(v.number(d.get("poll_s", 5.0), "slurm", "poll_s", lo=0.1, hi=600))
+    if not isinstance(d.get("exclusive", True), bool):
+        v.fail("slurm.exclusive must be true or false", "slurm", "exclusive")
+    s.exclusive = d.get("exclusive", True)
+    return s
 
 
 def _heal(v: _V, raw):
     """`heal:` — judge the target after a crash or a loss and heal what `allow` names (docs/bench.md)."""
-    from gpudoctor.bench.campaign.heal import HealSpec
-
     h = v.mapping({} if raw is True else raw, "heal", keys={"allow", "wait_s", "rounds", "profile"})
     allow = h.get("allow") or []
     if isinstance(allow, str):

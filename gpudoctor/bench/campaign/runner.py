@@ -24,7 +24,8 @@ from typing import Callable
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.bench.server import logscan
-from gpudoctor.bench.campaign.file import Campaign, Config
+from gpudoctor.bench.campaign.file import Campaign, Config, check_gate_profile, check_paths, load
+from gpudoctor.bench.campaign.heal import Healer
 from gpudoctor.bench.client.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.client.load import LevelSpec
 from gpudoctor.gather.marker import server_env
@@ -156,10 +157,33 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
-def write_meta(out_dir: Path, campaign_path, meta: dict) -> None:
-    """DIR/campaign.yaml (the file as given) and DIR/campaign.json (what the report reads), each replaced whole."""
-    safe.write_file(out_dir / "campaign.yaml", Path(campaign_path).read_bytes())  # links at the names replaced
+def write_meta(out_dir: Path, camp: Campaign, meta: dict) -> None:
+    """DIR/campaign.yaml (the campaign's text as it was parsed: what --resume compares) and DIR/campaign.json (what
+    the report reads), each replaced whole."""
+    safe.write_file(out_dir / "campaign.yaml", camp.text.encode())  # links at the names replaced
     safe.write_file(out_dir / "campaign.json", json.dumps(meta, indent=1))
+
+
+def held_campaign(dfd: int, out_dir: Path, camp: Campaign) -> None:
+    """An output directory holds one campaign: refuse (InputError, one line, before anything is written or
+    submitted) a campaign whose content differs from DIR/campaign.yaml — its content hash, not its name — and a
+    directory with results or Slurm state but no campaign.yaml (nothing proves whose they are)."""
+    try:
+        fd = safe.open_regular(dfd, "campaign.yaml", os.O_RDONLY, path=str(out_dir / "campaign.yaml"))
+    except FileNotFoundError:
+        for name in ("results.jsonl", "slurm/state.json"):
+            if os.path.lexists(out_dir / name):
+                raise InputError(f"holds {name} but no campaign.yaml: nothing proves which campaign it is of; "
+                                 "choose another --out", path=str(out_dir)) from None
+        return
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(32 << 20)
+    held = raw.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+    sha = hashlib.sha256(held.encode("utf-8", errors="surrogateescape")).hexdigest()
+    if sha != camp.sha256:
+        raise InputError(f"holds another campaign (its campaign.yaml has sha256 {sha[:12]}, {camp.path} has "
+                         f"{camp.sha256[:12]}): --resume continues only the campaign the directory holds; choose "
+                         "another --out", path=str(out_dir))
 
 
 class Runner:
@@ -208,9 +232,7 @@ class Runner:
                                            max_s=camp.timeouts["level_s"] + 60)
         proc = getattr(launcher, "proc", None)
         pids = (lambda: process_tree(proc.pid)) if proc is not None else None
-        from gpudoctor.bench.cell.provenance import file_sha256
-
-        base = {"campaign": {"path": str(camp.path), "sha256": file_sha256(str(camp.path)), "name": camp.name},
+        base = {"campaign": {"path": camp.real_path, "sha256": camp.sha256, "name": camp.name},
                 "host": {"name": camp.target if camp.is_remote else socket.gethostname(),
                          "remote": bool(camp.is_remote)},
                 "check": self.last_gate or {"status": "not run", "why": "the campaign has no gate command"}}
@@ -243,22 +265,26 @@ class Runner:
             lock = os.fdopen(safe.open_regular(dfd, ".lock", os.O_WRONLY | os.O_CREAT, 0o600, path=str(lock_path)),
                              "w")
         except BaseException:
+            os.close(dfd)
             if created:
                 os.rmdir(self.dir)
             raise
-        finally:
-            os.close(dfd)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(lock.fileno()).st_ino != os.stat(lock_path).st_ino:  # a finished run removed it meanwhile
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             lock.close()
+            os.close(dfd)
             raise InputError("another gpudoctor bench run is writing to this directory", path=str(self.dir)) from None
         try:
-            if self.store.path.exists() and not resume:  # written while we took the lock
-                raise InputError("holds results of an earlier run: pass --resume to continue it, or choose another "
-                                 "--out", path=str(self.dir))
+            try:
+                if self.store.path.exists() and not resume:  # written while we took the lock
+                    raise InputError("holds results of an earlier run: pass --resume to continue it, or choose "
+                                     "another --out", path=str(self.dir))
+                held_campaign(dfd, self.dir, self.camp)  # under the lock: before anything is written or submitted
+            finally:
+                os.close(dfd)
             return self._run()
         finally:
             lock_path.unlink(missing_ok=True)  # while still holding it: no run, refused or not, leaves its lock behind
@@ -281,7 +307,7 @@ class Runner:
             self.counter = self.load_counter()
         except HostError as exc:
             raise CampaignStopped(f"cannot prepare the campaign on {self.camp.target}: {exc.one_line()}") from None
-        write_meta(self.dir, self.camp.path, (
+        write_meta(self.dir, self.camp, (
             {"name": self.camp.name, "baseline": self.camp.baseline, "methods": [m.name for m in self.camp.methods],
              "workloads": [w.name for w in self.camp.workloads], "kind": self.camp.kind, "api": self.camp.api,
              "request_rates": self.camp.request_rates,
@@ -350,8 +376,6 @@ class Runner:
             self.emit("note", text=f"restarting {cfg.label} for {len(todo)} levels after a crash")
 
     def make_healer(self):
-        from gpudoctor.bench.campaign.heal import Healer
-
         healer = Healer(self.camp.heal, target=self.camp.target if self.camp.is_remote else None,
                         inventory=self.inventory_path, models=(self.camp.model,), out_dir=self.dir, emit=self.emit,
                         resume_hint=self.resume_hint, engine_factory=self.heal_engine_factory)
@@ -713,8 +737,6 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
     `rerun_suspect` (an earlier run's directory): its suspect records are retracted and only their levels run
     again; `health_nvml` is the NVML-like module the host-health sampler reads (default: pynvml).
     """
-    from gpudoctor.bench.campaign.file import check_gate_profile, check_paths, load
-
     camp = load(path)
     check_gate_profile(camp, inventory)
     inventory_path = None

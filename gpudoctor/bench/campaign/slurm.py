@@ -20,75 +20,23 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from gpudoctor.bench.campaign.runner import CampaignStopped, GateRefused, Runner, levels_for
+from gpudoctor.bench.campaign.file import SlurmSpec, check_gate_profile, check_paths, load
+from gpudoctor.bench.campaign.runner import CampaignStopped, GateRefused, Runner, held_campaign, levels_for
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
-from gpudoctor.errors import GpudoctorError, InputError
+from gpudoctor.errors import ConfigError, GpudoctorError, InputError
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
+from gpudoctor.integrations import slurm as slurmnode
+from gpudoctor.integrations import slurmjobs
 from gpudoctor.target import local_host
 
 JOB_REFUSED = 4  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
-GPU_REQUESTS = ("gpus", "gres", "none")
-_TIME = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE)$")
-_TOKEN = re.compile(r"^\S+$")
-
-
-@dataclass
-class SlurmSpec:
-    """A campaign's `slurm:` section (docs/bench.md "Campaigns on Slurm")."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_limit: str | None = None  # sbatch --time
-    gpu_request: str = "gpus"  # gpus: --gpus=TP; gres: --gres=gpu:TP; none: no GPU request
-    sbatch_args: list[str] = field(default_factory=list)
-    max_jobs: int = 0  # configurations at once (0: all)
-    exclusive: bool = True  # one configuration per node: a benchmark shares no node, and servers share no port
-    node_retries: int = 2  # resubmissions of one configuration after nodes refused by the gate
-    poll_s: float = 5.0
-
-
-def parse_spec(v, raw) -> SlurmSpec:
-    """`slurm:` checked at its lines (v: gpudoctor.bench.campaign.file._V)."""
-    keys = {"partition", "account", "qos", "time_limit", "gpu_request", "sbatch_args", "max_jobs", "exclusive",
-            "node_retries", "poll_s"}
-    d = v.mapping(raw, "slurm", keys=keys)
-    s = SlurmSpec()
-    for k in ("partition", "account", "qos", "time_limit"):
-        if d.get(k) is not None:
-            val = str(d[k])
-            if not _TOKEN.match(val):
-                v.fail(f"slurm.{k} must be one word, got {val!r}", "slurm", k)
-            setattr(s, k, val)
-    if s.time_limit and not _TIME.match(s.time_limit):
-        v.fail(f"slurm.time_limit must be sbatch's --time (MINUTES, H:MM:SS, D-HH:MM:SS), got {s.time_limit!r}",
-               "slurm", "time_limit")
-    s.gpu_request = d.get("gpu_request", "gpus")
-    if s.gpu_request not in GPU_REQUESTS:
-        v.fail(f"slurm.gpu_request must be one of {', '.join(GPU_REQUESTS)}, got {s.gpu_request!r}",
-               "slurm", "gpu_request")
-    s.sbatch_args = v.argv(d.get("sbatch_args"), "slurm", "sbatch_args")
-    for i, a in enumerate(s.sbatch_args):
-        if not a.startswith("-") or not _TOKEN.match(a):
-            v.fail(f"slurm.sbatch_args: {a!r} must be one option (--name=value, no spaces)", "slurm", "sbatch_args")
-        if a.split("=")[0] in ("--job-name", "-J", "--comment", "--output", "-o", "--exclude", "-x", "--chdir"):
-            v.fail(f"slurm.sbatch_args: {a.split('=')[0]} is set by gpudoctor (docs/bench.md)", "slurm",
-                   "sbatch_args")
-    s.max_jobs = int(v.number(d.get("max_jobs", 0), "slurm", "max_jobs", integer=True, lo=0))
-    s.node_retries = int(v.number(d.get("node_retries", 2), "slurm", "node_retries", integer=True, lo=0, hi=100))
-    s.poll_s = float(v.number(d.get("poll_s", 5.0), "slurm", "poll_s", lo=0.1, hi=600))
-    if not isinstance(d.get("exclusive", True), bool):
-        v.fail("slurm.exclusive must be true or false", "slurm", "exclusive")
-    s.exclusive = d.get("exclusive", True)
-    return s
 
 
 def gpudoctor_command() -> list[str]:
@@ -117,7 +65,7 @@ def job_script(camp, cfg, out_dir: Path, job_name: str, campaign_id: str) -> str
         if getattr(spec, k):
             opts.append(f"{flag}={getattr(spec, k)}")
     opts += spec.sbatch_args
-    argv = [*gpudoctor_command(), "bench", "job", str(Path(camp.path).resolve()), "--out", str(out_dir),
+    argv = [*gpudoctor_command(), "bench", "job", camp.real_path, "--out", str(out_dir),
             "--config", cfg.label]
     return ("#!/bin/sh\n"
             f"# gpudoctor bench run --slurm: configuration {cfg.label} of campaign {camp.name}, written by gpudoctor.\n"
@@ -133,12 +81,16 @@ class NodeRefused(GpudoctorError):
     exit_code = JOB_REFUSED
 
 
+def drain(host, node: str, reason: str):
+    """A node refused by the gate drained through `gate --slurm`'s logic (gpudoctor.integrations.slurm): only a node
+    in service or one gpudoctor drained; an admin's node is left as it is."""
+    return slurmnode.apply(SimpleNamespace(passed=False, headline=f"bench gate: {reason}"), host, node=node)
+
+
 def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] | None = None) -> dict:
     """One configuration on this node (a Slurm job): the Runner of `target: local` into OUT/jobs/LABEL, resumed, its
-    records carrying provenance.slurm {node, job_id}. A refused gate: OUT/jobs/LABEL/refused.json, NodeRefused."""
-    from gpudoctor.bench.campaign.file import check_gate_profile, check_paths, load
-    from gpudoctor.integrations.slurm import node_name
-
+    records carrying provenance.slurm {node, job_id}. A refused gate: the node drained while this job still holds it
+    (so Slurm gives it no next job; never an admin's node), then OUT/jobs/LABEL/refused.json, NodeRefused."""
     camp = load(path)
     if camp.is_remote:
         raise InputError("bench job runs a configuration on this node: the campaign's target must be local",
@@ -147,8 +99,13 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
         raise InputError(f"no configuration {label!r} in the campaign "
                          f"(it has {', '.join(c.label for c in camp.configs())})", path=path)
     check_gate_profile(camp, None)
+    dfd = safe.owned_dir(str(out_dir), create=False)
+    try:
+        held_campaign(dfd, Path(out_dir), camp)  # the campaign the submitter put in OUT, not a file edited since
+    finally:
+        os.close(dfd)
     host = local_host()
-    node, job = node_name(), os.environ.get("SLURM_JOB_ID")
+    node, job = slurmnode.node_name(), os.environ.get("SLURM_JOB_ID")
     jobdir = Path(out_dir) / "jobs" / label
     try:
         check_paths(camp, host)
@@ -157,9 +114,11 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
         try:
             return runner.run(resume=True)
         except GateRefused as exc:
+            act = drain(host, node, str(exc.reason or exc.said))  # before this job ends and frees the node
             fs.fs_makedirs(str(jobdir))
             atomic_write(jobdir / "refused.json", json.dumps({"node": node, "job_id": job, "said": exc.said,
-                                                               "reason": exc.reason, "at": time.time()}).encode(),
+                                                               "reason": exc.reason, "drain": act.to_json(),
+                                                               "at": time.time()}).encode(),
                          mode=safe.output_mode())
             raise NodeRefused(f"the gate refused node {node} for {label}: {exc.said}") from None
     finally:
@@ -208,6 +167,13 @@ class SlurmCampaign(Runner):
 
     def job_name(self, label: str) -> str:
         return f"gpd-{self.state['campaign_id']}-{label}"
+
+    def own_jobs(self, labels) -> dict[str, dict]:
+        """This campaign's jobs in the queue: a job id recorded at submit (state.json), submitted by this user, under
+        the name given it — never a job matched by its name alone. {job id: squeue's fields + label}."""
+        ids = {jid: label for label in labels for jid in self.cs(label)["jobs"]}
+        mine = slurmjobs.queue(self.host, sorted(ids), os.getuid())
+        return {jid: {**j, "label": ids[jid]} for jid, j in mine.items() if j["name"] == self.job_name(ids[jid])}
 
     def cs(self, label: str) -> dict:
         return self.state["configs"].setdefault(label, {"job": None, "jobs": [], "refused": [], "ended": [],
@@ -270,19 +236,15 @@ class SlurmCampaign(Runner):
         return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
 
     def cancel_own(self) -> str:
-        """scancel exactly the jobs in the queue under this campaign's job names."""
-        from gpudoctor.integrations import slurmjobs
-
+        """scancel exactly this campaign's jobs in the queue (own_jobs: recorded ids, this user)."""
         try:
-            mine = slurmjobs.queue(self.host, [self.job_name(x) for x in self.configs])
+            mine = self.own_jobs(self.configs)
         except slurmjobs.SlurmCommandError as exc:
             return f"could not list this campaign's jobs to cancel them ({exc})"
-        failed = slurmjobs.cancel(self.host, sorted(mine))
+        failed = slurmjobs.cancel(self.host, sorted(mine), os.getuid())
         if not failed:
-            for jid, j in mine.items():  # cancelled by us, not ended by Slurm: --resume submits them again
-                label = j["name"][len(self.job_name("")):]
-                if label in self.configs:
-                    self.cs(label)["status"] = "cancelled"
+            for j in mine.values():  # cancelled by us, not ended by Slurm: --resume submits them again
+                self.cs(j["label"])["status"] = "cancelled"
         self.save()
         if failed:
             return f"cancelling jobs {', '.join(sorted(mine))} failed: {failed}"
@@ -308,20 +270,14 @@ class SlurmCampaign(Runner):
         return n
 
     def loop(self) -> None:
-        from gpudoctor.integrations import slurmjobs
-
         order = list(self.configs)
         for label in order:
             self.collect(label)  # what jobs wrote while no submitter watched
-        names = {self.job_name(x): x for x in order}
-        queued = slurmjobs.queue(self.host, list(names))
         active: dict[str, str] = {}
-        for jid, j in queued.items():  # still queued or running: never submitted twice
-            label = names[j["name"]]
+        for jid, j in self.own_jobs(order).items():  # still queued or running: never submitted twice
+            label = j["label"]
             active[label] = jid
             st = self.cs(label)
-            if jid not in st["jobs"]:
-                st["jobs"].append(jid)
             st["job"], st["status"] = jid, "submitted"
             self.emit("note", text=f"{label}: job {jid} is still {j['state']}: watched, not submitted again")
         waiting = []
@@ -348,7 +304,7 @@ class SlurmCampaign(Runner):
                 label = waiting.pop(0)
                 active[label] = self.submit(label)
             time.sleep(self.spec.poll_s)
-            queued = slurmjobs.queue(self.host, [self.job_name(x) for x in active])
+            queued = self.own_jobs(active)
             for label, jid in list(active.items()):
                 if jid in queued:
                     continue
@@ -358,8 +314,6 @@ class SlurmCampaign(Runner):
             self.save()
 
     def submit(self, label: str) -> str:
-        from gpudoctor.integrations import slurmjobs
-
         st = self.cs(label)
         excluded = sorted(self.state["excluded"])
         extra = [f"--exclude={','.join(excluded)}"] if excluded else []
@@ -379,8 +333,6 @@ class SlurmCampaign(Runner):
 
     def finish(self, label: str, jid: str) -> str:
         """A job of `label` left the queue: collect, then done | again (resubmit) | failed (recorded)."""
-        from gpudoctor.integrations import slurmjobs
-
         st = self.cs(label)
         end = slurmjobs.ended(self.host, jid)
         self.collect(label)
@@ -392,12 +344,14 @@ class SlurmCampaign(Runner):
             refused = None
         if refused is not None:
             node = refused["node"]
-            act = self.drain(node, str(refused.get("reason") or refused["said"]))
-            st["refused"].append({"node": node, "job_id": jid, "said": refused["said"], "drain": act.to_json()})
+            act = refused.get("drain")  # the job drained its node before it ended (run_job)
+            if not (isinstance(act, dict) and act.get("action") == "drained" and isinstance(act.get("detail"), str)):
+                act = drain(self.host, node, str(refused.get("reason") or refused["said"])).to_json()  # it could not
+            st["refused"].append({"node": node, "job_id": jid, "said": refused["said"], "drain": act})
             if node not in self.state["excluded"]:
                 self.state["excluded"].append(node)
             self.emit("note", text=f"{label}: the gate refused node {node} (job {jid}): {refused['said'][:300]}; "
-                                   f"slurm: {act.detail}")
+                                   f"slurm: {act['detail']}")
             if self.complete(label):
                 st["status"] = "done"
                 return "done"
@@ -433,13 +387,6 @@ class SlurmCampaign(Runner):
         ok = isinstance(r, dict) and str(r.get("job_id")) == jid and isinstance(r.get("node"), str)
         return r if ok and isinstance(r.get("said"), str) else None
 
-    def drain(self, node: str, reason: str):
-        """The refused node drained through `gate --slurm`'s logic: only a node in service or one gpudoctor drained
-        (an admin's node is left as it is)."""
-        from gpudoctor.integrations import slurm
-
-        return slurm.apply(SimpleNamespace(passed=False, headline=f"bench gate: {reason}"), self.host, node=node)
-
     def output_tail(self, label: str, jid: str) -> str:
         try:
             text = (self.sdir / f"{label}-{jid}.out").read_text(errors="replace")
@@ -470,9 +417,6 @@ class SlurmCampaign(Runner):
 def run_slurm_campaign(path: str, out_dir: str, *, resume: bool = False, submit: bool = True,
                        on_event: Callable[..., None] | None = None) -> dict:
     """Load a campaign and run it as Slurm jobs (one per configuration) from this machine; counts by status."""
-    from gpudoctor.bench.campaign.file import check_gate_profile, load
-    from gpudoctor.errors import ConfigError
-
     camp = load(path)
     if camp.is_remote:
         raise ConfigError(f"--slurm runs each configuration on the node Slurm gives it: the campaign's target must be "

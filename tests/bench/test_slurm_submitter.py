@@ -1,0 +1,423 @@
+"""The submitting side of `bench run --slurm` and the job's own exits, decision by decision, against a fake Slurm that
+answers sbatch/squeue/scontrol/scancel as Slurm 22.05 does (fast: no lab; the real cluster's tests are
+test_slurm_campaign.py). Each test holds one rule that a broken line of gpudoctor/bench/campaign/slurm.py would
+break (bench/mutation.py runs these): a refused.json of another job or another node drains nothing; a resubmission
+excludes the refused node; node_retries and max_jobs are counted; a crashed job is restarted once; the job exits 4
+when its gate refuses; the job script's python fallback runs isolated (-I)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.bench.campaign import file as campaign
+from gpudoctor.bench.campaign.slurm import JOB_REFUSED, SlurmCampaign, gpudoctor_command
+from gpudoctor.host.base import CommandResult
+from tests.bench.conftest import env
+
+BASE = """\
+name: demo
+model: /models/llama
+server: {command: /venv/bin/python -m sglang.launch_server}
+tp: [1]
+methods: {ar: {baseline: true}}
+workloads: [{name: chat, max_tokens: [64]}]
+concurrency: [1, 2]
+gate: {command: false}
+"""
+
+
+class FakeSlurm:
+    """sbatch, squeue, scontrol (show job/node/reservation, update), scancel as a Host's run(); each job leaves the
+    queue after `stay` squeue calls, having done what `outcome(label, job, node)` says: ok (every level recorded),
+    refuse (refused.json, exit 4), crash (nothing recorded, NODE_FAIL)."""
+
+    def __init__(self, out: Path, nodes=("n1", "n2", "n3"), outcome=None, stay: int = 1):
+        self.out, self.nodes, self.stay = out, list(nodes), stay
+        self.outcome = outcome or (lambda label, job, node: "ok")
+        self.jobs: dict[str, dict] = {}
+        self.calls: list[list[str]] = []
+        self.drained: dict[str, str] = {}
+        self.max_queued = 0
+        self.camp: SlurmCampaign | None = None
+        self.name = "local"
+
+    def res(self, argv, rc=0, out=""):
+        return CommandResult(argv, rc, out, "" if rc == 0 else "error")
+
+    def queued(self):
+        return [j for j in self.jobs.values() if j["polls"] < self.stay]
+
+    def run(self, argv, timeout=None, **_kw):
+        self.calls.append(list(argv))
+        cmd = argv[0]
+        if cmd == "sbatch":
+            return self.sbatch(argv)
+        if cmd == "squeue":
+            uid = next(a.split("=")[1] for a in argv if a.startswith("--user="))
+            lines = []
+            for j in self.queued():
+                j["polls"] += 1
+                if str(j["uid"]) == uid:
+                    lines.append(f"{j['id']}|{j['uid']}|{j['name']}|RUNNING|{j['node']}|None")
+            return self.res(argv, out="\n".join(lines))
+        if cmd == "scancel":
+            return self.res(argv)
+        if argv[:3] == ["scontrol", "show", "job"]:
+            j = self.jobs[argv[3]]
+            return self.res(argv, out=f"JobId={j['id']} JobName={j['name']}\n   JobState={j['state']} Reason=None "
+                                      f"ExitCode={j['rc']}:0\n   NodeList={j['node']}\n")
+        if argv[:3] == ["scontrol", "show", "node"]:
+            node = argv[3]
+            state = "IDLE+DRAIN" if node in self.drained else "IDLE"
+            reason = f"\n   Reason={self.drained[node]} [root@2026-12-07T06:00:00]" if node in self.drained else ""
+            return self.res(argv, out=f"NodeName={node} Arch=x86_64\n   State={state} ThreadsPerCore=1\n"
+                                      f"   Version=22.05.8{reason}\n")
+        if argv[:3] == ["scontrol", "show", "reservation"]:
+            return self.res(argv, out="No reservations in the system\n")
+        if argv[:2] == ["scontrol", "update"]:
+            kv = dict(a.split("=", 1) for a in argv[2:])
+            if kv.get("state") == "drain":
+                self.drained[kv["nodename"]] = kv["reason"]
+            return self.res(argv)
+        raise AssertionError(f"unexpected command {argv}")
+
+    def sbatch(self, argv):
+        script = Path(argv[-1])
+        label = script.stem
+        exclude = {n for a in argv if a.startswith("--exclude=") for n in a.split("=", 1)[1].split(",")}
+        node = next(n for n in self.nodes if n not in exclude and n not in self.drained)
+        jid = str(len(self.jobs) + 1)
+        name = re.search(r"--job-name=(\S+)", script.read_text()).group(1)
+        what = self.outcome(label, jid, node)
+        d = self.out / "jobs" / label
+        d.mkdir(parents=True, exist_ok=True)
+        state, rc = "COMPLETED", 0
+        if what == "ok":
+            from gpudoctor.bench.records.results import ResultStore
+
+            store = ResultStore(d)
+            store.provenance_stamp = {"slurm": {"node": node, "job_id": jid}}
+            for lv in self.camp.levels(label):
+                if lv.key not in store.keys():
+                    store.append({**lv.spec.head(), "status": "ok", "completed": 1})
+        elif what == "refuse":
+            (d / "refused.json").write_text(json.dumps({"node": node, "job_id": jid, "said": "gate: BLOCK x",
+                                                        "reason": "BLOCK x"}))
+            state, rc = "FAILED", JOB_REFUSED
+        else:
+            state = "NODE_FAIL"
+            (self.out / "slurm" / f"{label}-{jid}.out").write_text("starting\nready in 1.0 s\nlost\nNODE_FAIL\n")
+        self.jobs[jid] = {"id": jid, "uid": os.getuid(), "name": name, "node": node, "state": state, "rc": rc,
+                          "polls": 0, "label": label, "argv": list(argv)}
+        self.max_queued = max(self.max_queued, len(self.queued()))
+        return self.res(argv, out=f"{jid}\n")
+
+    def sbatches(self, label=None):
+        return [j for j in self.jobs.values() if label is None or j["label"] == label]
+
+
+def run(tmp_path, extra="", outcome=None, stay=1, before=None):
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n" + extra)
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, outcome=outcome, stay=stay)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    notes = []
+    sc.emit = lambda kind, **kw: notes.append(kw.get("text") or kw.get("what") or "")
+    if before:
+        before(out)
+    counts = sc.run(resume=before is not None)
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    return fake, counts, state, notes
+
+
+def test_a_refusal_resubmits_excluding_the_node_and_drains_it(tmp_path):
+    fake, counts, state, notes = run(tmp_path, outcome=lambda label, job, node: "refuse" if node == "n1" else "ok")
+    assert "submitted as Slurm job 1" in notes and "submitted as Slurm job 2 (excluding n1)" in notes, notes
+    jobs = fake.sbatches()
+    assert [j["node"] for j in jobs] == ["n1", "n2"]
+    assert "--exclude=n1" in jobs[1]["argv"] and not any(a.startswith("--exclude") for a in jobs[0]["argv"])
+    assert fake.drained == {"n1": "gpudoctor: bench gate: BLOCK x"}
+    assert counts["ok"] == 2 and state["excluded"] == ["n1"]
+    assert [r["node"] for r in state["configs"]["ar-tp1"]["refused"]] == ["n1"]
+
+
+def test_a_refused_json_of_another_job_drains_nothing(tmp_path):
+    def stale(out):  # an earlier job's refusal on the node this job then runs on (a resumed directory)
+        d = out / "jobs" / "ar-tp1"
+        d.mkdir(parents=True)
+        (d / "refused.json").write_text(json.dumps({"node": "n1", "job_id": "999", "said": "old", "reason": "old"}))
+
+    fake, counts, state, _ = run(tmp_path, before=stale)
+    assert fake.drained == {} and state["configs"]["ar-tp1"]["refused"] == [] and counts["ok"] == 2
+    assert state["configs"]["ar-tp1"]["status"] == "done"
+
+
+def test_a_refused_json_naming_another_node_than_slurm_drains_nothing(tmp_path):
+    def lying(label, job, node):
+        d = tmp_path / "out" / "jobs" / label
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "refused.json").write_text(json.dumps({"node": "n3", "job_id": job, "said": "no", "reason": "no"}))
+        return "crash"
+
+    fake, counts, state, notes = run(tmp_path, outcome=lying)
+    assert fake.drained == {} and state["configs"]["ar-tp1"]["refused"] == [] and state["excluded"] == []
+    assert any("refused.json names node n3, but Slurm ran job 1 on n1: no node drained" in n for n in notes), notes
+    assert counts["crashed"] == 1 and counts["skipped"] == 1
+
+
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_node_retries_resubmissions_then_the_levels_are_errors(tmp_path, retries):
+    fake, counts, state, _ = run(tmp_path, extra=f"  node_retries: {retries}\n",
+                                 outcome=lambda label, job, node: "refuse", )
+    assert len(fake.sbatches()) == retries + 1
+    assert counts == {"ok": 0, "crashed": 0, "error": 2, "skipped": 0}
+    st = state["configs"]["ar-tp1"]
+    assert st["status"] == "failed" and len(st["refused"]) == retries + 1
+    recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert all(f"slurm.node_retries ({retries}) resubmissions are spent" in r["error"] for r in recs)
+
+
+def test_max_jobs_bounds_the_jobs_in_the_queue(tmp_path):
+    methods = "methods: {ar: {baseline: true}, b: {}, c: {}, d: {}}\n"
+    f_extra = "  max_jobs: 2\n"
+    (tmp_path / "x").mkdir()
+    global BASE
+    saved = BASE
+    BASE = BASE.replace("methods: {ar: {baseline: true}}\n", methods)
+    try:
+        fake, counts, _, _ = run(tmp_path, extra=f_extra, stay=3)
+        assert fake.max_queued == 2 and len(fake.sbatches()) == 4 and counts["ok"] == 8
+        fake, counts, _, _ = run(tmp_path / "x", stay=3)  # max_jobs 0: all at once
+        assert fake.max_queued == 4 and counts["ok"] == 8
+    finally:
+        BASE = saved
+
+
+@pytest.mark.parametrize("on_crash,jobs", [("restart", 2), ("skip", 1)])
+def test_a_job_slurm_ended_is_submitted_again_once_with_on_crash_restart(tmp_path, on_crash, jobs):
+    fake, counts, state, notes = run(tmp_path.joinpath(), extra=f"on_crash: {on_crash}\n",
+                                     outcome=lambda label, job, node: "crash")
+    assert len(fake.sbatches()) == jobs  # restarted once, never twice
+    st = state["configs"]["ar-tp1"]
+    assert st["ended"][0]["output"] == "ready in 1.0 s | lost | NODE_FAIL"  # the job output's last lines
+    assert ("ar-tp1: Slurm job 1 NODE_FAIL on n1 ExitCode=0:0 before every level was recorded; its output: ready in "
+            "1.0 s | lost | NODE_FAIL") in notes, notes
+    assert st["restarts"] == jobs - 1 and len(st["ended"]) == jobs and st["status"] == "failed"
+    assert counts == {"ok": 0, "crashed": 1, "error": 0, "skipped": 1}
+    assert "NODE_FAIL" in st["ended"][-1]["why"]
+
+
+def test_a_job_crashed_once_then_complete_is_done_with_restart(tmp_path):
+    n = []
+
+    def once(label, job, node):
+        n.append(job)
+        return "crash" if len(n) == 1 else "ok"
+
+    fake, counts, state, _ = run(tmp_path, extra="on_crash: restart\n", outcome=once)
+    assert len(fake.sbatches()) == 2 and counts["ok"] == 2 and state["configs"]["ar-tp1"]["status"] == "done"
+
+
+def test_the_job_exits_4_when_its_gate_refuses_the_node(tmp_path):
+    """`bench job` as the job script runs it, gate `false`, a stand-in scontrol on PATH that fails (no Slurm
+    here): exit 4 and refused.json naming the node and the job."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact' >&2\nexit 1\n")
+    (bindir / "scontrol").chmod(0o755)
+    (tmp_path / "model").mkdir()
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("/models/llama", str(tmp_path / "model")).replace("gate: {command: false}",
+                                                                                 "gate: {command: 'false'}"))
+    out = tmp_path / "out"
+    out.mkdir()
+    e = {**env(), "PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "42"}
+    p = subprocess.run([sys.executable, "-m", "gpudoctor", "bench", "job", str(f), "--out", str(out), "--config",
+                        "ar-tp1"], capture_output=True, text=True, env=e, timeout=120, cwd=tmp_path)
+    assert JOB_REFUSED == 4 and p.returncode == 4, p.stderr[-2000:]
+    assert "the gate refused node n7 for ar-tp1" in p.stderr
+    r = json.loads((out / "jobs" / "ar-tp1" / "refused.json").read_text())
+    assert r["node"] == "n7" and r["job_id"] == "42" and r["drain"]["action"] == "failed"
+
+
+def test_the_job_scripts_python_fallback_is_isolated(tmp_path, monkeypatch):
+    py = tmp_path / "python3"  # an interpreter with no gpudoctor console script beside it
+    py.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(py))
+    argv = gpudoctor_command()
+    assert argv[0] == str(py) and "-I" in argv and argv[-2:] == ["-m", "gpudoctor"]
+    (tmp_path / "gpudoctor").write_text("#!/bin/sh\n")
+    (tmp_path / "gpudoctor").chmod(0o755)
+    assert gpudoctor_command() == [str(tmp_path / "gpudoctor")]
+
+
+def test_the_python_fallback_also_when_the_console_script_is_not_executable(tmp_path, monkeypatch):
+    py = tmp_path / "python3"
+    py.symlink_to(sys.executable)
+    (tmp_path / "gpudoctor").write_text("#!/bin/sh\n")  # there, but not executable: not run
+    monkeypatch.setattr(sys, "executable", str(py))
+    assert gpudoctor_command()[-2:] == ["-m", "gpudoctor"]
+
+
+@pytest.mark.parametrize("section,want,unwanted", [
+    ("", ["--gpus=1", "--exclusive"], ["--gres=gpu:1"]),
+    ("  gpu_request: none\n  exclusive: false\n", [], ["--gpus=1", "--gres=gpu:1", "--exclusive"]),
+], ids=["defaults", "none-shared"])
+def test_the_scripts_gpu_request_and_exclusive(tmp_path, section, want, unwanted):
+    from gpudoctor.bench.campaign.slurm import job_script
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n" + section)
+    c = campaign.load(str(f))
+    sb = [x.split(" ", 1)[1] for x in job_script(c, c.configs()[0], tmp_path / "o", "j", "i").splitlines()
+          if x.startswith("#SBATCH ")]
+    assert all(w in sb for w in want) and not any(u in sb for u in unwanted), sb
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("case,message", [
+    ("remote", "the campaign's target must be local"),
+    ("label", "no configuration 'nope-tp1' in the campaign (it has ar-tp1)"),
+    ("profile", "gate.command: unknown gate profile 'nosuch'"),
+    ("other", "holds another campaign"),
+    ("model", "does not exist on local"),
+])
+def test_bench_job_refuses_before_it_writes_anything(tmp_path, case, message):
+    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.errors import GpudoctorError
+
+    (tmp_path / "model").mkdir()
+    text = BASE.replace("/models/llama", str(tmp_path / "model"))
+    if case == "remote":
+        text += "target: ct200\n"
+    elif case == "profile":
+        text = text.replace("gate: {command: false}", "gate: {command: gpudoctor gate --profile nosuch}")
+    elif case == "model":
+        text = text.replace(str(tmp_path / "model"), str(tmp_path / "gone"))
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    out.mkdir()
+    if case == "other":
+        (out / "campaign.yaml").write_text(text.replace("name: demo", "name: demo2"))
+    before, n = sorted(p.name for p in out.iterdir()), fds()
+    with pytest.raises(GpudoctorError) as exc:
+        run_job(str(f), str(out), "nope-tp1" if case == "label" else "ar-tp1")
+    assert message in exc.value.one_line(), exc.value.one_line()
+    assert sorted(p.name for p in out.iterdir()) == before and fds() == n  # nothing written, no fd left open
+
+
+def test_no_submit_keeps_the_campaign_id_and_copies_the_campaign(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n")
+    out = tmp_path / "out"
+    notes = []
+    counts = run_slurm_campaign(str(f), str(out), submit=False, on_event=lambda k, **kw: notes.append(kw))
+    assert counts == {"ok": 0, "crashed": 0, "error": 0, "skipped": 0}
+    cid = json.loads((out / "slurm" / "state.json").read_text())["campaign_id"]
+    assert (out / "campaign.yaml").read_text() == f.read_text() and (out / "campaign.json").exists()
+    assert any(n.get("text", "").startswith(f"Slurm campaign {cid}: 1 configuration(s), job scripts in")
+               for n in notes), notes
+    script = (out / "slurm" / "ar-tp1.sh").read_text()
+    run_slurm_campaign(str(f), str(out), submit=False, resume=True)
+    assert json.loads((out / "slurm" / "state.json").read_text())["campaign_id"] == cid
+    assert (out / "slurm" / "ar-tp1.sh").read_text() == script  # the same job name: the same campaign
+
+
+def test_a_run_without_resume_into_a_slurm_campaign_is_refused(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.errors import InputError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n")
+    run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    with pytest.raises(InputError, match="holds a Slurm campaign"):
+        run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+
+
+@pytest.mark.parametrize("sig,code", [("INT", 130), ("TERM", 143)])
+def test_an_interrupted_submitter_cancels_its_own_jobs_only(tmp_path, sig, code):
+    import signal as signals
+
+    from gpudoctor.bench.campaign.slurm import Interrupted
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+    polls = []
+
+    def run(argv, timeout=None, **kw):
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:  # the job is running: the user interrupts
+                if sig == "INT":
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signals.SIGTERM)
+        return real(argv, timeout, **kw)
+
+    fake.run = run
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    old = signals.getsignal(signals.SIGTERM)
+    with pytest.raises(Interrupted) as exc:
+        sc.run(resume=False)
+    assert signals.getsignal(signals.SIGTERM) == old  # put back
+    assert exc.value.exit_code == code and "cancelled this campaign's 1 job(s) (1)" in exc.value.one_line()
+    assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", f"--user={os.getuid()}", "1"]]
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["status"] == "cancelled"
+
+
+def test_a_submitted_job_is_on_disk_before_the_submitter_waits(tmp_path):
+    """Killed right after its first sbatch (as SIGKILL would, no finally runs), the submitter has already recorded
+    the job id: --resume watches that job instead of submitting the configuration twice."""
+
+    class Killed(BaseException):
+        pass
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "squeue" and fake.jobs:
+            raise Killed
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(Killed):
+        sc.run(resume=False)
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["jobs"] == ["1"] and st["job"] == "1" and st["status"] == "submitted"
+
+
+def test_an_unknown_gate_profile_stops_the_submitter_before_anything(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("gate: {command: false}", "gate: {command: gpudoctor gate --profile nosuch}")
+                 + "slurm:\n  poll_s: 1\n")
+    with pytest.raises(ConfigError, match="gate.command: unknown gate profile 'nosuch'"):
+        run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    assert not (tmp_path / "out").exists()
