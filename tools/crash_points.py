@@ -19,16 +19,19 @@ def main(argv: list[str]) -> int:
     from tests.crash.writers import all_writers
 
     writers = [w for w in all_writers() if not argv or w.name in argv]
-    total_points = total_fail = 0
+    total_points = total_fail = total_power = total_breaks = 0
     with tempfile.TemporaryDirectory(prefix="gpudoctor-crash-") as work:
         for w in writers:
             rep = crash_all(w, Path(work))
             total_points += rep.crash_points
             total_fail += len(rep.failures)
+            total_power += rep.power_states
+            total_breaks += rep.invariant_breaks
             print(f"{w.kind:6} {rep.line()}", flush=True)
             for f in rep.failures[:10]:
                 print(f"       FAIL {f}", flush=True)
-    print(f"crash points: {len(writers)} writers, {total_points} crash points, {total_fail} failures")
+    print(f"crash points: {len(writers)} writers, {total_points} crash points, {total_power} power-loss states, "
+          f"{total_fail} failures ({total_breaks} invariant breaks)")
     return 1 if total_fail else 0
 
 

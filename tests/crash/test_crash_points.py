@@ -34,7 +34,7 @@ def test_every_crash_point(writer: Writer, tmp_path):
     print("crash:", rep.line())
     assert rep.steps > 0, f"{writer.name}: no mutating step went through the seam"
     assert not rep.failures, "\n".join(rep.failures[:20])
-    assert rep.crash_points == rep.steps
+    assert rep.crash_points == rep.steps and rep.power_states > 0
 
 
 def test_summary(capsys):

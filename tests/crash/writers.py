@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from gpudoctor.remedy import AuditLog, Change, Engine, RemedyContext
 
+from tests.crash import invariants as inv
 from tests.crash.harness import Writer
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -55,6 +56,7 @@ def _remedy_writer(rid: str, setup, facts, engine_kw=None, **kw) -> Writer:
         host = r.host()
         _apply(_engine(remedies.get(rid), host, r.root.parent, name=host.name, **(engine_kw or {})), f)
 
+    kw["invariants"] = (inv.audit_names_every_change, *kw.get("invariants", ()))
     return Writer(rid, "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS, ignore=STANDIN_LOGS, **kw)
 
 
@@ -80,7 +82,7 @@ def lxc_cgroup() -> Writer:
     def facts(r):
         return {"boundary": gather_lxc(r.host(), 200, ask_status=False)}
 
-    return _remedy_writer("lxc.cgroup_allow", setup, facts)
+    return _remedy_writer("lxc.cgroup_allow", setup, facts, invariants=(inv.backup_before("root/etc/pve/lxc/*"),))
 
 
 def cdi() -> Writer:
@@ -95,7 +97,8 @@ def cdi() -> Writer:
         r.write("/var/run/cdi/k8s-device-plugin.json", js)
         return r
 
-    return _remedy_writer("cdi.spec", setup, lambda r: r.facts(only=("host", "devices", "tools", "cdi", "platform")))
+    return _remedy_writer("cdi.spec", setup, lambda r: r.facts(only=("host", "devices", "tools", "cdi", "platform")),
+                          invariants=(inv.backup_before("*/etc/cdi/*", "*/var/run/cdi/*"),))
 
 
 def systemd_unit() -> Writer:
@@ -118,7 +121,7 @@ def systemd_unit() -> Writer:
                                only={"platform"})["platform"]
         return f
 
-    return _remedy_writer("systemd.device_allow", setup, facts)
+    return _remedy_writer("systemd.device_allow", setup, facts, invariants=(inv.backup_before("*/etc/systemd/*"),))
 
 
 def node_create() -> Writer:
@@ -164,7 +167,8 @@ def sysctl() -> Writer:
         return r
 
     return _remedy_writer("fabric.numa.balancing", setup,
-                          lambda r: r.facts(only=("host", "devices", "tools", "fabric")))
+                          lambda r: r.facts(only=("host", "devices", "tools", "fabric")),
+                          invariants=(inv.backup_before("*/etc/sysctl.d/*"),))
 
 
 def pcie() -> Writer:
@@ -212,7 +216,8 @@ def model_stage() -> Writer:
                      audit_log=AuditLog(str(c.base / AUDIT)), lock_dir=str(c.base / "locks"))
         _apply(eng, f)
 
-    return Writer("model.stage", "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS + (".gpudoctor-stage.lock",))
+    return Writer("model.stage", "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS + (".gpudoctor-stage.lock",),
+                  invariants=(inv.audit_names_every_change, inv.marker_vouches("shm/Qwen3-tiny")))
 
 
 def bench_orphan() -> Writer:
@@ -423,21 +428,35 @@ def prom_textfile() -> Writer:
     return Writer("prom.textfile", "state", setup, run)
 
 
-def stage_cli() -> Writer:
-    """`gpudoctor model stage SRC DST` (model/stage.py) into an empty DST, with its persistent record."""
+def stage_cli(world: str = "empty") -> Writer:
+    """`gpudoctor model stage SRC DST` (model/stage.py), with its persistent record, from one of three worlds
+    (issue #48, item 3): an empty DST; DST staged before from an older version of the model (its marker there:
+    removed first, the changed shards restaged); DST left half-staged by a killed stage (no marker, part files and
+    some shards there: the whole shards are skipped). Invariant: the marker never vouches for what is not there."""
     from gpudoctor.model import stage as st
 
     from tests.model.modelfiles import write_model
 
     def setup(base):
         os.environ["GPUDOCTOR_STATE_DIR"] = str(base / "state")
-        write_model(base / "disk" / "m", shards=2, elems=2048)
-        return SimpleNamespace(src=base / "disk" / "m", dst=base / "shm" / "m")
+        src, dst = base / "disk" / "m", base / "shm" / "m"
+        if world == "restage":
+            write_model(src, shards=2, elems=1024)
+            st.apply_stage(st.plan_stage(str(src), str(dst), check_busy=False), jobs=1)
+            shutil.rmtree(src)
+        write_model(src, shards=2, elems=2048)
+        if world == "partial":
+            dst.mkdir(parents=True)
+            first = sorted(p.name for p in src.iterdir() if p.name.endswith(".safetensors"))[0]
+            shutil.copy2(src / first, dst / first)
+            (dst / ".tokenizer.json.gpudoctor-part").write_bytes(b"half")
+        return SimpleNamespace(src=src, dst=dst)
 
     def run(c, f):
         st.apply_stage(st.plan_stage(str(c.src), str(c.dst), check_busy=False), jobs=2)
 
-    return Writer("model.stage_cli", "state", setup, run, locks=(".gpudoctor-stage.lock",))
+    return Writer("model.stage_cli" + ("" if world == "empty" else f"@{world}"), "state", setup, run,
+                  locks=(".gpudoctor-stage.lock",), may_vanish=("shm/m/*",), invariants=(inv.marker_vouches("shm/m"),))
 
 
 def known_hosts() -> Writer:
@@ -460,7 +479,7 @@ def known_hosts() -> Writer:
 STATE_WRITERS = [recovery_store, lambda: recovery_store(corrupt=True), daemon_state,
                  lambda: daemon_state(corrupt=True), audit_log, host_lock,
                  bench_results, lambda: bench_results(retract=True), campaign_meta, heals, snapshot_output,
-                 prom_textfile, stage_cli, known_hosts]
+                 prom_textfile, stage_cli, lambda: stage_cli("restage"), lambda: stage_cli("partial"), known_hosts]
 
 
 def all_writers() -> list[Writer]:
