@@ -8,7 +8,7 @@ seam (ops.RECORDER). For one writer it
    the audit log holds no record of a change that is not there and says "started" for one that is half there;
 3. runs the same command again, uninterrupted, and checks it converges to the uninterrupted run's final state;
 4. reads the recorded order: every rename of a file the run wrote comes after an fsync of that file (a node made by
-   mknod has no data) and is followed, in the same thread, by an fsync of the destination's directory.
+   mknod has no data).
 
 Content that differs between two uninterrupted runs (timestamps, pids) is "volatile": such a file must be whole
 (JSON that parses), not equal. Names are compared with their timestamps folded (corrupt-N, backup stamps).
@@ -248,13 +248,16 @@ class Judge:
                     bad.append(f"{at}: lock file {rel} holds a torn record {cur[1][:60]!r}")
                 continue
             if _match(rel, self.w.logs):
-                if power and cur is not None and cur[0] == "file":
-                    cur = (cur[0], _torn_tail_off(cur[1]), *cur[2:])
-                if old is not None and (cur is None or not cur[1].startswith(old[1])):
+                had = old[1] if old is not None and old[0] == "file" else b""
+                if old is not None and (cur is None or not cur[1].startswith(had)):
                     bad.append(f"{at}: log {rel} lost what it held before")
-                elif cur is not None and cur[1] and not (cur[1].endswith(b"\n") and (
-                        _whole_json(cur[1]) or not rel.endswith("jsonl"))):
-                    bad.append(f"{at}: log {rel} holds a torn line")
+                elif cur is not None and len(cur[1]) > len(had):
+                    added = cur[1][len(had):]  # what this run appended (what was there, torn or not, is not its)
+                    if power:
+                        added = _torn_tail_off(added)
+                    if added and not (added.endswith(b"\n") and (not rel.endswith("jsonl") or all(
+                            _whole_json(ln + b"\n") for ln in added.splitlines() if ln.strip()))):
+                        bad.append(f"{at}: log {rel} holds a torn line")
                 continue
             if cur == old or cur == new or (cur is None and _match(rel, self.w.may_vanish)):
                 continue
@@ -273,6 +276,7 @@ class Judge:
             if rel not in self.before and rel not in self.after and not self._skip(rel) and cur[0] != "dir" \
                     and not _is_backup(rel):
                 bad.append(f"{at}: {rel} is neither in the old nor the new world ({_short(cur)})")
+        self.raw = now_raw  # names unfolded: two backups whose names differ by their stamps alone
         breaks = [f"{at}: invariant: {b}" for inv in self.w.invariants for b in inv(self, now, power)]
         self.breaks += len(breaks)
         return bad + breaks
@@ -350,8 +354,9 @@ def _short(v) -> str:
 
 
 def check_order(steps: list) -> list[str]:
-    """Every rename of a file this run wrote follows an fsync of that file (after its last write) and is followed,
-    in its thread, by an fsync of the destination's directory."""
+    """Every rename of a file this run wrote follows an fsync of that file (after its last change). (That the
+    rename's directory is fsynced after it is fs_rename's own doing; what its loss would cost is judged by the
+    power-loss states: "durable when it returned", tests/crash/test_power_loss.py.)"""
     bad = []
     for i, (op, path, detail, tid) in enumerate(steps):
         if op != "rename":
@@ -365,10 +370,6 @@ def check_order(steps: list) -> list[str]:
                                                                          "chown", "utime"))
             if not any(s[0] == "fsync" for s in mine[last_change + 1:]):
                 bad.append(f"step {i + 1}: rename {path} -> {dst} without an fsync of {path} after its last change")
-        nxt = next((s for s in steps[i + 1:] if s[3] == tid), None)
-        if nxt is None or nxt[0] != "fsync-dir" or os.path.normpath(nxt[1]) != os.path.normpath(os.path.dirname(dst)):
-            bad.append(f"step {i + 1}: rename {path} -> {dst} not followed by an fsync of {os.path.dirname(dst)} "
-                       f"(next: {nxt[:2] if nxt else None})")
     return bad
 
 

@@ -27,17 +27,18 @@ def _records(judge, now: dict, power: bool) -> list | None:
     return out
 
 
-def audit_names_every_change(judge, now: dict, power: bool) -> list[str]:
+def audit_names_every_change(judge, now: dict, power: bool, remedy: str | None = None) -> list[str]:
     """The audit log names every change that happened: a target that changed has a record of this remedy (a
     "started" at least); an outcome "applied"/"unchanged" is never there for a change that is not."""
     recs = _records(judge, now, power)
     if recs is None:
         return ["the audit log holds a torn line"]
-    mine = [r for r in recs if r.get("remedy") == judge.w.name]
+    remedy = remedy or judge.w.name
+    mine = [r for r in recs if r.get("remedy") == remedy]
     changed = judge.changed(now)
     bad = []
     if changed and not mine:
-        bad.append(f"{changed[0]} changed and the audit log names no change of {judge.w.name} (no started record)")
+        bad.append(f"{changed[0]} changed and the audit log names no change of {remedy} (no started record)")
     done = [r for r in mine if r.get("result") in ("applied", "unchanged")]
     if done:
         behind = [t for t in judge.targets() if t not in judge.volatile and not judge.is_log_or_lock(t)
@@ -54,7 +55,7 @@ def backup_before(*patterns: str):
 
     def check(judge, now: dict, power: bool) -> list[str]:
         bad = []
-        backups = {v[1] for k, v in now.items() if "gpudoctor/backups/" in k and v[0] == "file"
+        backups = {v[1] for k, v in judge.raw.items() if "gpudoctor/backups/" in k and v[0] == "file"
                    and not judge.is_temp(k)}
         for t in judge.targets():
             path = t.split(":", 1)[1]

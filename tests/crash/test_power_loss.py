@@ -98,3 +98,16 @@ def test_each_known_break_fails_the_harness(brk, writer, limit, tmp_path, monkey
     rep = crash_all(_writer(writer), tmp_path, limit=limit, power=limit is None)  # the stage's: in its first steps
     assert rep.invariant_breaks > 0, rep.failures[:5]
     assert any("invariant:" in f for f in rep.failures)
+
+
+def test_an_append_after_a_torn_line_must_start_a_fresh_one(tmp_path, monkeypatch):
+    """The audit log's second world (issue #48, item 3): it ends in half a line. AuditLog.append starts its record on
+    a fresh line; glued to the torn one, the record is lost to every reader, and the harness says so."""
+    from gpudoctor.remedy import AuditLog
+
+    w = _writer("remedy.audit_log@torn")
+    assert crash_all(w, tmp_path / "ok").failures == []
+    monkeypatch.setattr(AuditLog, "append", breaks.patched(AuditLog.append, [(r'^(\s*)line = b"\\n" \+ line\n',
+                                                                               r"\1pass\n")]))
+    rep = crash_all(w, tmp_path / "glued")
+    assert any("glued to the torn line" in f for f in rep.failures), rep.failures
