@@ -69,6 +69,16 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "remedies/model_stage": ("remedies/model_stage.py", ["tests/remedies/test_model_stage.py"]),
     "remedies/bench_orphans": ("remedies/bench_orphans.py", ["tests/core/test_workload_hygiene.py"]),
     "recovery/ladder": ("gpudoctor/recovery/ladder.py", ["tests/recovery/test_ladder.py"]),  # #31, this round
+    # round 6's root-safety and CLI-convention modules (#48 item 6)
+    "conventions": ("gpudoctor/conventions.py", ["tests/core/test_conventions_units.py",
+                                                 "tests/core/test_cli_conventions.py"]),
+    "files/inputs": ("gpudoctor/files/inputs.py", ["tests/core/test_inputs_units.py", "tests/hostile/test_fuzz.py"]),
+    "files/safe": ("gpudoctor/files/safe.py", ["tests/core/test_safe_units.py", "tests/hostile/test_out_links.py",
+                                               "tests/hostile/test_shm_links.py", "tests/model/test_model_stage.py"]),
+    "files/trust": ("gpudoctor/files/trust.py", ["tests/hostile/test_root_exec.py", "tests/hostile/test_root_config.py",
+                                                 "tests/hostile/test_restage_source.py"]),
+    "host/childpy": ("gpudoctor/host/childpy.py", ["tests/core/test_childpy_units.py", "tests/core/test_early_probe.py",
+                                                   "tests/hostile/test_root_exec.py"]),
 }
 
 SWAP_CMP = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE,
@@ -248,18 +258,32 @@ def _replace(tree, old, new) -> None:
     raise AssertionError("node not found")
 
 
-# The line tracer: a sitecustomize in the worker's tree, so the test process and every child that inherits PYTHONPATH
-# load it at start. It appends "test-id<TAB>line" once per pair, at once (a live check leaves through os._exit).
+# The line tracer: a sitecustomize in the worker's site-packages, so the test process and every child python (`python
+# -I` included: -I drops PYTHON* variables and the user site, not site-packages) load it at start. Its settings are a
+# file beside it (a child started with child_env() keeps none of our variables); the test id is GPUDOCTOR_MUT_TEST or,
+# in a child that lost it, the file the plugin rewrites before each test. It appends "test-id<TAB>line" once per pair,
+# at once (a live check leaves through os._exit).
 SITECUSTOMIZE = '''
-import os, sys, threading
-_target = os.environ.get("GPUDOCTOR_MUT_TARGET")
-_out = os.environ.get("GPUDOCTOR_MUT_TRACE")
+import json, os, sys, threading
+try:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpudoctor_mutation_trace.json")) as _fh:
+        _cfg = json.load(_fh)
+except (OSError, ValueError):
+    _cfg = {}
+_target, _out = _cfg.get("target"), _cfg.get("trace")
 if _target and _out:
     _seen = set()
+    _test = os.environ.get("GPUDOCTOR_MUT_TEST")
+    if _test is None:
+        try:
+            with open(_cfg["test_file"]) as _fh:
+                _test = _fh.read()
+        except OSError:
+            _test = ""
 
     def _local(frame, event, arg):
         if event == "line":
-            key = (os.environ.get("GPUDOCTOR_MUT_TEST", ""), frame.f_lineno)
+            key = (os.environ.get("GPUDOCTOR_MUT_TEST", _test), frame.f_lineno)
             if key not in _seen:
                 _seen.add(key)
                 fd = os.open(_out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -275,29 +299,58 @@ if _target and _out:
 '''
 
 PLUGIN = '''
+import json
 import os
 import pytest
+
+_CFG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpudoctor_mutation_trace.json")
+
+
+def _tell(nodeid):
+    try:
+        with open(_CFG) as fh:
+            path = json.load(fh).get("test_file")
+    except (OSError, ValueError):
+        return
+    if path:
+        with open(path, "w") as fh:
+            fh.write(nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     os.environ["GPUDOCTOR_MUT_TEST"] = item.nodeid
+    _tell(item.nodeid)
     yield
     os.environ["GPUDOCTOR_MUT_TEST"] = ""
+    _tell("")
 '''
 
 
 class Worker:
-    """One installed-layout copy of gpudoctor (site/gpudoctor with checks/ and remedies/ in it), first on PYTHONPATH."""
+    """One installed-layout copy of gpudoctor in a venv of its own: wN/venv, its site-packages holding gpudoctor (with
+    checks/ and remedies/ in it) and a .pth naming the test interpreter's site-packages for the dependencies. Its
+    python runs the tests, so every child started as sys.executable, `python -I` too, imports the mutant (a copy on
+    PYTHONPATH is invisible to -I children: round 6's tracer reported their lines as unreached)."""
 
     def __init__(self, base: Path, n: int, python: str):
-        self.site = base / f"w{n}" / "site"
-        self.python = python
+        venv = base / f"w{n}" / "venv"
+        subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+        self.python = str(venv / "bin" / "python")
+        paths = json.loads(subprocess.run([python, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+                                          check=True, capture_output=True, text=True).stdout)
+        site_dir = subprocess.run([self.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+        self.site = Path(site_dir)
         for src, dst in LAYOUT.items():
             shutil.copytree(ROOT / src, self.site / dst, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # after this venv's own site-packages: the real install's gpudoctor (or its editable finder, a .pth of that
+        # directory that is not processed from here) comes after the copy
+        (self.site / "gpudoctor-mutation-deps.pth").write_text("".join(p + "\n" for p in paths))
         (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         (self.site / "gpudoctor_mutation_plugin.py").write_text(PLUGIN)
+        self.cfg = self.site / "gpudoctor_mutation_trace.json"
         self.stamp = time.time()
 
     def installed(self, rel: str) -> Path:
@@ -305,9 +358,8 @@ class Worker:
         return self.site / LAYOUT[top] / rest
 
     def env(self, **extra) -> dict:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDOCTOR_MUT_")}
-        env.update(PYTHONPATH=os.pathsep.join([str(self.site), *filter(None, [env.get("PYTHONPATH")])]),
-                   PYTHONSAFEPATH="1", **extra)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUDOCTOR_MUT_") and k != "PYTHONPATH"}
+        env.update(PYTHONSAFEPATH="1", **extra)
         env.pop("CI", None)  # a missing real component skips here (its test cannot kill), never fails the baseline
         return env
 
@@ -324,14 +376,20 @@ class Worker:
             -> tuple[int | None, float, str]:
         argv = [self.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "gpudoctor_mutation_plugin",
                 "-o", "addopts=", "--timeout", str(int(timeout) + 5), *tests]
-        extra = {"GPUDOCTOR_MUT_TRACE": str(trace), "GPUDOCTOR_MUT_TARGET": target} if trace else {}
+        if trace:
+            self.cfg.write_text(json.dumps({"target": target, "trace": str(trace),
+                                            "test_file": str(trace) + ".test"}))
         t = time.perf_counter()
         try:
-            p = subprocess.run(argv, cwd=ROOT, env=self.env(**extra), capture_output=True, text=True, timeout=timeout,
+            p = subprocess.run(argv, cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout,
                                start_new_session=True)
             return p.returncode, time.perf_counter() - t, p.stdout[-3000:] + p.stderr[-2000:]
         except subprocess.TimeoutExpired as exc:
             return None, time.perf_counter() - t, str(exc)
+        finally:
+            if trace:
+                self.cfg.unlink(missing_ok=True)
+                Path(str(trace) + ".test").unlink(missing_ok=True)
 
 
 def run_module(name: str, workers: list[Worker], trust_coverage: bool, say, retry: dict | None = None) -> Report:
@@ -386,8 +444,11 @@ def run_module(name: str, workers: list[Worker], trust_coverage: bool, say, retr
         chosen = sorted({t for line in range(m.line, m.end_line + 1) for t in reached.get(line, ())}
                         | reached.get(m.stmt_line, set()))
         chosen = [] if m.at_import else [t for t in chosen if t]  # "": import time, not a test
-        if not chosen and trust_coverage:
-            m.result, m.tests = "survived", 0
+        if not chosen and trust_coverage and not m.at_import:
+            # no test reaches it (children included): not run. A line that runs at import is reached by every
+            # process that imports the module, which the tracer cannot attribute: such a mutant always runs.
+            m.result, m.tests = "unreached", 0
+            done.append(m)
             return m
         w.write(rel, apply(source, m))
         rc, m.seconds, _ = w.pytest(chosen or tests, limit)
@@ -432,7 +493,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once (each in its own copy); default 1")
     ap.add_argument("--python", default=sys.executable, help="the interpreter the tests run with (default this one)")
     ap.add_argument("--trust-coverage", action="store_true",
-                    help="count a mutant no test reaches as survived without running all of the module's tests")
+                    help="do not run a mutant no test reaches (children included): counted 'unreached', not killed "
+                         "(a line that runs at import always runs)")
     ap.add_argument("--json", metavar="FILE", help="also write every mutant and its result as JSON")
     ap.add_argument("--retry", metavar="FILE", help="an earlier --json of the same sources: its killed mutants "
                                                    "stand, only the others run again (after new tests)")
@@ -458,8 +520,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         workers = [Worker(base, k, a.python) for k in range(a.jobs)]
-        probe = subprocess.run([a.python, "-c", "import gpudoctor.remedies as r; print(r.__file__)"], cwd=ROOT,
-                               env=workers[0].env(), capture_output=True, text=True)
+        # what a `python -I` child of the tests imports (tests/childenv.py, host/childpy.py): the mutated tree
+        probe = subprocess.run([workers[0].python, "-I", "-c", "import gpudoctor.remedies as r; print(r.__file__)"],
+                               cwd=ROOT, env=workers[0].env(), capture_output=True, text=True)
         if not probe.stdout.strip().startswith(str(workers[0].site)):
             got = probe.stdout.strip() or probe.stderr
             print(f"mutation.py: the mutated tree is not what {a.python} imports ({got})",

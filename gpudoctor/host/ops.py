@@ -163,24 +163,38 @@ def op_batch(req):
 RECORDER = None
 
 
-def fs_note(op, path, *detail):
-    """Tell the recorder of one mutating step about to be made (for primitives done in place: a copy's chunk)."""
+def fs_note(op, path, *detail, **at):
+    """Tell the recorder of one mutating step about to be made (for primitives done in place: a copy's chunk).
+    at: fd= (the open file the step acts on) or dir_fd= (path is relative to it): the recorder is told the
+    absolute path, so a trace names each file one way however it was opened (the power-loss states replay it)."""
     r = RECORDER
     if r is not None:
-        r(op, path, *detail)
+        r(op, _where(path, **at), *detail)
+
+
+def _where(path, fd=None, dir_fd=None):
+    """The absolute path a step acts on (only while recording)."""
+    try:
+        if fd is not None:
+            return os.readlink("/proc/self/fd/%d" % fd)
+        if dir_fd is not None:
+            return os.path.join(os.readlink("/proc/self/fd/%d" % dir_fd), path)
+    except OSError:
+        pass
+    return os.path.abspath(path) if path else path
 
 
 def fs_open(path, flags, mode=0o666, dir_fd=None):
     """open(2) for writing: "create" (O_CREAT), "truncate" (O_TRUNC) or "open-write". With dir_fd (an openat walk
     that refuses links), path is relative to it and recorded as given."""
     op = "truncate" if flags & os.O_TRUNC else "create" if flags & os.O_CREAT else "open-write"
-    fs_note(op, path)
+    fs_note(op, path, dir_fd=dir_fd)
     return os.open(path, flags, mode, dir_fd=dir_fd)
 
 
 def fs_write(fd, data, path, offset=None):
     """The whole of data at the fd's position (or at offset: pwrite)."""
-    fs_note("write", path, len(data))
+    fs_note("write", path, len(data), fd=fd)
     view = memoryview(data)
     while view:
         if offset is None:
@@ -192,14 +206,14 @@ def fs_write(fd, data, path, offset=None):
 
 
 def fs_fsync(fd, path):
-    fs_note("fsync", path)
+    fs_note("fsync", path, fd=fd)
     os.fsync(fd)
 
 
 def fs_fsync_dir(path, fd=None):
     """fsync a directory so a rename or unlink in it survives a crash; best effort (pmxcfs refuses it). fd: the
     directory already open (an openat walk): fsynced, left open."""
-    fs_note("fsync-dir", path or ".")
+    fs_note("fsync-dir", path or ".", fd=fd)
     if fd is not None:
         try:
             os.fsync(fd)
@@ -221,13 +235,13 @@ def fs_fsync_dir(path, fd=None):
 def fs_rename(src, dst, dir_fd=None):
     """rename(2), then fsync of the destination's directory: the rename is durable when this returns. dir_fd: both
     names are relative to that directory (renameat)."""
-    fs_note("rename", src, dst)
+    fs_note("rename", src, _where(dst, dir_fd=dir_fd) if RECORDER is not None else dst, dir_fd=dir_fd)
     os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     fs_fsync_dir(os.path.dirname(dst), dir_fd)
 
 
 def fs_unlink(path, missing_ok=False, dir_fd=None):
-    fs_note("unlink", path)
+    fs_note("unlink", path, dir_fd=dir_fd)
     try:
         os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -237,7 +251,7 @@ def fs_unlink(path, missing_ok=False, dir_fd=None):
 
 def fs_mkdir(path, mode=0o777, dir_fd=None):
     """One mkdir(2) (mkdirat with dir_fd)."""
-    fs_note("mkdir", path)
+    fs_note("mkdir", path, dir_fd=dir_fd)
     os.mkdir(path, mode, dir_fd=dir_fd)
 
 
@@ -257,7 +271,7 @@ def fs_makedirs(path, mode=0o777):
 
 
 def fs_chmod(path, mode, fd=None):
-    fs_note("chmod", path, mode)
+    fs_note("chmod", path, mode, fd=fd)
     if fd is None:
         os.chmod(path, mode)
     else:
@@ -265,7 +279,7 @@ def fs_chmod(path, mode, fd=None):
 
 
 def fs_chown(path, uid, gid, fd=None):
-    fs_note("chown", path, uid, gid)
+    fs_note("chown", path, uid, gid, fd=fd)
     if fd is None:
         os.chown(path, uid, gid)
     else:
@@ -273,7 +287,7 @@ def fs_chown(path, uid, gid, fd=None):
 
 
 def fs_ftruncate(fd, size, path):
-    fs_note("truncate", path, size)
+    fs_note("truncate", path, size, fd=fd)
     os.ftruncate(fd, size)
 
 

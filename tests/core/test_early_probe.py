@@ -12,9 +12,9 @@ import pytest
 from gpudoctor import entry
 from gpudoctor.host import early
 from gpudoctor.cuda_probe import PROBE
-from gpudoctor.host.childpy import python_argv
-
-PROBE_ARGV = tuple(python_argv([sys.executable], "-c", PROBE, site=False))
+# Written out, not computed with host/childpy.py's python_argv (the code under test): the probe runs this python
+# isolated (-I: no PYTHON* variables, no script or working directory on sys.path) and without site (-S).
+PROBE_ARGV = (sys.executable, "-I", "-S", "-c", PROBE)
 
 
 def test_the_probe_starts_before_click_or_the_cli_is_imported():

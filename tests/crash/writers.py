@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from gpudoctor.remedy import AuditLog, Change, Engine, RemedyContext
 
+from tests.crash import invariants as inv
 from tests.crash.harness import Writer
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,19 +49,31 @@ def _host_root(base: Path, **kw):
     return r
 
 
-def _remedy_writer(rid: str, setup, facts, engine_kw=None, **kw) -> Writer:
+def _remedy_writer(rid: str, setup, facts, engine_kw=None, name: str | None = None, **kw) -> Writer:
     from gpudoctor import remedies
 
     def run(r, f):
         host = r.host()
         _apply(_engine(remedies.get(rid), host, r.root.parent, name=host.name, **(engine_kw or {})), f)
 
-    return Writer(rid, "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS, ignore=STANDIN_LOGS, **kw)
+    kw["invariants"] = (inv.audit_names_every_change, *kw.get("invariants", ()))
+    kw["invariants"] = tuple(i if i is not inv.audit_names_every_change else _audit_of(rid) for i in kw["invariants"])
+    return Writer(name or rid, "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS, ignore=STANDIN_LOGS, **kw)
+
+
+def _audit_of(rid: str):
+    """The audit invariant for remedy rid (a writer's name may carry its world: NAME@WORLD)."""
+    def check(judge, now, power):
+        return inv.audit_names_every_change(judge, now, power, remedy=rid)
+
+    return check
 
 
 # --- the remedies ---------------------------------------------------------------------------------------------
 
-def lxc_cgroup() -> Writer:
+def lxc_cgroup(world: str = "fresh") -> Writer:
+    """The container's config edited; world "backup": an earlier run's backup of it is there already (another
+    day's content, a stamp of its own): the edit still backs up what it changes."""
     from gpudoctor.gather.boundary import gather_lxc
     from gpudoctor.host.local import LocalHost
 
@@ -75,12 +88,18 @@ def lxc_cgroup() -> Writer:
         conf = root / "etc/pve/lxc/200.conf"
         conf.write_bytes((CONFIGS / "200-seed.conf").read_bytes())
         os.chmod(conf, 0o640)
+        if world == "backup":
+            old = root / "var/lib/gpudoctor/backups/etc/pve/lxc/200.conf.20250101T000000.000000Z"
+            old.parent.mkdir(parents=True)
+            old.write_bytes(b"# another day's config\narch: amd64\n")
+            os.chmod(old, 0o600)
         return SimpleNamespace(root=root, host=lambda: LocalHost(name="pve", root=str(root)))
 
     def facts(r):
         return {"boundary": gather_lxc(r.host(), 200, ask_status=False)}
 
-    return _remedy_writer("lxc.cgroup_allow", setup, facts)
+    return _remedy_writer("lxc.cgroup_allow", setup, facts, invariants=(inv.backup_before("root/etc/pve/lxc/*"),),
+                          **({"name": "lxc.cgroup_allow@backup"} if world == "backup" else {}))
 
 
 def cdi() -> Writer:
@@ -95,7 +114,8 @@ def cdi() -> Writer:
         r.write("/var/run/cdi/k8s-device-plugin.json", js)
         return r
 
-    return _remedy_writer("cdi.spec", setup, lambda r: r.facts(only=("host", "devices", "tools", "cdi", "platform")))
+    return _remedy_writer("cdi.spec", setup, lambda r: r.facts(only=("host", "devices", "tools", "cdi", "platform")),
+                          invariants=(inv.backup_before("*/etc/cdi/*", "*/var/run/cdi/*"),))
 
 
 def systemd_unit() -> Writer:
@@ -118,7 +138,7 @@ def systemd_unit() -> Writer:
                                only={"platform"})["platform"]
         return f
 
-    return _remedy_writer("systemd.device_allow", setup, facts)
+    return _remedy_writer("systemd.device_allow", setup, facts, invariants=(inv.backup_before("*/etc/systemd/*"),))
 
 
 def node_create() -> Writer:
@@ -164,7 +184,8 @@ def sysctl() -> Writer:
         return r
 
     return _remedy_writer("fabric.numa.balancing", setup,
-                          lambda r: r.facts(only=("host", "devices", "tools", "fabric")))
+                          lambda r: r.facts(only=("host", "devices", "tools", "fabric")),
+                          invariants=(inv.backup_before("*/etc/sysctl.d/*"),))
 
 
 def pcie() -> Writer:
@@ -212,7 +233,8 @@ def model_stage() -> Writer:
                      audit_log=AuditLog(str(c.base / AUDIT)), lock_dir=str(c.base / "locks"))
         _apply(eng, f)
 
-    return Writer("model.stage", "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS + (".gpudoctor-stage.lock",))
+    return Writer("model.stage", "remedy", setup, run, facts, audit=AUDIT, locks=LOCKS + (".gpudoctor-stage.lock",),
+                  invariants=(inv.audit_names_every_change, inv.marker_vouches("shm/Qwen3-tiny")))
 
 
 def bench_orphan() -> Writer:
@@ -254,6 +276,8 @@ REMEDY_WRITERS = {
     "fabric.numa.balancing": sysctl, "fabric.pcie.mrrs": pcie, "model.stage": model_stage,
     "workload.bench.orphan": bench_orphan,
 }
+# remedies whose behaviour depends on what is there, run from another starting world too (issue #48, item 3)
+REMEDY_WORLDS = [lambda: lxc_cgroup("backup")]
 
 
 # --- the state writers ----------------------------------------------------------------------------------------
@@ -311,15 +335,48 @@ def daemon_state(corrupt: bool = False) -> Writer:
     return Writer("daemon.state" + (".set_aside" if corrupt else ""), "state", setup, run)
 
 
-def audit_log() -> Writer:
+def audit_log(world: str = "whole") -> Writer:
+    """AuditLog.append; world "torn": the log ends in half a line (a writer killed, or a power cut, mid-append):
+    the new record starts on a fresh line, what was there stays."""
     def setup(base):
         AuditLog(str(base / "audit" / AUDIT)).append({"host": "gpu1", "result": "applied"})
+        if world == "torn":
+            with open(base / "audit" / AUDIT, "ab") as fh:
+                fh.write(b'{"host": "gpu1", "remedy": "x", "res')
         return SimpleNamespace(path=base / "audit" / AUDIT)
 
     def run(c, f):
         AuditLog(str(c.path)).append({"host": "gpu1", "remedy": "x", "result": "applied"})
 
-    return Writer("remedy.audit_log", "state", setup, run, logs=("audit/" + AUDIT,))
+    return Writer("remedy.audit_log" + ("" if world == "whole" else f"@{world}"), "state", setup, run,
+                  logs=("audit/" + AUDIT,), invariants=(_log_records_whole,))
+
+
+def _log_records_whole(judge, now, power):
+    """Every record but a torn last line parses, and the new record is one whole line of its own."""
+    cur = now.get("0:audit/" + AUDIT)
+    if cur is None:
+        return ["the audit log is gone"]
+    lines = cur[1].split(b"\n")
+    torn = [ln for ln in lines[:-1] if ln and not _parses(ln)]
+    old = judge.before.get("0:audit/" + AUDIT)
+    ours = [ln for ln in lines[:-1] if b'"remedy": "x", "result": "applied"' in ln]
+    bad = []
+    if any(not ln.startswith(b'{"host": "gpu1", "remedy": "x", "res') for ln in torn):
+        bad.append(f"a record that does not parse: {torn[0][:60]!r}")
+    if ours and not _parses(ours[-1]):
+        bad.append("the new record is glued to the torn line before it")
+    if old is not None and ours and not cur[1].startswith(old[1]):
+        bad.append("the log lost what it held before")
+    return bad
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
 
 
 def host_lock() -> Writer:
@@ -395,8 +452,9 @@ def heals() -> Writer:
 
 
 def snapshot_output() -> Writer:
-    """`snapshot -o FILE` over an older snapshot (commands/check.py: atomic_write of the whole document)."""
-    from gpudoctor.files.atomic import atomic_write
+    """`gpudoctor snapshot -o FILE` over an older snapshot, through the command itself (commands/check.py; today
+    files/safe.py's write_file): only the gathering is replaced (in the forked child) by a fixed document."""
+    import contextlib
 
     def setup(base):
         (base / "snap.json").write_text(json.dumps({"old": 1}))
@@ -404,7 +462,18 @@ def snapshot_output() -> Writer:
         return SimpleNamespace(path=base / "snap.json")
 
     def run(c, f):
-        atomic_write(c.path, json.dumps({"new": list(range(2000))}) + "\n")
+        from gpudoctor import snapshot as snap
+        from gpudoctor.commands import check as cmd
+
+        target = SimpleNamespace(connect=lambda: None, host=None, context=None)
+        cmd.open_check_target = lambda *a, **kw: contextlib.nullcontext(target)
+        snap.take = lambda host, context: {"schema": "gpudoctor.snapshot/1", "new": list(range(2000)),
+                                           "transcript": []}
+        try:
+            cmd.snapshot.main(["-o", str(c.path)], standalone_mode=False)
+        except SystemExit as e:
+            if e.code:
+                raise RuntimeError(f"snapshot -o exited {e.code}") from None
 
     return Writer("snapshot.output", "state", setup, run)
 
@@ -423,21 +492,35 @@ def prom_textfile() -> Writer:
     return Writer("prom.textfile", "state", setup, run)
 
 
-def stage_cli() -> Writer:
-    """`gpudoctor model stage SRC DST` (model/stage.py) into an empty DST, with its persistent record."""
+def stage_cli(world: str = "empty") -> Writer:
+    """`gpudoctor model stage SRC DST` (model/stage.py), with its persistent record, from one of three worlds
+    (issue #48, item 3): an empty DST; DST staged before from an older version of the model (its marker there:
+    removed first, the changed shards restaged); DST left half-staged by a killed stage (no marker, part files and
+    some shards there: the whole shards are skipped). Invariant: the marker never vouches for what is not there."""
     from gpudoctor.model import stage as st
 
     from tests.model.modelfiles import write_model
 
     def setup(base):
         os.environ["GPUDOCTOR_STATE_DIR"] = str(base / "state")
-        write_model(base / "disk" / "m", shards=2, elems=2048)
-        return SimpleNamespace(src=base / "disk" / "m", dst=base / "shm" / "m")
+        src, dst = base / "disk" / "m", base / "shm" / "m"
+        if world == "restage":
+            write_model(src, shards=2, elems=1024)
+            st.apply_stage(st.plan_stage(str(src), str(dst), check_busy=False), jobs=1)
+            shutil.rmtree(src)
+        write_model(src, shards=2, elems=2048)
+        if world == "partial":
+            dst.mkdir(parents=True)
+            first = sorted(p.name for p in src.iterdir() if p.name.endswith(".safetensors"))[0]
+            shutil.copy2(src / first, dst / first)
+            (dst / ".tokenizer.json.gpudoctor-part").write_bytes(b"half")
+        return SimpleNamespace(src=src, dst=dst)
 
     def run(c, f):
         st.apply_stage(st.plan_stage(str(c.src), str(c.dst), check_busy=False), jobs=2)
 
-    return Writer("model.stage_cli", "state", setup, run, locks=(".gpudoctor-stage.lock",))
+    return Writer("model.stage_cli" + ("" if world == "empty" else f"@{world}"), "state", setup, run,
+                  locks=(".gpudoctor-stage.lock",), may_vanish=("shm/m/*",), invariants=(inv.marker_vouches("shm/m"),))
 
 
 def known_hosts() -> Writer:
@@ -458,9 +541,9 @@ def known_hosts() -> Writer:
 
 
 STATE_WRITERS = [recovery_store, lambda: recovery_store(corrupt=True), daemon_state,
-                 lambda: daemon_state(corrupt=True), audit_log, host_lock,
+                 lambda: daemon_state(corrupt=True), audit_log, lambda: audit_log("torn"), host_lock,
                  bench_results, lambda: bench_results(retract=True), campaign_meta, heals, snapshot_output,
-                 prom_textfile, stage_cli, known_hosts]
+                 prom_textfile, stage_cli, lambda: stage_cli("restage"), lambda: stage_cli("partial"), known_hosts]
 
 
 def all_writers() -> list[Writer]:
@@ -469,4 +552,5 @@ def all_writers() -> list[Writer]:
     missing = sorted(set(remedies.REMEDIES) - set(REMEDY_WRITERS))
     if missing:
         raise LookupError(f"remedies without a crash scenario in tests/crash/writers.py: {', '.join(missing)}")
-    return [REMEDY_WRITERS[rid]() for rid in remedies.REMEDIES] + [w() for w in STATE_WRITERS]
+    return ([REMEDY_WRITERS[rid]() for rid in remedies.REMEDIES] + [w() for w in REMEDY_WORLDS]
+            + [w() for w in STATE_WRITERS])

@@ -1,0 +1,130 @@
+"""gpudoctor/conventions.py in process (#48 item 6: -i precedence and the help line listing the global options had
+no test): a small group adopted the way cli.py adopts gpudoctor's, its settings printed by a command."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gpudoctor import conventions as conv
+
+
+def _cli():
+    @click.group(cls=conv.DidYouMeanGroup)
+    @conv.root_options
+    def root():
+        """A test group."""
+
+    @root.command("show")
+    @click.option("--json", "as_json", is_flag=True)
+    def show(as_json):
+        """Print the settings. And more text here."""
+        s = conv.settings()
+        click.echo(json.dumps({"verbose": s.verbose, "quiet": s.quiet, "json": s.json, "color": s.color,
+                               "inventory": s.inventory, "as_json": as_json}))
+
+    @root.command("plain")
+    @conv.alias("--snapshot", "--facts", "path", hidden_aliases=["--facts"])
+    def plain(path):
+        """No JSON here"""
+        click.echo(f"path={path}")
+
+    @root.command("old")
+    @click.option("--facts", "path")
+    def old(path):
+        """Declares the old spelling only."""
+        click.echo(f"path={path}")
+
+    return conv.adopt(root)
+
+
+def run(*args, env=None):
+    r = CliRunner().invoke(_cli(), list(args), env={"GPUDOCTOR_INVENTORY": None, **(env or {})},
+                           catch_exceptions=False)
+    return r
+
+
+def shown(*args, env=None) -> dict:
+    r = run(*args, env=env)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_inventory_from_the_command_line_beats_the_environment_wherever_it_is_given():
+    env = {"GPUDOCTOR_INVENTORY": "env.yaml"}
+    assert shown("show", env=env)["inventory"] == "env.yaml"
+    assert shown("-i", "cli.yaml", "show", env=env)["inventory"] == "cli.yaml"
+    assert shown("show", "-i", "cli.yaml", env=env)["inventory"] == "cli.yaml"
+    assert shown("--inventory", "a.yaml", "show", "-i", "b.yaml")["inventory"] == "b.yaml"
+    assert shown("show")["inventory"] is None
+
+
+def test_verbose_counts_and_flags_fold_wherever_given():
+    assert shown("-v", "show", "-vv")["verbose"] == 3
+    s = shown("--json", "show")
+    assert s["json"] is True and s["as_json"] is True and s["quiet"] is False
+    assert shown("show", "-q")["quiet"] is True and shown("show")["json"] is False
+
+
+def test_color_given_anywhere_and_its_environment(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert shown("--color", "always", "show")["color"] == "always"
+    assert os.environ.get("FORCE_COLOR") == "1" and "NO_COLOR" not in os.environ
+    assert shown("show", "--color", "never")["color"] == "never"
+    assert os.environ.get("NO_COLOR") == "1" and "FORCE_COLOR" not in os.environ
+    assert shown("--color", "never", "show")["color"] == "never"  # the subcommand's default does not undo it
+    assert shown("show")["color"] == "auto"
+
+
+def test_quiet_and_verbose_contradict():
+    r = run("-q", "show", "-v")
+    assert r.exit_code == 2 and "-q and -v contradict each other" in r.output
+
+
+def test_the_help_lists_the_global_options_in_one_line():
+    r = run("show", "--help")
+    assert r.exit_code == 0
+    assert ("Global options, before or after the command: -v/-vv, -q, --json, --color WHEN, -i FILE (docs/cli.md)."
+            in " ".join(r.output.split()))
+    assert "--inventory" not in r.output  # hidden on a command: the root's help shows them
+    root = run("--help").output
+    assert "-i, --inventory FILE" in root and "--color WHEN" in root and "[default: auto]" in root
+
+
+def test_a_command_without_json_refuses_it():
+    r = run("plain", "--json")
+    assert r.exit_code == 2 and "--json: `plain` writes no JSON" in r.output
+    assert run("plain", "--snapshot", "s").output == "path=s\n"
+
+
+def test_old_spellings_work_and_are_hidden():
+    assert run("plain", "--facts", "f").output == "path=f\n"
+    assert "--facts" not in run("plain", "--help").output and "--snapshot" in run("plain", "--help").output
+    assert run("old", "--snapshot", "n").output == "path=n\n"  # the new name added where the old is declared
+    assert run("old", "--facts", "o").output == "path=o\n"
+    h = run("old", "--help").output
+    assert "--snapshot" in h and "--facts" not in h
+
+
+def test_a_mistyped_command_names_the_nearest():
+    r = run("shwo")
+    assert r.exit_code == 2 and "Did you mean 'show'?" in r.output
+    assert "Did you mean" not in run("zzzzzz").output
+
+
+def test_summaries_are_whole_sentences():
+    assert conv.summary("Print the settings. And more text here.") == "Print the settings."
+    assert conv.summary("No JSON here") == "No JSON here."
+    assert conv.summary("Is it?\n\nMore.") == "Is it?"
+    assert conv.summary("A\nwrapped   line.") == "A wrapped line."
+    h = run("--help").output
+    assert "Print the settings." in h and "No JSON here." in h and "And more" not in h
+
+
+def test_settings_outside_a_command_are_the_defaults():
+    assert conv.settings() == conv.Settings()
