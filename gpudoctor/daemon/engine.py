@@ -135,7 +135,9 @@ class PipelineEngine:
         from gpudoctor import remedies
         from gpudoctor.remedy import AuditLog, Engine, RemedyContext, default_paths
 
-        target = self._target(host)
+        from gpudoctor.target import live
+
+        target = live(self._target(host), "heal")  # the door: heals and restages act on live targets only
         paths = default_paths(self.cfg.state_dir)
         rctx = RemedyContext(hosts={host: target.host, **target.hosts()}, backup_dir=paths["backup_dir"],
                              reboot=reboot, timeout=self.cfg.timeout)
