@@ -111,11 +111,12 @@ class PipelineEngine:
     def _target(self, name: str):
         """The host's Target, opened once and kept: SSH connections are reused across cycles."""
         if name not in self._targets:
-            from gpudoctor.target import open_target
+            from gpudoctor.target import live, open_target
 
-            # only the inventory given with -i: a healing policy is never picked up implicitly
-            self._targets[name] = open_target(None if name == self.local_host else name, self.inventory,
-                                              timeout=self.cfg.timeout, search=False)
+            # only the inventory given with -i: a healing policy is never picked up implicitly; a live target only
+            # (the daemon moves its ladder and heals it)
+            self._targets[name] = live(open_target(None if name == self.local_host else name, self.inventory,
+                                                   timeout=self.cfg.timeout, search=False), "watch a host")
             if self.cfg.models:
                 ctx = self._targets[name].context
                 ctx.model_paths = list(dict.fromkeys([*ctx.model_paths, *self.cfg.models]))
