@@ -6,6 +6,7 @@ come from the expected server, not from whatever a local user left listening on 
 The listeners come from the target's own process scan (gather/procs.py: the sockets listening on the URL's port, and
 the processes holding them). Every one must be expected:
   - run by root (uid 0; gpudoctor's bench starts its servers as root, with its marker), or
+  - run by the inventory entry's `serving: {user: NAME|UID}` (the server's owner named by root's inventory), or
   - a system service: its cgroup is a unit under /system.slice/ (systemd put it there; only root defines system
     units), e.g. an SGLang unit with User=sglang.
 Anything else is refused with one line naming the listener's pid, uid and command: another user's process, a
@@ -46,8 +47,10 @@ def _who(d: dict) -> str:
     return f"pid {d.get('pid')} (uid {uid}{f' {user}' if user else ''}, {cmd})"
 
 
-def trusted_listeners(target, url: str, timeout: float = 5.0) -> tuple[tuple | None, str | None]:
-    """((pid, start), ...) of the expected server(s) listening on `url`'s port on the target, or (None, why not)."""
+def trusted_listeners(target, url: str, timeout: float = 5.0, owner: str | None = None
+                      ) -> tuple[tuple | None, str | None]:
+    """((pid, start), ...) of the expected server(s) listening on `url`'s port on the target, or (None, why not).
+    `owner`: a user name or uid the inventory names as the server's (serving.user)."""
     port = port_of(url)
     if port is None:
         return None, f"serving.url {url} has no port to look up"
@@ -65,8 +68,10 @@ def trusted_listeners(target, url: str, timeout: float = 5.0) -> tuple[tuple | N
             return None, (f"the listener on port {port} ({d.get('socket')}) is held by no process gpudoctor can "
                           "read (another namespace?): whose server it is cannot be verified, so release does not "
                           "trust its answers")
-        if d.get("uid") != 0 and system_unit(d.get("cgroup")) is None:
-            return None, (f"the listener on port {port} is {_who(d)}: not root's and not a system service's, so "
-                          "release does not trust its answers")
+        mine = owner is not None and owner in (str(d.get("uid")), d.get("user"))
+        if d.get("uid") != 0 and not mine and system_unit(d.get("cgroup")) is None:
+            named = f", not serving.user {owner}'s" if owner else ""
+            return None, (f"the listener on port {port} is {_who(d)}: not root's{named} and not a system "
+                          "service's, so release does not trust its answers")
         pids.append((d["pid"], d.get("start")))
     return tuple(sorted(set(pids))), None

@@ -447,7 +447,8 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
     loop = _loopback_from_afar(target, serving.url)
     if loop:
         return FAIL, loop
-    before, why = trusted_listeners(target, serving.url)  # whose server answers: root's or a system unit's only
+    owner = getattr(serving, "user", None)  # whose server answers: root's, serving.user's or a system unit's only
+    before, why = trusted_listeners(target, serving.url, owner=owner)
     if why:
         return FAIL, why
     box: dict = {}
@@ -465,7 +466,7 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
         return FAIL, f"{serving.url}: the smoke did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
     if "error" in box:
         raise box["error"]
-    after, why = trusted_listeners(target, serving.url)  # the same server still: not one swapped in meanwhile
+    after, why = trusted_listeners(target, serving.url, owner=owner)  # the same server still, not one swapped in
     if why or after != before:
         return FAIL, why or (f"the listener on {serving.url} changed during the smoke (pids {_pids(before)} → "
                              f"{_pids(after)}): release does not trust its answers")

@@ -1,6 +1,7 @@
 """`release` marks a host ready on its serving smoke's answers: they must come from the expected server. A local user
 (uid 65534) who listens on the serving port first gets no host released on its answers; root's own server, on the
-same port in the same kind of namespace, still releases (the positive control). gpudoctor/recovery/listener.py.
+same port in the same kind of namespace, still releases (the positive control), as does the server of the user the
+inventory names (serving.user). gpudoctor/recovery/listener.py.
 
 Each case runs in a private network namespace (its own loopback, so the port is the test's alone) and a private mount
 namespace (the attacker's interpreter access, as tests/hostile/attacker.py does): the SGLang stand-in listens on
@@ -25,7 +26,7 @@ PORT = 30000  # SGLang's default port: the namespace's own loopback, nothing els
 INVENTORY = """hosts:
   gpu1:
     address: local
-    serving: {{url: 'http://127.0.0.1:{port}', model: tiny-m, api: native}}
+    serving: {{url: 'http://127.0.0.1:{port}', model: tiny-m, api: native{user}}}
 policy:
   verify: {{deep: "off", serving: "on", smoke_requests: 2, smoke_max_tokens: 4, timeout_s: 60}}
 """
@@ -60,7 +61,7 @@ exit $rc
 """
 
 
-def release_beside(tmp_path: Path, uid: int) -> tuple[subprocess.CompletedProcess, dict]:
+def release_beside(tmp_path: Path, uid: int, owner: str = "") -> tuple[subprocess.CompletedProcess, dict]:
     needs.root()
     for tool in ("unshare", "setpriv", "ip"):
         if shutil.which(tool) is None:
@@ -69,7 +70,7 @@ def release_beside(tmp_path: Path, uid: int) -> tuple[subprocess.CompletedProces
     work.mkdir()
     tmp_path.chmod(0o755)
     work.chmod(0o755)
-    (work / "inventory.yaml").write_text(INVENTORY.format(port=PORT))
+    (work / "inventory.yaml").write_text(INVENTORY.format(port=PORT, user=f", user: {owner}" if owner else ""))
     env = {**os.environ, "PYTHONPATH": pythonpath(), "KEEP": _interpreter_root() or "", "WORK": str(work),
            "PY": sys.executable, "PORT": str(PORT), "AS": str(uid), "HOME": str(work)}
     env.pop("GPUDOCTOR_INVENTORY", None)
@@ -89,6 +90,12 @@ def test_a_server_another_user_runs_on_the_serving_port_releases_nothing(tmp_pat
     assert "not root's and not a system service's, so release does not trust its answers" in step["detail"]
     assert "\n" not in step["detail"]
     assert doc["state"] != "ready"
+
+
+def test_the_server_of_the_user_the_inventory_names_is_trusted(tmp_path):
+    """serving.user names the server's owner: its server answers (the same uid 65534 as above, now expected)."""
+    r, doc = release_beside(tmp_path, NOBODY, owner="nobody")
+    assert r.returncode == 0 and doc["released"], r.stdout + r.stderr
 
 
 def test_roots_own_server_on_the_serving_port_is_trusted(tmp_path):
