@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from gpudoctor.errors import HostUnreachable, InputError, InventoryError
@@ -126,8 +127,6 @@ class ReplayTarget(Target):
 
     def recorded(self) -> str:
         """What the replay is: its host and when it was recorded, for a refusal's words."""
-        import time
-
         when = (self.snapshot or {}).get("created")
         if isinstance(when, (int, float)) and not isinstance(when, bool) and 0 < when < 1e11:
             return f"a snapshot of {self.name} recorded {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(when))}"
