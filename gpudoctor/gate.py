@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_UNKNOWN, ConfigError
 from gpudoctor.findings import Finding, Status
+from gpudoctor.target import replayed
 
 GATE_SCHEMA = "gpudoctor.gate/1"
 
@@ -128,6 +129,7 @@ class GateResult:
     blockers: list[Blocker] = field(default_factory=list)
     error: str | None = None  # the host could not be checked at all
     facts: dict | None = field(default=None, repr=False, compare=False)  # the diagnosis' (boot id, driver: the ladder)
+    replayed: str | None = None  # the snapshot judged (gpudoctor.target.replayed): no action may follow this verdict
 
     @property
     def passed(self) -> bool:
@@ -288,7 +290,9 @@ def gate_target(target, profile: str | None) -> GateResult:
     inv = target.inventory
     prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
                            path=str(inv.path) if inv is not None else None)
-    return judge(lambda: check_host(target), prof, target.name)
+    result = judge(lambda: check_host(target), prof, target.name)
+    result.replayed = replayed(target)  # a replay's verdict carries it: Slurm and the ladder refuse to act on it
+    return result
 
 
 def unreachable(host: str, profile: str, error: str) -> GateResult:

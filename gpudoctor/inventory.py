@@ -105,6 +105,7 @@ class Serving:
     url: str  # http://127.0.0.1:30000
     model: str  # the served model name requests carry
     api: str = "completions"  # completions | chat | native (SGLang's /generate)
+    user: str | None = None  # the user (name or uid) whose server may answer the smoke besides root and system units
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ class Inventory:
                           "lxc": None if h.lxc is None else {"proxmox": h.lxc.proxmox.name, "vmid": h.lxc.vmid},
                           "expect": {"gpus": h.expect.gpus, "model_paths": list(h.expect.model_paths)},
                           "serving": None if h.serving is None else {"url": h.serving.url, "model": h.serving.model,
-                                                                     "api": h.serving.api}}
+                                                                     "api": h.serving.api, "user": h.serving.user}}
                       for n, h in self.hosts.items()},
             "proxmox": {n: {**ssh(p.ssh), "config_dir": p.config_dir, "pct": list(p.pct), "description": p.description}
                         for n, p in self.proxmox.items()},
@@ -554,7 +555,7 @@ class _Loader:
         from gpudoctor.files.inputs import http_url
 
         items = self.mapping(node, f"{what}: serving")
-        self.check_keys(items, ("url", "model", "api"), f"{what}: serving")
+        self.check_keys(items, ("url", "model", "api", "user"), f"{what}: serving")
         for key in ("url", "model"):
             if key not in items:
                 raise self.err(node, f"{what}: serving needs {key}: (the server's URL and the served model's name, "
@@ -569,6 +570,11 @@ class _Loader:
             if api not in SERVING_APIS:
                 raise self.err(anode, f"{what}: serving.api must be one of {', '.join(SERVING_APIS)}, got {api!r}")
             kw["api"] = api
+        if "user" in items:  # a name or a uid: the listener's owner on the host (gpudoctor/recovery/listener.py)
+            unode = items["user"][1]
+            uid = self.value(unode)
+            kw["user"] = (str(self.integer(unode, f"{what}: serving.user", 0, 2**32 - 2)) if isinstance(uid, int)
+                          else self.string(unode, f"{what}: serving.user"))
         return Serving(url.rstrip("/"), self.string(items["model"][1], f"{what}: serving.model"), **kw)
 
     def lxc(self, node, what: str, proxmox: dict) -> LxcRef:

@@ -444,7 +444,11 @@ def fix(target, remedies: list[Remedy], ctx: RemedyContext, *, apply: bool, fact
     decides whether planned changes are made (None: yes); `on_plan(run)` sees the plan before that question."""
     from gpudoctor.errors import InputError
     from gpudoctor.pipeline import check_host
+    from gpudoctor.target import live
 
+    if apply:  # the door: changes follow only a live target's facts (a replay is refused before anything runs)
+        target = live(target, "apply fixes", "drop --apply to see its plan, or drop --snapshot to plan and apply from "
+                                             "this machine's own facts")
     before = None
     if facts is None:
         before = check_host(target)

@@ -468,6 +468,9 @@ def gate_lines(result, action=None, verdict=None) -> list[tuple[str, bool]]:
     lines += [(f"BLOCK {b.line()}", False) for b in result.blockers]
     if verdict is not None and verdict.ready:
         lines.append((f"recovery: {verdict.host} ready (verified; ladder moved by the {verdict.moved_by})", True))
+    elif verdict is not None and verdict.moved_by == "replay" and not any(b.key == "recovery.ladder"
+                                                                            for b in result.blockers):
+        lines.append((f"recovery: {verdict.reason}", True))  # a replay: what a live gate would have recorded
     if action is not None and action.action != "none":
         lines.append((f"slurm: {action.detail}", action.action != "failed"))
     return [(line(text), err) for text, err in lines]  # the rendering rule: one line each, input escaped

@@ -3,6 +3,7 @@
     open_target(spec, inventory, ...) -> Target   every consumer: check, snapshot, fix, gate, daemon, fleet, lxc, bench
     host_for(entry)                   -> Host     the transport of one inventory entry (host or Proxmox node)
     local_host()                      -> Host     this machine, for commands gpudoctor runs here (slurm, bench client)
+    live(target, doing)               -> LiveTarget  the one door to every action (ReplayRefused for a replay)
 
 The rule (the same for every consumer):
   - the inventory is the one given (an Inventory or a path, e.g. --inventory / $GPUDOCTOR_INVENTORY), else the first
@@ -13,24 +14,37 @@ The rule (the same for every consumer):
     `checks: fabric.pcie.mrrs: {expect: N}` becomes policy.pcie.mrrs), then the command line (--mrrs, --deep).
 Nothing connects here: connections open in Target.connect() (check_host calls it) or on first use, so building
 targets for 100 hosts is instant. No other module builds a Host.
+
+A target's type says whether it may act. open_target returns a LiveTarget (facts gathered from a host now) or a
+ReplayTarget (facts a snapshot recorded, of another machine or another moment): read-only by type. Every action —
+the recovery ladder's writes, a Slurm drain or resume, remedies (fix --apply, the daemon's heals and restages),
+release — takes its target through live(), which hands back only a LiveTarget and refuses anything else with
+ReplayRefused (exit 3, one line). A command that wants to say what it would have done (gate --snapshot --slurm)
+asks `is_live(target)` first and reports instead.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
-from gpudoctor.errors import HostUnreachable, InventoryError
+from gpudoctor.errors import HostUnreachable, InputError, InventoryError
 from gpudoctor.gather.context import GatherContext, policy_from_inventory
 from gpudoctor.host.base import Host
 
 LOCAL_NAMES = ("local", "localhost")
 
 
+class ReplayRefused(InputError):
+    """An action was handed a replayed snapshot: nothing was changed (exit 3)."""
+
+
 @dataclass
 class Target:
-    """One thing to check: the Host its facts come from, its boundary host (Proxmox node), its context and policy."""
+    """One thing to check: the Host its facts come from, its boundary host (Proxmox node), its context and policy.
+    Only its subclasses are built: LiveTarget (may act) and ReplayTarget (read-only)."""
 
     name: str  # what reports call it: the inventory name, this machine's host name, or the snapshot's host
     host: Host | None  # the live host (None: a snapshot opened without --host, nothing to act on)
@@ -101,6 +115,55 @@ class Target:
         self.close()
 
 
+@dataclass
+class LiveTarget(Target):
+    """A target whose facts are gathered from its host now: the only kind an action takes (live())."""
+
+
+@dataclass
+class ReplayTarget(Target):
+    """A target whose facts are a snapshot's: read-only by type. Its `host`, when one is attached (fix --snapshot
+    plans against this machine's files), is read for a plan, never changed through this target."""
+
+    def recorded(self) -> str:
+        """What the replay is: its host and when it was recorded, for a refusal's words."""
+        when = (self.snapshot or {}).get("created")
+        if isinstance(when, (int, float)) and not isinstance(when, bool) and 0 < when < 1e11:
+            return f"a snapshot of {self.name} recorded {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(when))}"
+        return f"a snapshot of {self.name}"
+
+
+def is_live(target) -> bool:
+    """Whether `target` may act: a LiveTarget (never a ReplayTarget, a bare Target or anything else)."""
+    return isinstance(target, LiveTarget) and target.snapshot is None
+
+
+def live(target, doing: str, hint: str = "") -> LiveTarget:
+    """The one door to an action: `target` itself when it is live, else ReplayRefused naming what was refused,
+    e.g. live(t, "drain a Slurm node"). Nothing may change a machine on the strength of a replay."""
+    if is_live(target):
+        return target
+    what = target.recorded() if isinstance(target, ReplayTarget) else f"a {type(target).__name__} (not a live target)"
+    raise ReplayRefused(f"will not {doing} from {what}: a replay is read-only (its facts are not this machine's "
+                        f"now); nothing was changed{'; ' + hint if hint else ''}")
+
+
+def replayed(target) -> str | None:
+    """What a verdict judged when it judged a replay (ReplayTarget.recorded()), None for a live target: the words a
+    verdict carries (GateResult.replayed) so that an action on it refuses by the same rule (live_verdict)."""
+    return None if is_live(target) else (target.recorded() if isinstance(target, ReplayTarget) else "not a live target")
+
+
+def live_verdict(result, doing: str, hint: str = ""):
+    """The door for an action on a verdict (a Slurm drain or resume): the verdict itself when it judged a live
+    target, else ReplayRefused."""
+    what = getattr(result, "replayed", None)
+    if what:
+        raise ReplayRefused(f"will not {doing} from {what}: a replay is read-only (its facts are not this machine's "
+                            f"now); nothing was changed{'; ' + hint if hint else ''}")
+    return result
+
+
 def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expect_gpus: int | None = None,
                 models=(), sglang_url: str | None = None, timeout: float = 10.0, policy: dict | None = None,
                 mrrs: int | None = None, host_key_policy: str | None = None, search: bool = True,
@@ -114,7 +177,7 @@ def open_target(spec: str | None = None, inventory=None, *, snapshot=None, expec
     local = spec is None or spec in LOCAL_NAMES
     inv = resolve_inventory(inventory, required=not local, search=search)
     ctx = _recorded_context(doc) if doc is not None else GatherContext(name=socket.gethostname())
-    t = Target(ctx.name, None, ctx, inventory=inv, snapshot=doc)
+    t = (ReplayTarget if doc is not None else LiveTarget)(ctx.name, None, ctx, inventory=inv, snapshot=doc)
     if not local:
         _attach_inventory_host(t, inv, spec, host_key_policy)
     elif doc is None or spec is not None:

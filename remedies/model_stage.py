@@ -36,6 +36,20 @@ def _sources(ctx: RemedyContext) -> dict:
     return dict(ctx.options.get("model_sources") or {})
 
 
+def no_source(dst: str, p: dict) -> str:
+    """Why there is nothing to restage dst from, in one line: where the stage record was looked for and, when a
+    record exists in another state directory, where (a gpudoctor that staged with another state directory)."""
+    v = p.get("verify") or {}
+    named = " (the staging marker inside it is not trusted for this)" if (v.get("marker") or {}).get("source") else ""
+    where = ", ".join(p.get("record_dirs") or [])
+    looked = f"; looked in {where}" if where else ""
+    other = p.get("record_elsewhere")
+    also = (f"; a stage record exists in {other}; this gpudoctor reads {where} ($GPUDOCTOR_STATE_DIR): stage and "
+            "heal with one state directory" if other else "")
+    return (f"{dst}: no source to stage from (no stage record names one{looked}){named}{also}: "
+            f"pass --model-source {dst}=SRC")
+
+
 class ModelStage(Remedy):
     id = ID
     summary = "restage a wiped or incomplete model into tmpfs from its persistent source"
@@ -68,10 +82,7 @@ class ModelStage(Remedy):
             rec = p.get("record") or {}
             src = configured.get(dst) or configured.get("*") or rec.get("source")
             if not src:
-                named = " (the staging marker inside it is not trusted for this)" if (v.get("marker") or {}).get(
-                    "source") else ""
-                skipped.append(f"{dst}: no source to stage from (no stage record names one){named}: "
-                               f"pass --model-source {dst}=SRC")
+                skipped.append(no_source(dst, p))
                 continue
             if os.path.normpath(src) == os.path.normpath(dst):
                 skipped.append(f"{dst}: the source is the destination itself")

@@ -74,6 +74,13 @@ PY=${DEEP_PYTHON:-python3}
 PYPATH=$(command -v "$PY") || { say "no $PY (DEEP_PYTHON)"; exit 2; }
 say "deep tier python: $PYPATH ($($PY -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -1))"
 
+# --- the daemon's private state directory, exported BEFORE anything stages: `model stage` writes its stage record
+# (the restage's only trusted source pointer) into $GPUDOCTOR_STATE_DIR, and the daemon reads its record there. The
+# H100 run of 2026-12-07 staged first and exported after: the record landed in /var/lib/gpudoctor, and step B was
+# refused ("no stage record names one").
+mkdir -p "$W/state"
+export STATE_DIRECTORY=$W/state GPUDOCTOR_STATE_DIR=$W/state
+
 # --- a small model: persistent source on disk, staged into tmpfs with its boot-id marker -----------------------
 MODEL=$SHM/tiny
 t0=$SECONDS
@@ -82,9 +89,13 @@ write_model('$W/model-src', shards=3, shard_bytes=64 << 20, sparse=False)" || ex
 $GD model stage --from "$W/model-src" --to "$MODEL" --apply > "$O/stage.log" 2>&1 || { tail -5 "$O/stage.log"; exit 2; }
 say "model: 3 x 64 MiB shards staged into $MODEL in $((SECONDS - t0)) s"
 SHARD=$(ls "$MODEL"/*00002-of-00003.safetensors)
+if ls "$W/state/staged/"*.json >/dev/null 2>&1; then
+  say "  stage record: $(ls "$W/state/staged/"*.json) (where the daemon reads it)"
+else
+  say "  NO stage record in $W/state/staged: the daemon would have no source to restage from"; exit 2
+fi
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-mkdir -p "$W/state"
 cat > "$W/inventory.yaml" <<YAML
 hosts:
   h200:
@@ -97,7 +108,6 @@ policy:
   verify: {deep: "on", serving: "off", deep_python: $PYPATH, timeout_s: 240}
 YAML
 cp "$W/inventory.yaml" "$O/"
-export STATE_DIRECTORY=$W/state GPUDOCTOR_STATE_DIR=$W/state
 $GD daemon -i "$W/inventory.yaml" --host h200 --interval 5 --state "$W/state/daemon.json" \
   --metrics-addr "127.0.0.1:$PORT" > "$O/daemon.log" 2>&1 &
 DAEMON=$!

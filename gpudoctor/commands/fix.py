@@ -72,8 +72,7 @@ Exit codes, dry run (like `terraform plan -detailed-exitcode`, in gpudoctor's Na
 \b
 Exit codes with --apply: the verdict of `gpudoctor check` re-run after the changes:
   0 ok, 1 warning (e.g. a container restart still pending), 2 failure (also whenever a change failed or was rolled
-  back), 3 unknown or bad input. With --snapshot (a snapshot, nothing to re-check): 0 applied and verified, 1 a restart
-  pending, 2 a change failed, refused or was rolled back."""
+  back), 3 unknown or bad input. --apply with --snapshot is refused (exit 3): a replay changes nothing."""
 
 # What --allow can permit: remedies that would otherwise refuse a less durable or riskier way.
 ALLOWS = {"nvidia-smi-pm": "driver.persistence may run `nvidia-smi -pm 1` (resets at reboot) where "
@@ -125,8 +124,8 @@ def _confirm(plan, yes: bool) -> bool:
 @click.option("--inventory", type=click.Path(dir_okay=False), envvar="GPUDOCTOR_INVENTORY",
               help="Inventory file (default: ./inventory.yaml, then ~/.config/gpudoctor/inventory.yaml).")
 @alias("--snapshot", "--facts", "facts_path", hidden_aliases=["--facts"], metavar="FILE",
-       type=click.Path(dir_okay=False), help="Plan from a snapshot (gpudoctor snapshot) instead of gathering; --apply "
-                                             "then acts on this machine or --host.")
+       type=click.Path(dir_okay=False), help="Plan from a snapshot (gpudoctor snapshot) instead of gathering: a dry "
+                                             "run only (a replay changes nothing; --apply with it is refused).")
 @click.option("--only", multiple=True, metavar="ID",
               help="Only this remedy (an id from the list above, or a pattern like 'devices.*'; repeatable).")
 @click.option("--yes", "-y", is_flag=True, help="With --apply: do not ask for confirmation (needed without a TTY).")
@@ -192,8 +191,8 @@ def fix(host_name, inventory, facts_path, only, yes, allow, models, model_source
 
 def _load_facts(path: str, apply: bool = False) -> dict:
     """A snapshot document from a file that holds one or a bare facts document, validated before anything plans
-    (fix plans from a part of the facts too, e.g. a boundary-only document). Applied as root, it must be root's own:
-    it names the files the changes are made to."""
+    (fix plans from a part of the facts too, e.g. a boundary-only document). With --apply as root it must be root's
+    own before it is read at all (the apply itself is then refused: a replay cannot act, gpudoctor.target.live)."""
     from gpudoctor import snapshot
     from gpudoctor.files.inputs import trusted
 

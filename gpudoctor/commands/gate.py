@@ -57,6 +57,11 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
     daemon runs here, the gate moves the ladder itself and runs the verification when it is due.
 
     \b
+    With --snapshot FILE nothing acts: a replay is another machine's (or moment's) facts. --slurm says what it would
+    do to the node ("would drain NODE: reason") and changes nothing; --recovery and --slurm neither read nor move the
+    ladder, whose verdict is then unknown (not judged); --npd says "replay, not this node" with exit 2 (unknown).
+
+    \b
     Exit codes: 0 ready; 2 blocked (a failure, or a required check missing or not ok, or not ready on the ladder);
     3 could not decide (host unreachable, only unknowns, bad input).
     With --npd: 0 ok, 1 problem, 2 unknown, and exactly one line of output.
@@ -75,7 +80,12 @@ def gate(host_name, inventory, expect_gpus, models, sglang_url, timeout, profile
         from gpudoctor.integrations import slurm as slurm_mode
         from gpudoctor.target import local_host
 
-        action = slurm_mode.apply(result, local_host(), node=node)
+        # a replay's verdict acts on no node: say what would be done (slurm.apply refuses it by the same rule)
+        if result.replayed:
+            own = result.error is None and all(b.key == "recovery.ladder" for b in result.blockers)
+            action = slurm_mode.dry(result, node, passed=own)  # the snapshot's own checks, not its unknown ladder
+        else:
+            action = slurm_mode.apply(result, local_host(), node=node)
     if as_json:
         import json
 
@@ -115,7 +125,10 @@ def _gate_npd(args, recovery_file=None) -> int:
     """NPD's contract: exactly one line on stdout and exit 0/1/2, whatever happens."""
     from gpudoctor.integrations import npd
     try:
-        code, line = npd.verdict(_evaluate(*args, quiet=True, ladder=True, recovery_file=recovery_file)[0])
+        result = _evaluate(*args, quiet=True, ladder=True, recovery_file=recovery_file)[0]
+        code, line = npd.verdict(result)
+        if result.replayed:  # another machine's (or moment's) facts: never this node's condition
+            code, line = npd.NPD_UNKNOWN, npd.fit(f"replay, not this node: {line}")
     except GpudoctorError as exc:
         code, line = npd.error_verdict(exc)
     except Exception as exc:  # noqa: BLE001 - NPD must get one line, never a traceback

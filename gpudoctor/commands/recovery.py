@@ -50,13 +50,13 @@ def release(host, inventory, recovery_file, timeout, as_json):
     from gpudoctor.commands import say_inventory
     from gpudoctor.host.local import read_boot_id
     from gpudoctor.recovery import advance, gates
-    from gpudoctor.target import LOCAL_NAMES, open_target
+    from gpudoctor.target import LOCAL_NAMES, live, open_target
 
     local = host in LOCAL_NAMES or host == socket.gethostname()
     with open_target(None if local else host, inventory, timeout=timeout) as target:
         say_inventory(target)
         store = gates.store_for(recovery_file)
-        verify = gates._verifier(target)
+        verify = gates._verifier(live(target, "release a host"))  # the door: only a live target is released
         adv = advance.release(store, target.name, verify, boot_id=read_boot_id() if local else None, driver=None)
     v = adv.verification
     released = adv.ready and v is not None and bool(v.passed)  # never on a verification that failed

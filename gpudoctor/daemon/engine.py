@@ -111,11 +111,12 @@ class PipelineEngine:
     def _target(self, name: str):
         """The host's Target, opened once and kept: SSH connections are reused across cycles."""
         if name not in self._targets:
-            from gpudoctor.target import open_target
+            from gpudoctor.target import live, open_target
 
-            # only the inventory given with -i: a healing policy is never picked up implicitly
-            self._targets[name] = open_target(None if name == self.local_host else name, self.inventory,
-                                              timeout=self.cfg.timeout, search=False)
+            # only the inventory given with -i: a healing policy is never picked up implicitly; a live target only
+            # (the daemon moves its ladder and heals it)
+            self._targets[name] = live(open_target(None if name == self.local_host else name, self.inventory,
+                                                   timeout=self.cfg.timeout, search=False), "watch a host")
             if self.cfg.models:
                 ctx = self._targets[name].context
                 ctx.model_paths = list(dict.fromkeys([*ctx.model_paths, *self.cfg.models]))
@@ -135,7 +136,9 @@ class PipelineEngine:
         from gpudoctor import remedies
         from gpudoctor.remedy import AuditLog, Engine, RemedyContext, default_paths
 
-        target = self._target(host)
+        from gpudoctor.target import live
+
+        target = live(self._target(host), "heal")  # the door: heals and restages act on live targets only
         paths = default_paths(self.cfg.state_dir)
         rctx = RemedyContext(hosts={host: target.host, **target.hosts()}, backup_dir=paths["backup_dir"],
                              reboot=reboot, timeout=self.cfg.timeout)

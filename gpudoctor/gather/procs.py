@@ -126,7 +126,9 @@ def ancestry(pid):
 for pid, (nodes, lports) in info.items():
     chain = ancestry(pid)
     if parent in chain:
-        continue  # this gather's own probes (cuInit, nvidia-smi) or the process that runs them
+        if not lports:
+            continue  # this gather's own probes (cuInit, nvidia-smi) or the process that runs them
+        nodes = []  # a server it started still listens: kept as a listener (release asks whose it is)
     st = stat(pid)
     d = {"uid": uid_of(pid), "comm": st[2] if st else None, "ppid": st[0] if st else None,
          "start": st[1] if st else None, "nodes": nodes}

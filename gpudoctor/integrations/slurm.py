@@ -32,6 +32,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from gpudoctor.target import live_verdict
+
 PREFIX = "gpudoctor:"
 MAX_REASON = 200  # ours, for sinfo's columns; Slurm itself keeps 5000+ characters verbatim
 
@@ -214,9 +216,22 @@ def read_show(host, node: str, *, timeout: float = 15.0) -> NodeInfo | str:
     return parse_show_node(show.stdout)
 
 
+def dry(result, node: str | None = None, *, passed: bool | None = None) -> SlurmAction:
+    """What `gate --slurm` would do to the node for a verdict on a replayed snapshot, which acts on no node (pure:
+    not even scontrol's read runs). `passed`: whether the snapshot's own checks passed (default: the verdict's)."""
+    node = node or node_name()
+    if result.passed if passed is None else passed:
+        return SlurmAction("dry", f"a replay changes no node: on a live check that passes, {node} would be resumed "
+                                  f"if gpudoctor had drained it (once the recovery ladder says ready)")
+    return SlurmAction("dry", f"a replay changes no node: would drain {node}: {make_reason(result.headline)}")
+
+
 def apply(result, host, *, node: str | None = None, timeout: float = 15.0) -> SlurmAction:
     """Drain or resume the node for a GateResult, through `host.run` (a LocalHost on the compute node): read,
-    decide, read again right before writing (skip if anything changed), write, read right after (verify)."""
+    decide, read again right before writing (skip if anything changed), write, read right after (verify). A verdict
+    on a replayed snapshot is refused here, before scontrol runs (gpudoctor.target.live_verdict; `dry` says what
+    would be done)."""
+    live_verdict(result, "drain or resume a Slurm node", "gate --snapshot --slurm only says what it would do")
     node = node or node_name()
     info = read_node(host, node, timeout=timeout)
     if isinstance(info, str):

@@ -698,8 +698,31 @@ def state_dirs(root: str = "") -> list[str]:
     env = os.environ.get("GPUDOCTOR_STATE_DIR")
     if env:
         return [env]
+    return default_state_dirs(root)
+
+
+def default_state_dirs(root: str = "") -> list[str]:
+    """The state directories without $GPUDOCTOR_STATE_DIR: /var/lib/gpudoctor and the user's state dir."""
     home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return [root + "/var/lib/gpudoctor", os.path.join(home, "gpudoctor")]
+
+
+def record_dirs(root: str = "") -> list[str]:
+    """Where read_record looks for stage records (<state dir>/staged), shown without the test root."""
+    return [os.path.join(d[len(root):] if root and d.startswith(root) else d, STATE_SUBDIR) for d in state_dirs(root)]
+
+
+def record_elsewhere(dst: str, root: str = "") -> str | None:
+    """A trusted stage record of dst in a known state directory read_record does not look in (the default ones
+    while $GPUDOCTOR_STATE_DIR names another): staged by a gpudoctor with another state directory."""
+    looked = {os.path.normpath(d) for d in state_dirs(root)}
+    for d in default_state_dirs(root):
+        if os.path.normpath(d) in looked:
+            continue
+        p = os.path.join(d, STATE_SUBDIR, record_key(dst) + ".json")
+        if trusted_file(p):
+            return p[len(root):] if root and p.startswith(root) else p
+    return None
 
 
 def record_key(dst: str) -> str:
@@ -789,6 +812,7 @@ def probe(paths: list[str], root: str = "", revision: str = "main") -> dict:
             "path": p, "exists": os.path.isdir(full), "nearest_existing": near[len(root):] if root else near,
             "mount": None if m is None else dict(m, tmpfs=m["fstype"] in ("tmpfs", "ramfs")),
             "statvfs": statvfs(near), "verify": rep, "record": rec, "record_path": rec_at,
+            "record_dirs": record_dirs(root), "record_elsewhere": None if rec else record_elsewhere(p, root),
         })
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -9,8 +9,10 @@ running; it stops waiting as soon as the host is ready or the ladder has settled
 the store's lock), including the verification when it is due; its checks are the passive check. Either way the
 ladder's rules are the only rules.
 
-A gate of a snapshot stands for this machine's passive check (Slurm mode acts on this machine's node): the ladder is
-this machine's (its name, its boot id) and the verification runs here.
+A gate of a snapshot (a ReplayTarget) moves no ladder and runs no verification: its facts are another machine's,
+or another moment's. `judge` gives it a dry verdict that says what a live gate would have recorded, and the ladder is
+then "unknown" for it (a gate never passes what it could not judge). Only a LiveTarget reaches the ladder's writer
+(`_move`, through gpudoctor.target.live), so no caller can move it on a replay's word.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from gpudoctor.recovery import advance as recovery
 from gpudoctor.recovery.ladder import INSPECT, VERIFYING, view
+from gpudoctor.target import is_live, live
 
 KEY = "recovery.ladder"
 HINT = ("the host returns to service only after its verification passes (docs/recovery.md); "
@@ -35,7 +38,8 @@ class LadderVerdict:
     reason: str
     ready: bool
     since: float | None
-    moved_by: str  # "gate" (no daemon here), "daemon" (read only) or "nobody" (the gate could not check)
+    moved_by: str  # "gate" (no daemon here), "daemon" (read only), "nobody" (the gate could not check) or
+    #                "replay" (a snapshot: nothing moved, `reason` says what a live gate would have recorded)
     verification: dict | None = None  # what this gate's own verification said, when it ran one
 
     def to_json(self) -> dict:
@@ -61,23 +65,15 @@ def pid_is_daemon(pid) -> bool:
 
 
 def _verifier(target):
-    """run_verification on the target's host (this machine for a snapshot), per the inventory's policy verify:."""
-    from gpudoctor.recovery.verify import verify_policy_of
-    from gpudoctor.recovery.verify import run_verification
+    """run_verification on a live target's host, per the inventory's policy verify: (a replay is refused here)."""
+    from gpudoctor.recovery.verify import run_verification, verify_policy_of
 
+    target = live(target, "run the active verification")
     inv = target.inventory
     policy = verify_policy_of(inv.policy if inv is not None else None, path=str(inv.path) if inv is not None else None)
 
     def verify():
-        if target.host is not None:
-            return run_verification(target, policy)
-        from gpudoctor.target import open_target
-
-        here = open_target(None, inv, search=False)
-        try:
-            return run_verification(here, policy)
-        finally:
-            here.close()
+        return run_verification(target, policy)
 
     return verify
 
@@ -108,14 +104,24 @@ def judge(target, result, store, *, clock=time.time, wait_s: float = 0.0) -> Lad
     policy = from_inventory(inv)
     verify_policy_of(inv.policy if inv is not None else None,
                      path=str(inv.path) if inv is not None else None)  # bad input fails before anything moves
+    if not is_live(target) or getattr(result, "replayed", None):
+        return dry(target, result)
+    return _move(live(target, "move the recovery ladder"), result, store, policy, clock, wait_s)
+
+
+def dry(target, result) -> LadderVerdict:
+    """The verdict for a gate of a replay: nothing read or written; what a live gate would have recorded."""
+    what = getattr(target, "recorded", lambda: "a replay")()
+    did = ("could not check" if result.error is not None else
+           "a passing check" if result.passed else f"a failing check ({result.headline})")
+    return LadderVerdict(target.name, "unknown", f"{what} moves no recovery ladder (a live gate would record "
+                                                 f"{did} for {target.name}): not judged", False, None, "replay")
+
+
+def _move(target, result, store, policy, clock, wait_s) -> LadderVerdict:
+    """The ladder's writer for a gate: a live target's passive check recorded (unless a daemon moves it)."""
     boot, driver = recovery.identity(getattr(result, "facts", None))
     name = target.name
-    if target.host is None:  # a snapshot stands for this machine: its ladder, its boot
-        import socket
-
-        from gpudoctor.host.local import read_boot_id
-
-        name, boot, driver = socket.gethostname(), read_boot_id(), None
     if result.error is not None:  # the gate could not check: closed anyway, and it records nothing it did not see
         lad = store.get(name)
         state, reason, ready = view(lad, boot)
@@ -142,6 +148,10 @@ def apply(result, verdict: LadderVerdict):
     from gpudoctor.gate import Blocker
 
     if verdict.ready or (not result.passed and verdict.state != INSPECT):
+        return result
+    if verdict.moved_by == "replay":  # not judged: a replay's ladder is unknown, never ready
+        result.blockers.insert(0, Blocker(KEY, "unknown", verdict.reason, "gate this machine live (no --snapshot)",
+                                          None, True))
         return result
     result.blockers.insert(0, Blocker(KEY, "fail", verdict.reason, HINT, None, True))
     return result

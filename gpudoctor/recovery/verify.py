@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from gpudoctor.errors import ConfigError
+from gpudoctor.recovery.listener import trusted_listeners
 
 MODES = ("auto", "on", "off")
 VERIFY_KEYS = ("deep", "serving", "commands", "timeout_s", "smoke_requests", "smoke_max_tokens", "smoke_ttft_ms_max",
@@ -455,6 +456,10 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
     loop = _loopback_from_afar(target, serving.url)
     if loop:
         return FAIL, loop
+    owner = getattr(serving, "user", None)  # whose server answers: root's, serving.user's or a system unit's only
+    before, why = trusted_listeners(target, serving.url, owner=owner)
+    if why:
+        return FAIL, why
     box: dict = {}
 
     def work():
@@ -470,7 +475,15 @@ def run_serving(target, policy: VerifyPolicy, budget_s: float, say: Callable[[st
         return FAIL, f"{serving.url}: the smoke did not finish in {budget_s:.0f} s (policy.verify.timeout_s)"
     if "error" in box:
         raise box["error"]
+    after, why = trusted_listeners(target, serving.url, owner=owner)  # the same server still, not one swapped in
+    if why or after != before:
+        return FAIL, why or (f"the listener on {serving.url} changed during the smoke (pids {_pids(before)} → "
+                             f"{_pids(after)}): release does not trust its answers")
     return box["result"]
+
+
+def _pids(listeners) -> str:
+    return ", ".join(str(pid) for pid, _ in listeners or ()) or "none"
 
 
 def _loopback_from_afar(target, url: str) -> str | None:

@@ -162,15 +162,16 @@ def test_where_the_daemon_runs_a_gate_only_reads_its_ladder(daemon_factory, tmp_
     assert json.loads((tmp_path / "recovery.json").read_text())["hosts"][here]["state"] == "verifying"
     work = tmp_path / "gate"
     work.mkdir()
+    # a live gate of this machine (a replay moves and reads no ladder): a profile that passes here, as root
     (work / "inventory.yaml").write_text(f"hosts:\n  {here}: {{address: 127.0.0.1}}\npolicy:\n  verify: "
-                                         "{deep: 'off', serving: 'off', commands: [['true']]}\n")
-    snap = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots" / "h200-healthy.json"
+                                         "{deep: 'off', serving: 'off', commands: [['true']]}\n"
+                                         "profiles:\n  here: {require: [host.privileges], fail_free: false}\n")
     env = {**os.environ, "HOME": str(work), "STATE_DIRECTORY": str(tmp_path)}
     env.pop("GPUDOCTOR_INVENTORY", None)
     env["PYTHONPATH"] = pythonpath(env=env)
 
     def gate():
-        return subprocess.run([sys.executable, "-m", "gpudoctor", "gate", "--snapshot", str(snap), "--recovery",
+        return subprocess.run([sys.executable, "-m", "gpudoctor", "gate", "--profile", "here", "--recovery",
                                "--json", "--recovery-wait", "30"], cwd=work, env=env, capture_output=True, text=True,
                               timeout=60)
 

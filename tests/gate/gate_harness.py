@@ -1,4 +1,10 @@
-"""Run the real `gpudoctor gate` CLI in a subprocess, against the H200 snapshots, with stand-in scontrol on PATH."""
+"""Run the real `gpudoctor gate` CLI in a subprocess, against the H200 snapshots or a live host rooted in a temp
+directory (Live), with stand-in scontrol on PATH.
+
+A replay never acts (docs/security.md), so what drains, resumes and moves the ladder is a live gate: Live is an
+inventory host `gpu01` whose files live under a HostRoot (tests/rooted.py maps them), judged with the profile
+`nodes` (the nvidia-uvm node's major must match the live one; nothing else is required), so a test turns the
+verdict with one mknod: Live.bad() (the seed's stale 509 node) or Live.good()."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import sys
 from pathlib import Path
 
 from tests.childenv import pythonpath
+from tests.remedies.hostroot import HostRoot
+from tests.rooted import roots_env
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +77,59 @@ class Slurm:
         return [c for c in self.calls() if c[:1] == ["update"]]
 
 
-def run_gate(*args, cwd, env=None, path_prepend=None) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess; cwd and HOME are a temp dir so no stray inventory.yaml is picked up."""
+LIVE_CAUSE = "/dev/nvidia-uvm is 509:0, but the live nvidia-uvm device is 511:0"  # Live.bad()'s root cause
+LIVE_INVENTORY = """hosts:
+  {name}: {{address: local}}
+profiles:
+  nodes: {{require: ["devices.node.major*"], fail_free: false}}
+policy:
+  verify:
+    deep: "off"
+    serving: "off"
+    commands: [[test, -e, "{flag}"]]
+"""
+
+
+class Live:
+    """Inventory host NAME (gpu01), live, its files under a temp root, in TMP/inventory.yaml: gate it with
+    run_gate(*live.args, ..., env=live.env, rooted=True), or run live.cli + live.args with live.env anywhere (a
+    Slurm node's HealthCheckProgram: live.shim()). Its ladder record is NAME; the verification passes while `flag`
+    exists."""
+
+    name = "gpu01"
+
+    def __init__(self, tmp: Path, flag: Path, name: str = "gpu01"):
+        self.name = name
+        (tmp / "gpu-root").mkdir(exist_ok=True)
+        self.root = HostRoot(tmp / "gpu-root", uvm_major=511).healthy_nodes(511)
+        self.inventory = tmp / "inventory.yaml"
+        self.inventory.write_text(LIVE_INVENTORY.format(name=name, flag=flag))
+        self.args = ["--inventory", str(self.inventory), "--host", name, "--profile", "nodes"]
+        self.env = {**roots_env(**{name: (self.root.root, [self.root.bin])}), "GPUDOCTOR_STANDIN_ROOT":
+                    str(self.root.root), "GPUDOCTOR_STANDIN_PYTHON": sys.executable, "PYTHONPATH": pythonpath()}
+        self.cli = [sys.executable, "-m", "tests.rooted"]  # the CLI with this host's files under its root
+
+    def shim(self, path: Path, *extra: str) -> Path:
+        """An executable that runs `gpudoctor ARGS` on this host (ARGS: its own, then --host and the inventory),
+        with the environment it needs set inside: slurmd runs a HealthCheckProgram with almost none."""
+        exports = "".join(f"{k}='{v}'; export {k}\n" for k, v in self.env.items())
+        path.write_text(f"#!/bin/sh\n{exports}exec {' '.join(self.cli)} \"$@\" {' '.join(self.args)} "
+                        f"{' '.join(extra)}\n")
+        path.chmod(0o755)
+        return path
+
+    def bad(self) -> "Live":
+        self.root.node("/dev/nvidia-uvm", 509, 0)
+        return self
+
+    def good(self) -> "Live":
+        self.root.node("/dev/nvidia-uvm", 511, 0)
+        return self
+
+
+def run_gate(*args, cwd, env=None, path_prepend=None, rooted=False) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess; cwd and HOME are a temp dir so no stray inventory.yaml is picked up. `rooted`:
+    through tests/rooted.py, so a Live host's files are read under its root."""
     e = dict(os.environ)
     e.pop("GPUDOCTOR_INVENTORY", None)
     e["HOME"] = str(cwd)
@@ -79,5 +138,6 @@ def run_gate(*args, cwd, env=None, path_prepend=None) -> subprocess.CompletedPro
     if path_prepend:
         e["PATH"] = f"{path_prepend}{os.pathsep}{e['PATH']}"
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "gpudoctor", "gate", *args], env=e, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "tests.rooted" if rooted else "gpudoctor", "gate", *args], env=e,
+                          cwd=cwd,
                           capture_output=True, text=True, timeout=60)

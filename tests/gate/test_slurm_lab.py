@@ -1,50 +1,47 @@
 """`gpudoctor gate --slurm` against the real Slurm 22.05 (tests/slurmlab.py): as a command, as HealthCheckProgram
 through the wrapper docs/gate.md documents, as a Prolog; and an admin's state, set with scontrol as an admin would,
-is never changed by it — neither by a failing gate (no drain over it) nor by a passing one (no resume)."""
+is never changed by it — neither by a failing gate (no drain over it) nor by a passing one (no resume). The gate is
+live (a replay acts on no node): gate_harness.Live, a host whose verdict one mknod turns."""
 
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from gate_harness import SNAPS
+from gate_harness import LIVE_CAUSE, Live
 
 from gpudoctor.integrations.slurm import RESUMED_NOTE, make_reason, parse_show_node
 
 pytestmark = pytest.mark.usefixtures("node")
 
 ROOT = Path(__file__).resolve().parents[2]
-BAD = str(SNAPS / "h200-uvm-blocked.json")
-GOOD = str(SNAPS / "h200-healthy.json")
-ROOT_CAUSE = "/dev/nvidia-uvm is 1:3, but the live nvidia-uvm device is 238:0"
-GPUDOCTOR = Path(sys.executable).with_name("gpudoctor")  # the installed console script, as a user runs it
-
-
-INVENTORY = """hosts:
-  {node}: {{address: 127.0.0.1}}
-policy:
-  verify: {{deep: "off", serving: "off", commands: [[test, -e, "{flag}"]]}}
-"""
+BAD, GOOD = "bad", "good"
+ROOT_CAUSE = LIVE_CAUSE
+LIVES: dict = {}
 
 
 @pytest.fixture(autouse=True)
 def verified(tmp_path, node):
-    """An inventory whose verification (policy verify: commands) passes while the flag file exists, and the ladder's
-    file in this test's directory: the gate resumes a node only after a passing verification (docs/recovery.md)."""
+    """The lab's node as a live inventory host (gate_harness.Live) whose verification (policy verify: commands)
+    passes while the flag file exists, and the ladder's file in this test's directory: the gate resumes a node only
+    after a passing verification (docs/recovery.md)."""
     flag = tmp_path / "verify-passes"
     flag.touch()
-    (tmp_path / "inventory.yaml").write_text(INVENTORY.format(node=node.node, flag=flag))
-    return flag
+    LIVES[tmp_path] = Live(tmp_path, flag, name=node.node)
+    yield flag
+    del LIVES[tmp_path]
 
 
-def gate(lab, tmp_path, snap, *extra):
-    """`gpudoctor gate --slurm` inside the lab's namespace, as slurmd's node would run it."""
-    return lab.run([str(GPUDOCTOR), "gate", "--snapshot", snap, "--slurm", "--inventory", str(tmp_path / "inventory.yaml"),
-                    "--recovery-file", str(tmp_path / "recovery.json"), *extra], cwd=tmp_path,
-                   env={"HOME": str(tmp_path), "SLURMD_NODENAME": lab.node, "GPUDOCTOR_INVENTORY": ""})
+def gate(lab, tmp_path, verdict, *extra):
+    """`gpudoctor gate --slurm` inside the lab's namespace, as slurmd's node would run it, on the live host made to
+    fail (BAD) or pass (GOOD) first."""
+    live = LIVES[tmp_path]
+    (live.bad if verdict == BAD else live.good)()
+    return lab.run([*live.cli, "gate", "--slurm", *live.args, "--recovery-file", str(tmp_path / "recovery.json"),
+                    *extra], cwd=tmp_path,
+                   env={**live.env, "HOME": str(tmp_path), "SLURMD_NODENAME": lab.node, "GPUDOCTOR_INVENTORY": ""})
 
 
 def info(lab):
@@ -115,8 +112,8 @@ def test_an_admins_state_is_never_changed(node, tmp_path, admin):
     setup(node)
     before = node.show()
     assert info(node).state in states and info(node).reason == reason
-    for snap, code in ((BAD, 2), (GOOD, 0)):  # a failing gate drains nothing over it, a passing one resumes nothing
-        r = gate(node, tmp_path, snap)
+    for verdict, code in ((BAD, 2), (GOOD, 0)):  # a failing gate drains nothing over it, a passing one resumes nothing
+        r = gate(node, tmp_path, verdict)
         assert r.returncode == code, r.stdout + r.stderr
         assert f"slurm: {node.node} left as is: " in r.stderr
         assert any(f"(State={s}" in r.stderr for s in states), r.stderr
@@ -139,16 +136,13 @@ def test_a_gpudoctor_drain_an_admin_took_down_is_not_resumed(node, tmp_path):
     assert info(node).state == "DOWN+DRAIN"
 
 
-def _wrapper(lab, tmp_path, snapshot_file: Path) -> Path:
+def _wrapper(lab, tmp_path) -> Path:
     """docs/gate.md's wrapper, verbatim but for two lines a test needs: the lab's slurm.conf (a real node reads
-    /etc/slurm/slurm.conf) and, in place of /usr/local/bin/gpudoctor, this run's gpudoctor gating a snapshot."""
+    /etc/slurm/slurm.conf) and, in place of /usr/local/bin/gpudoctor, this run's gpudoctor gating the live host."""
     doc = (ROOT / "docs" / "gate.md").read_text()
     text = re.search(r"```sh\n(#!/bin/sh\n.*?)```", doc, re.S).group(1)
     assert "export PATH" in text and "/usr/local/bin/gpudoctor gate --slurm" in text
-    shim = tmp_path / "gpudoctor-under-test"
-    shim.write_text(f'#!/bin/sh\nexec {GPUDOCTOR} "$@" --snapshot "$(cat {snapshot_file})" '
-                    f'--inventory {tmp_path / "inventory.yaml"} --recovery-file {tmp_path / "recovery.json"}\n')
-    shim.chmod(0o755)
+    shim = LIVES[tmp_path].shim(tmp_path / "gpudoctor-under-test", "--recovery-file", str(tmp_path / "recovery.json"))
     text = text.replace("/usr/local/bin/gpudoctor", str(shim), 1)
     text = text.replace("#!/bin/sh\n", f"#!/bin/sh\nSLURM_CONF={lab.conf}; export SLURM_CONF\n", 1)
     path = tmp_path / "gpudoctor-slurm-check"
@@ -159,14 +153,13 @@ def _wrapper(lab, tmp_path, snapshot_file: Path) -> Path:
 
 
 def test_health_check_program_drains_then_resumes(node, tmp_path):
-    snap = tmp_path / "snapshot"
-    snap.write_text(BAD)
-    node.write_conf(HealthCheckProgram=str(_wrapper(node, tmp_path, snap)), HealthCheckInterval="1")
+    live = LIVES[tmp_path].bad()
+    node.write_conf(HealthCheckProgram=str(_wrapper(node, tmp_path)), HealthCheckInterval="1")
     try:
         node.scontrol("reconfigure")
         node.wait_state(lambda s: s == "IDLE+DRAIN", 30)  # slurmd ran it with only SLURMD_NODENAME set
         assert info(node).reason == make_reason(ROOT_CAUSE)
-        snap.write_text(GOOD)
+        live.good()
         node.wait_state(lambda s: s == "IDLE", 30)
     finally:
         node.write_conf(HealthCheckProgram=None, HealthCheckInterval=None)
@@ -174,9 +167,8 @@ def test_health_check_program_drains_then_resumes(node, tmp_path):
 
 
 def test_a_failing_prolog_drains_and_the_job_is_requeued_held(node, tmp_path):
-    snap = tmp_path / "snapshot"
-    snap.write_text(BAD)
-    node.write_conf(Prolog=str(_wrapper(node, tmp_path, snap)))
+    LIVES[tmp_path].bad()
+    node.write_conf(Prolog=str(_wrapper(node, tmp_path)))
     try:
         node.scontrol("reconfigure")
         job = node.run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "true"]).stdout.strip()
@@ -203,12 +195,13 @@ def test_the_recovery_ladder_in_real_slurm(node, tmp_path, verified):
     fails (still drained, Slurm's reason says why) -> passes -> resumed; the same fault three times ->
     needs-inspection (not resumed by passing checks); `gpudoctor release` verifies (fails, then passes) and the next
     gate resumes. An admin's drain over ours at the end is never resumed."""
-    inv = tmp_path / "inventory.yaml"
+    live = LIVES[tmp_path]
+    inv = live.inventory
     inv.write_text(inv.read_text() + "  recovery: {retry_s: 0}\n")  # a failed verification is retried at once
 
     def release():
-        return node.run([str(GPUDOCTOR), "release", "local", "--inventory", str(inv), "--recovery-file",
-                         str(tmp_path / "recovery.json")], cwd=tmp_path, env={"HOME": str(tmp_path)})
+        return node.run([*live.cli, "release", node.node, "--inventory", str(inv), "--recovery-file",
+                         str(tmp_path / "recovery.json")], cwd=tmp_path, env={**live.env, "HOME": str(tmp_path)})
 
     assert gate(node, tmp_path, BAD).returncode == 2
     assert info(node).state == "IDLE+DRAIN" and info(node).reason == make_reason(ROOT_CAUSE)

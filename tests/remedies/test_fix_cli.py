@@ -34,19 +34,27 @@ def snap(tmp_path):
     return p, conf, state
 
 
-def test_fix_from_snapshot_dry_run_then_apply(snap):
+def test_fix_from_snapshot_plans_and_the_live_config_is_applied(snap):
+    """A snapshot is planned from, never applied (a replay cannot act: tests/gate/test_replay_acts_on_nothing.py);
+    the same change is applied from the live config (`lxc fix --config`), and a second run finds it there."""
+    from tests.proxmox.conftest import DEV511
+
     p, conf, state = snap
     before = conf.read_bytes()
     r = gd("fix", "--facts", p, *state)
     assert r.returncode == 1 and "PLAN  lxc.cgroup_allow on localhost" in r.stdout and conf.read_bytes() == before
     r = gd("fix", "--facts", p, "--only", "lxc.cgroup_allow", "--apply", "--yes", "--json", *state)
+    assert r.returncode == 3 and "will not apply fixes from a snapshot of ct200" in r.stderr
+    assert conf.read_bytes() == before
+    live = ("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply")
+    r = gd(*live, "--json", *state)
     doc = json.loads(r.stdout)
     assert doc["outcomes"][0]["result"] == "applied" and r.returncode == 1  # restart still pending
     assert b"lxc.cgroup2.devices.allow: c 511:* rwm" in conf.read_bytes()
-    r = gd("fix", "--facts", p, "--apply", "--yes", *state)  # a stale snapshot: apply finds the planned result already there
-    assert r.returncode == 1 and "UNCHANGED  lxc.cgroup_allow" in r.stdout and "restart pending" in r.stdout
+    r = gd(*live, *state)  # again: the live config already allows it
+    assert r.returncode == 0 and r.stdout == "nothing to fix\n"
     assert [json.loads(x)["result"] for x in (p.parent / "audit.jsonl").read_text().splitlines()] == [
-        "started", "applied", "started", "unchanged"]  # "started" before each apply (#40: a killed run says so)
+        "started", "applied"]  # "started" before the apply (#40: a killed run says so); the refusal wrote nothing
 
 
 @pytest.mark.parametrize("content,msg", [
