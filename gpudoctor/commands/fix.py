@@ -195,9 +195,5 @@ def _load_facts(path: str, apply: bool = False) -> dict:
     (fix plans from a part of the facts too, e.g. a boundary-only document). Applied as root, it must be root's own:
     it names the files the changes are made to."""
     from gpudoctor import snapshot
-    from gpudoctor.files.inputs import trusted
 
-    if apply:
-        trusted(path, what="facts snapshot")
-
-    return snapshot.load_document(path, require=())
+    return snapshot.load_document(path, require=(), obeyed=apply)  # as root, applied facts are root's (#40, #47)
