@@ -26,8 +26,8 @@ files.
     untrusted(path)                       None, or why root may not trust `path` (one line), without raising
 
 Every refusal is `Refused(path, why)`; `why` is one line ("owned by eve (uid 1001), mode 0755, not root's"). Stdlib
-only, python >= 3.6 and standalone (no imports from gpudoctor): gather/deep_python.py sends this file's text to the
-target, so an interpreter found there is judged by the same code as a config file here.
+only, python >= 3.6 and standalone (it imports nothing of this package): gather/deep_python.py and gather/model.py
+send this text to the target, so an interpreter or a model found there is judged by the same code as a file here.
 """
 
 import errno
@@ -123,8 +123,8 @@ def _join(shown, name):
 class _Walk:
     """A stack of (fd, shown path, fstat) from "/" down; ".." pops it (never above "/")."""
 
-    def __init__(self, uids, strict):
-        self.uids, self.strict, self.hops = uids, strict, 0
+    def __init__(self, uids, strict, any_link=False):
+        self.uids, self.strict, self.hops, self.any_link = uids, strict, 0, any_link
         fd = os.open("/", _DIR)
         self.stack = [(fd, "/", os.fstat(fd))]
         if strict:
@@ -147,7 +147,7 @@ class _Walk:
     def follow(self, lst, name, shown):
         """A link met on the way: judged, then its target's parts to walk next (returned, in order)."""
         dfd, _, dst = self.top()
-        why = _link_refused(lst, dst, self.uids)
+        why = None if self.any_link else _link_refused(lst, dst, self.uids)
         if why:
             raise Refused(shown, why, rule=True)
         self.hops += 1
@@ -262,13 +262,16 @@ def open_at(dfd, name, shown, uids=None, strict=True, flags=os.O_RDONLY, parent=
         raise
 
 
-def open_file(path, uids=None, strict=True, flags=os.O_RDONLY):
+def open_file(path, uids=None, strict=True, flags=os.O_RDONLY, any_link=False):
     """(fd, fstat) of the regular file at `path`, every part walked and judged by fd (see the module's note); a
-    trusted link at any depth is followed, any other link refused. Raises Refused (errno ENOENT when missing)."""
+    trusted link at any depth is followed, any other link refused. Raises Refused (errno ENOENT when missing).
+    any_link (with strict=False only): every link is followed — for reading what root only reports on and never
+    obeys (a model's files in a user's cache, whose links are that user's): still a regular file, judged on its fd,
+    never a FIFO or device."""
     parts = _parts(path)
     if not parts:
         raise Refused("/", "is a directory, not a regular file", errno.EISDIR)
-    w = _Walk(uids, strict)
+    w = _Walk(uids, strict, any_link and not strict)
     try:
         w.walk(parts[:-1])
         name = parts[-1]
