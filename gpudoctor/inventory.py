@@ -278,12 +278,12 @@ def source_line(inv: Inventory) -> str:
 
 def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
     """Read and validate an inventory file; every problem is an InventoryError naming file and line."""
-    from gpudoctor.files.inputs import read_text, trusted
+    from gpudoctor.files.inputs import read_text
     from gpudoctor.files.yamlload import MAX_BYTES
 
     p = find_inventory(path)
-    trusted(p, what="inventory", error=InventoryError)  # root obeys only root's inventory (#40)
-    text = read_text(p, what="inventory", max_bytes=MAX_BYTES, error=InventoryError)
+    # root obeys only root's inventory (#40): opened once, judged on that fd, and that fd's bytes parsed (#47)
+    text = read_text(p, what="inventory", max_bytes=MAX_BYTES, error=InventoryError, obeyed=True)
     return parse_inventory(text, str(p), base_dir=str(p.parent))
 
 

@@ -116,14 +116,14 @@ def validate_facts(facts, path: str, what: str = "the facts", require=_CORE) -> 
     _validate_context(meta.get("context") or {}, bad)
 
 
-def load_document(path: str, *, require=_CORE) -> dict:
+def load_document(path: str, *, require=_CORE, obeyed: bool = False) -> dict:
     """A snapshot document from a file that holds one, or a bare facts document (gpudoctor.facts/1) wrapped as one;
     validated, so anything that cannot be judged is refused here (InputError, exit 3). `require`: the subsystems a
     facts-only document must have (fix plans from a part, e.g. boundary facts)."""
     from gpudoctor.gather import FACTS_SCHEMA
     from gpudoctor.files.inputs import read_json
 
-    doc = read_json(path, what="snapshot file", max_bytes=MAX_BYTES)
+    doc = read_json(path, what="snapshot file", max_bytes=MAX_BYTES, obeyed=obeyed)
     if isinstance(doc, dict) and doc.get("schema") == FACTS_SCHEMA:
         validate_facts(doc, path, require=require)
         return {"schema": SNAPSHOT_SCHEMA, "host": (doc.get("meta") or {}).get("host"), "facts": doc, "_path": path}

@@ -194,9 +194,5 @@ def _load_facts(path: str, apply: bool = False) -> dict:
     (fix plans from a part of the facts too, e.g. a boundary-only document). With --apply as root it must be root's
     own before it is read at all (the apply itself is then refused: a replay cannot act, gpudoctor.target.live)."""
     from gpudoctor import snapshot
-    from gpudoctor.files.inputs import trusted
 
-    if apply:
-        trusted(path, what="facts snapshot")
-
-    return snapshot.load_document(path, require=())
+    return snapshot.load_document(path, require=(), obeyed=apply)  # as root, applied facts are root's (#40, #47)

@@ -7,92 +7,72 @@
     output_dir(path, what)                      missing or a directory, never a file, never another user's (safe.py)
     http_url(url, what)                         http(s)://host[:port][/path]
     brief(value)                                a value for a message: at most ~80 characters, with the count cut
-    trusted(path, what=...)                     as root: the file is root's and only root can change it (#40)
+    read_bytes(path, obeyed=True)               as root: the file is root's and only root can change it (#40),
+                                                judged on the fd that is read (files/trust.py, #47)
 
 Every refusal is an InputError (or the subclass the caller names): one line, exit 3, nothing started.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
-import stat
 
 from gpudoctor.errors import InputError
+from gpudoctor.files import trust
 
 MiB = 1024 * 1024
 DEFAULT_MAX_BYTES = 16 * MiB
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError,
-               tail: bool = False) -> bytes:
+               tail: bool = False, obeyed: bool = False, missing_ok: bool = False) -> bytes | None:
     """The bytes of a regular file, at most max_bytes (tail: its last max_bytes, e.g. of a long log); anything
     else is `error(message, path=)`.
 
-    A FIFO, socket or device is refused from its stat() before any open (opening a FIFO blocks; opening a device
-    can have side effects), and again from fstat() after an O_NONBLOCK open, in case the path was swapped."""
+    Opened once through the one door (files/trust.py): every part walked by fd, a link followed only when root's, a
+    FIFO, socket or device refused from its fstatat() before any open (opening a FIFO blocks) and again from the fd,
+    and the bytes read from the fd that was judged. `obeyed`: a file whose content root obeys (an inventory names
+    programs it runs and hosts it marks ready; a campaign the servers it starts) — as root it must pass the rule
+    (sshd's StrictModes: it and every directory above it root's and writable by no one else), else one line naming
+    the part, its owner and its mode. An ordinary user's gpudoctor reads what that user chooses. `missing_ok`: None
+    for a missing file instead of an error."""
     p = os.fspath(path)
+    strict = obeyed and os.geteuid() == 0
     try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise error(f"no such {what}", path=p) from None
-    except OSError as exc:
-        raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise error(f"cannot read {what}: it is {_kind(st.st_mode)}, not a regular file", path=p)
+        fd, st = trust.open_file(p, strict=strict)
+    except trust.Refused as exc:
+        if exc.errno == errno.ENOENT:
+            if missing_ok:
+                return None
+            raise error(f"no such {what}", path=p) from None
+        if exc.rule and strict:
+            raise error(f"refusing this {what} as root: {exc}: another user could change what root does "
+                        "(give it to root, chmod go-w, or keep it in a directory only root can write)", path=p) from None
+        where = "" if exc.path == os.path.abspath(p) else f"{exc.path} "
+        raise error(f"cannot read {what}: {where}{_it(exc.why)}", path=p) from None
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"cannot read {what}: it is {_kind(st.st_mode)}, not a regular file", path=p)
         if st.st_size > max_bytes:
             if not tail:
                 raise error(f"{what} is {_size(st.st_size)}, larger than the {_size(max_bytes)} gpudoctor reads",
                             path=p)
             os.lseek(fd, st.st_size - max_bytes, os.SEEK_SET)
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(MiB, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > max_bytes:  # it grew while we read
-                if tail:
-                    return b"".join(chunks)[-max_bytes:]
-                raise error(f"{what} is larger than the {_size(max_bytes)} gpudoctor reads", path=p)
-        return b"".join(chunks)
+        data = trust.read_fd(fd, max_bytes)
+        if len(data) > max_bytes:  # it grew while we read
+            if tail:
+                return data[-max_bytes:]
+            raise error(f"{what} is larger than the {_size(max_bytes)} gpudoctor reads", path=p)
+        return data
     except OSError as exc:
         raise error(f"cannot read {what}: {exc.strerror}", path=p) from None
     finally:
         os.close(fd)
 
 
-def trusted(path, *, what: str = "file", error=InputError) -> None:
-    """As root, a file whose content gpudoctor obeys (an inventory names programs it runs and hosts it marks ready; a
-    campaign names servers it starts) must be root's, like sshd's StrictModes: the file and every directory above
-    it owned by root and writable by no other user (files/trust.py); else one line naming the part, its owner and its
-    mode (`error`, exit 3). An ordinary user's gpudoctor reads what that user chooses."""
-    p = os.fspath(path)
-    if os.geteuid() != 0 or not os.path.exists(p):  # a missing file: the reader says so
-        return
-    from gpudoctor.files.trust import untrusted
-
-    why = untrusted(os.path.abspath(p))
-    if why:
-        raise error(f"refusing this {what} as root: {why}: another user could change what root does "
-                    "(give it to root, chmod go-w, or keep it in a directory only root can write)", path=p)
+def _it(why: str) -> str:
+    """"is a FIFO, not a regular file" -> "it is a FIFO, not a regular file" (the door speaks of the part)."""
+    return "it " + why if why.startswith("is ") else why
 
 
 def decode(raw: bytes, path: str, *, what: str = "file", error=InputError) -> str:
@@ -106,15 +86,16 @@ def decode(raw: bytes, path: str, *, what: str = "file", error=InputError) -> st
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def read_text(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError) -> str:
-    return decode(read_bytes(path, what=what, max_bytes=max_bytes, error=error), os.fspath(path), what=what,
-                  error=error)
+def read_text(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, error=InputError,
+              obeyed: bool = False) -> str:
+    return decode(read_bytes(path, what=what, max_bytes=max_bytes, error=error, obeyed=obeyed), os.fspath(path),
+                  what=what, error=error)
 
 
 def read_json(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = 64,
-              error=InputError):
+              error=InputError, obeyed: bool = False):
     """A JSON document: syntax errors with their line, nesting deeper than max_depth refused (no RecursionError)."""
-    text = read_text(path, what=what, max_bytes=max_bytes, error=error)
+    text = read_text(path, what=what, max_bytes=max_bytes, error=error, obeyed=obeyed)
     return parse_json(text, os.fspath(path), what=what, max_depth=max_depth, error=error)
 
 

@@ -1,13 +1,14 @@
-"""Writing as root where others can write: walk directories without following links another user controls, create
-files O_EXCL|O_NOFOLLOW, replace by rename, never open an existing path for writing through a link (issue #40).
+"""Writing as root where others can write, on the fds of the one door (files/trust.py): create files
+O_EXCL|O_NOFOLLOW, replace by rename, never open an existing path for writing through a link (issues #40, #47).
 
-The rules, one place each:
-- `open_dir(path)`: the directory as an fd, walked from "/" one component at a time (O_NOFOLLOW|O_DIRECTORY, then
-  openat). A link on the way is followed only when it is trusted: owned by root (or us) in a directory nobody else
-  can write — /dev/shm -> /run/shm is fine, /tmp/x -> /etc planted by a user is refused. Every later operation goes
-  through the fd (dir_fd=), so a directory swapped after the walk changes nothing.
-- `owned_dir(path)`: the same, and the directory must belong to us (root) and be writable by nobody else; a
-  directory another user owns is refused with one line naming the owner (`Unsafe`, exit 3). Created 0755 if absent.
+Which paths root may trust, and how a path is walked, is files/trust.py's alone (its rule, its openat walk); this
+module adds what a writer needs on top, every step through the mutation seam (host/ops.py):
+- `open_dir(path)`: trust.open_dir — the directory as an fd, walked from "/" one component at a time
+  (O_NOFOLLOW|O_DIRECTORY, then openat), a link followed only when trusted (/dev/shm -> /run/shm is fine, /tmp/x ->
+  /etc planted by a user is refused). Every later operation goes through the fd (dir_fd=), so a directory swapped
+  after the walk changes nothing.
+- `owned_dir(path)`: the same, strict, and the directory itself must pass the rule as the last part (ours, writable
+  by nobody else, sticky or not); else one line naming the owner or mode (`Unsafe`, exit 3). Created 0755 if absent.
 - `create_excl(dirfd, name)`: a new file, O_CREAT|O_EXCL|O_NOFOLLOW: never an existing file, never through a link.
 - `write_file(path, data)`: an output file, atomically: a fresh temp file beside it, fsync, rename over the name (a
   link planted at the name is replaced, not followed), directory fsynced. Its mode comes from `output_mode`.
@@ -25,10 +26,10 @@ import stat
 import tempfile
 
 from gpudoctor.errors import InputError
+from gpudoctor.files import trust  # the one rule and the fd walk: nothing here judges a path by itself
 from gpudoctor.host import ops as fs  # the mutation seam: every write below is recorded there (tests/crash)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-MAX_LINKS = 40  # like the kernel's ELOOP bound
 
 
 class Unsafe(InputError):
@@ -54,112 +55,32 @@ def owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _trusted_uid(uid: int) -> bool:
-    return uid in (0, os.geteuid())
-
-
-def _others_can_write(st: os.stat_result) -> bool:
-    """Writable by every user, or by a group other than root's (files/trust.py's rule, for paths read or run)."""
-    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and st.st_gid != 0)
-
-
-def _trusted_link(link: os.stat_result, parent: os.stat_result) -> bool:
-    """A link root may follow: ours, in a directory of ours that nobody else can write, or that is sticky (where
-    nobody else can replace our link)."""
-    return (_trusted_uid(link.st_uid) and _trusted_uid(parent.st_uid)
-            and (not _others_can_write(parent) or bool(parent.st_mode & stat.S_ISVTX)))
+def _error(exc: trust.Refused) -> Exception:
+    """The door's refusal as a writer reports it: a missing part is FileNotFoundError, anything else Unsafe."""
+    if exc.errno == errno.ENOENT:
+        return FileNotFoundError(errno.ENOENT, exc.why, exc.path)
+    return Unsafe(exc.why, path=exc.path)
 
 
 def open_dir(path: str, *, create: bool = False, mode: int = 0o755, strict: bool = False) -> int:
-    """The directory at `path` as an O_DIRECTORY fd, walked without following untrusted links. `create` makes the
-    missing components (mode `mode`). `strict`: every directory on the way must be one nobody but root (or us) can
-    change (sshd's StrictModes: owned by root or us, not writable by others unless sticky), so that later path-based
-    writes below it land where the walk did. Raises Unsafe (a refused link, not a directory, a directory another
-    user controls) or OSError (ENOENT...)."""
-    path = os.path.abspath(path)
-    fd = os.open("/", _DIR)
+    """The directory at `path` as an O_DIRECTORY fd, walked by files/trust.py's door (openat, O_NOFOLLOW on every
+    part; a link followed only when trusted). `create` makes the missing parts (mode `mode`, through the mutation
+    seam). `strict`: every directory on the way must pass the one rule (trust.judge), so that what root writes below
+    it lands where the walk did. Raises Unsafe, or FileNotFoundError for a missing part."""
+    mkdir = (lambda name, dfd: fs.fs_mkdir(name, mode, dir_fd=dfd)) if create else None
     try:
-        todo = [c for c in path.split("/") if c]
-        shown = ""  # the path walked so far, for messages
-        hops = 0
-        while todo:
-            name = todo.pop(0)
-            if name == ".":
-                continue
-            if name == "..":
-                nfd = os.open("..", _DIR, dir_fd=fd)
-                os.close(fd)
-                fd, shown = nfd, os.path.dirname(shown)
-                continue
-            here = shown + "/" + name
-            try:
-                nfd = os.open(name, _DIR, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    fs.fs_mkdir(name, mode, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                nfd = _open_sub(fd, name, here)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISLNK(st.st_mode):
-                    raise Unsafe("not a directory", path=here) from None
-                if not _trusted_link(st, os.fstat(fd)):
-                    raise Unsafe(f"is a link owned by {owner_name(st.st_uid)} in a directory others can write; "
-                                 "gpudoctor does not follow it as root", path=here) from None
-                hops += 1
-                if hops > MAX_LINKS:
-                    raise Unsafe("too many levels of links", path=here) from None
-                target = os.readlink(name, dir_fd=fd)
-                todo = [c for c in target.split("/") if c] + todo
-                if target.startswith("/"):
-                    os.close(fd)
-                    fd, shown = os.open("/", _DIR), ""
-                continue
-            if strict:
-                _check_ancestor(nfd, here)
-            os.close(fd)
-            fd, shown = nfd, here
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _check_ancestor(fd: int, here: str) -> None:
-    st = os.fstat(fd)
-    if not _trusted_uid(st.st_uid):
-        os.close(fd)
-        raise Unsafe(f"is owned by {owner_name(st.st_uid)}: gpudoctor does not write in or below another "
-                     "user's directory as root", path=here)
-    if _others_can_write(st) and not st.st_mode & stat.S_ISVTX:
-        os.close(fd)
-        raise Unsafe(f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): gpudoctor does not write in or "
-                     "below it as root", path=here)
-
-
-def _open_sub(fd: int, name: str, here: str) -> int:
-    try:
-        return os.open(name, _DIR, dir_fd=fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Unsafe("appeared as a link or file while gpudoctor created it; not followed", path=here) from None
-        raise
+        return trust.open_dir(os.path.abspath(path), strict=strict, mkdir=mkdir)
+    except trust.Refused as exc:
+        raise _error(exc) from None
 
 
 def check_owned(fd: int, path: str) -> None:
-    """Refuse a directory another user owns or can write: what root puts there could be swapped under it."""
-    st = os.fstat(fd)
-    if not _trusted_uid(st.st_uid):
-        raise Unsafe(f"is owned by {owner_name(st.st_uid)}: gpudoctor does not write into another user's directory "
-                     "as root (remove it, or choose another path)", path=path)
-    if _others_can_write(st):
-        raise Unsafe(f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): gpudoctor does not write into "
-                     "it as root (chmod go-w, or choose another path)", path=path)
+    """Refuse to write into a directory that fails the one rule as the last part (another user's, or writable by
+    others, sticky or not): what root puts there could be swapped under it."""
+    why = trust.judge(os.fstat(fd))
+    if why:
+        raise Unsafe(f"is {why}: gpudoctor does not write into it as root (give it to root and chmod go-w, or "
+                     "choose another path)", path=path)
 
 
 def owned_dir(path: str, *, create: bool = True, mode: int = 0o755, strict: bool = True) -> int:
@@ -183,13 +104,22 @@ def check_out_dir(path: str) -> None:
         near = os.path.dirname(near)
     try:
         fd = open_dir(near, strict=True)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return  # the caller's own checks name that
     try:
         if near == path:
             check_owned(fd, path)
     finally:
         os.close(fd)
+
+
+def _open_sub(fd: int, name: str, here: str) -> int:
+    try:
+        return os.open(name, _DIR, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Unsafe("appeared as a link or file while gpudoctor created it; not followed", path=here) from None
+        raise
 
 
 def subdir(dirfd: int, rel: str, *, create: bool = True, mode: int = 0o755, root: str = "") -> int:
@@ -225,13 +155,13 @@ def open_regular(dirfd: int, name: str, flags: int, mode: int = 0o600, path: str
     """Open (or create) `name` in dirfd without following a link, and only if it is a regular file we own: for a
     lock file that is kept between runs."""
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dirfd)
+        fd = fs.fs_open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dirfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Unsafe("is a link; gpudoctor does not open it as root", path=path or name) from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or not _trusted_uid(st.st_uid) or st.st_nlink > 1:
+    if not stat.S_ISREG(st.st_mode) or trust.judge(st) or st.st_nlink > 1:
         os.close(fd)
         raise Unsafe(f"is not a regular file of ours (owner {owner_name(st.st_uid)}, {st.st_nlink} link(s)); not "
                      "opened", path=path or name)

@@ -191,10 +191,13 @@ def load(text: str, path: str, *, error=ConfigError) -> Located:
     return Located(build(root, ()), lines, path, error)
 
 
-def load_file(path, *, what: str = "YAML file", error=ConfigError, max_bytes: int = MAX_BYTES) -> tuple[Located, str]:
-    """Read (gpudoctor.files.inputs: a regular file, at most max_bytes, UTF-8) and load one YAML file."""
+def load_file(path, *, what: str = "YAML file", error=ConfigError, max_bytes: int = MAX_BYTES,
+              obeyed: bool = False) -> tuple[Located, str]:
+    """Read (gpudoctor.files.inputs: a regular file, at most max_bytes, UTF-8; `obeyed`: as root, root's by the one
+    rule, judged on the fd read) and load one YAML file."""
     import os
 
     p = os.fspath(path)
-    text = decode(read_bytes(p, what=what, max_bytes=max_bytes, error=error), p, what=what, error=error)
+    text = decode(read_bytes(p, what=what, max_bytes=max_bytes, error=error, obeyed=obeyed), p, what=what,
+                  error=error)
     return load(text, p, error=error), text

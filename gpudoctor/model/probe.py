@@ -1,7 +1,9 @@
 """Model weights on disk and in tmpfs: layout checks, safetensors headers, mounts, cgroup, staging marker.
 
-Standard library only, no gpudoctor imports: `gather/model.py` ships this file's source to a target host and runs
-it there as one program (``python3 -c SOURCE ARGS_JSON``), and `model verify` / `model stage` import it locally.
+Standard library only: `gather/model.py` ships this file's source, with files/trust.py's text (the one door: every
+file here is opened through it, so a FIFO planted as a marker or ref is one line, never a hang) inside it, to a
+target host and runs it there as one program (``python3 -c SOURCE ARGS_JSON``), and `model verify` / `model stage`
+import it locally.
 Nothing here reads tensor data; a shard is judged by its own header (8-byte LE length N, N bytes of JSON,
 then data: complete iff size == 8 + N + max(data_offsets end)).
 """
@@ -16,6 +18,12 @@ import re
 import stat
 import sys
 import time
+
+DOOR_IMPORT = "try:  # the one door"  # gather/model.py replaces this block with files/trust.py's text
+try:  # the one door (files/trust.py); on a target gather/model.py sends its text inside this program's text
+    from gpudoctor.files.trust import Refused, judge, open_file, read_fd
+except ImportError:  # pragma: no cover - the standalone program, where trust.py's text defines these names
+    pass
 
 SCHEMA = "gpudoctor.model/1"
 MARKER_NAME = ".gpudoctor-staged.json"  # written last by `model stage`, inside DST
@@ -224,13 +232,29 @@ def _problem(kind, file=None, expected=None, actual=None, detail=""):
     return {"kind": kind, "file": file, "expected": expected, "actual": actual, "detail": detail}
 
 
-def read_json_file(path: str, max_bytes: int = 64 << 20):
-    """(value, error): error is the errno name, "EMPTY" or "BAD_JSON: ..."."""
+def read_regular(path: str, max_bytes: int, strict: bool = False) -> bytes:
+    """At most max_bytes of the regular file at `path`, through the one door (files/trust.py): a FIFO, socket or
+    device is refused (OSError) before it is opened, never read (a read would block for ever). strict: the one rule
+    too (a file root acts on); else any link is followed (a user's cache links its own blobs)."""
+    fd, _ = open_file(path, strict=strict, any_link=not strict)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes)
+        return read_fd(fd, max_bytes - 1) if max_bytes > 0 else b""
+    finally:
+        os.close(fd)
+
+
+def _refusal(exc: OSError) -> str:
+    """ENOENT and the like by name (what callers compare); a refusal of the door (a FIFO, a link) by its words."""
+    return exc.why if isinstance(exc, Refused) and exc.errno in (None, 0, errno.EINVAL, errno.ELOOP) else _errname(exc)
+
+
+def read_json_file(path: str, max_bytes: int = 64 << 20, strict: bool = False):
+    """(value, error): error is the errno name, "EMPTY", "BAD_JSON: ..." or why the door refused it ("is a FIFO,
+    not a regular file")."""
+    try:
+        data = read_regular(path, max_bytes, strict)
     except OSError as exc:
-        return None, _errname(exc)
+        return None, _refusal(exc)
     if not data.strip():
         return None, "EMPTY"
     try:
@@ -253,14 +277,13 @@ def _resolve_hf(repo: str, revision: str, problems: list, notes: list) -> tuple[
     else:
         ref = os.path.join(repo, "refs", *revision.split("/"))
         try:
-            with open(ref) as fh:
-                commit = fh.read().strip()
+            commit = read_regular(ref, 4096).decode("utf-8", "replace").strip()
         except OSError as exc:
             if len(have) == 1:
-                notes.append(f"refs/{revision} missing ({_errname(exc)}); using the only snapshot {have[0]}")
-                problems.append(_problem("ref_missing", f"refs/{revision}", detail=_errname(exc)))
+                notes.append(f"refs/{revision} missing ({_refusal(exc)}); using the only snapshot {have[0]}")
+                problems.append(_problem("ref_missing", f"refs/{revision}", detail=_refusal(exc)))
                 return os.path.join(snaps, have[0]), have[0]
-            problems.append(_problem("ref_missing", f"refs/{revision}", detail=f"{_errname(exc)}; snapshots: "
+            problems.append(_problem("ref_missing", f"refs/{revision}", detail=f"{_refusal(exc)}; snapshots: "
                                      + (", ".join(h[:12] for h in have) or "none")))
             return None, None
         if not commit:
@@ -746,34 +769,18 @@ def others_control(path: str) -> str | None:
             except (KeyError, ImportError):
                 who = f"uid {s.st_uid}"
             return f"owned by {who}" + (" (a link)" if stat.S_ISLNK(s.st_mode) else "")
-    if _others_write(st):
+    if judge(st) and not stat.S_ISLNK(st.st_mode):
         return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
-def trusted_file(path: str) -> bool:
-    """A state file this process may act on: a regular file (not a link) owned by root or by us, that nobody else
-    can write (#40: a restage takes its source from it)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and not _others_write(st)
-
-
-def _others_write(st) -> bool:
-    """Writable by every user, or by a group other than root's (files/safe.py's and files/trust.py's rule)."""
-    return bool(st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_IWGRP and st.st_gid != 0)
-
-
 def read_record(dst: str, root: str = "") -> tuple[dict | None, str | None]:
     """The persistent record of the last stage into dst (survives the tmpfs wipe), and where it was read. A record
-    another user could have written is not read (trusted_file)."""
+    another user could have written is not read (#40: a restage takes its source from it): the one rule, judged on
+    the fd read (files/trust.py)."""
     for d in state_dirs(root):
         p = os.path.join(d, STATE_SUBDIR, record_key(dst) + ".json")
-        if not trusted_file(p):
-            continue
-        val, err = read_json_file(p)
+        val, err = read_json_file(p, strict=True)
         if err is None and isinstance(val, dict):
             return val, p
     return None, None

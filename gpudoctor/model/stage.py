@@ -17,14 +17,13 @@ import fnmatch
 import json
 import os
 import socket
-import stat
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
 from gpudoctor.errors import InputError, LockHeld, RemedyError
-from gpudoctor.files import safe
+from gpudoctor.files import safe, trust
 from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.model import human_bytes, probe
 
@@ -429,7 +428,9 @@ class _Dirs:
 class _OpenFile:
     """One file being copied: shared fds, chunks left, finalised (fsync, mode, mtime, rename) by its last chunk.
     The part file is created O_EXCL|O_NOFOLLOW in DST's fd (a planted part file or link is removed first, never
-    written through); the source is opened O_NOFOLLOW and must still be a regular file."""
+    written through); the source is opened through the one door (files/trust.py: every part walked by fd with
+    O_NOFOLLOW, only root's links followed, a regular file by its fstat), and the staged mode and mtime are that fd's
+    (a file swapped after the plan is never staged at the plan's mode)."""
 
     def __init__(self, f: StageFile, dirs: _Dirs, chunks: int):
         self.f, self.dirs, self.left = f, dirs, chunks
@@ -438,17 +439,19 @@ class _OpenFile:
         self.lock = threading.Lock()
         self.sfd = self.dfd = self.pfd = None
         self.base = self.part = ""
+        self.mode, self.mtime_ns = f.mode, f.mtime_ns  # replaced by the fstat of the source fd once it is open
 
     def fds(self):
         with self.lock:
             if self.sfd is None:
                 self.pfd, self.base = self.dirs.of(self.f.name)
                 self.part = f".{self.base}{probe.PART_SUFFIX}"
-                sfd = os.open(self.f.src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-                st = os.fstat(sfd)
-                if not stat.S_ISREG(st.st_mode):
-                    os.close(sfd)
-                    raise OSError(errno.ESTALE, "the source is no longer a regular file", self.f.src)
+                try:  # walked by fd from "/" through the one door: a link planted on the way is not followed
+                    sfd, st = trust.open_file(self.f.src, strict=False)
+                except trust.Refused as exc:
+                    raise OSError(exc.errno or errno.ESTALE, f"the source changed after the plan: {exc}",
+                                  self.f.src) from None
+                self.mode, self.mtime_ns = st.st_mode, st.st_mtime_ns  # of the file read, not of the plan
                 self.sfd = sfd
                 try:
                     os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -470,9 +473,9 @@ class _OpenFile:
         if self.sfd is None:  # an empty file has one chunk and no fds yet
             self.fds()
         try:
-            fs.fs_chmod(self.part, safe.staged_mode(self.f.mode), self.dfd)
+            fs.fs_chmod(self.part, safe.staged_mode(self.mode), self.dfd)
             fs.fs_note("utime", self.part)
-            os.utime(self.dfd, ns=(self.f.mtime_ns, self.f.mtime_ns))
+            os.utime(self.dfd, ns=(self.mtime_ns, self.mtime_ns))
             fs.fs_fsync(self.dfd, self.part)  # a no-op on tmpfs; on a disk DST it keeps "renamed" meaning "whole"
             try:
                 os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_DONTNEED)  # do not double the RAM the model takes

@@ -51,17 +51,14 @@ class RecoveryStore:
         self.aside: str | None = None  # where an unreadable file was moved, for the caller's report
 
     def _read(self) -> dict:
-        from gpudoctor.files.inputs import trusted
+        from gpudoctor.files.inputs import read_bytes
 
-        trusted(self.path, what="recovery file")  # as root: the ladder decides drains and resumes (#40)
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
+        # as root: the ladder decides drains and resumes, so the file is root's by the one rule, judged on the fd read
+        raw = read_bytes(self.path, what="recovery file", obeyed=True, missing_ok=True)  # (#40, #47)
+        if raw is None:
             return {}
-        except OSError as exc:
-            return self._set_aside(exc)
         try:
-            doc = json.loads(text)
+            doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 raise ValueError(f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
                                  f"expected {SCHEMA!r}")

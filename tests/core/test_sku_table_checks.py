@@ -87,7 +87,7 @@ def test_a_site_table_that_is_no_json_is_one_line_exit_3(tmp_path):
 @pytest.mark.parametrize("edit, mode, words", [
     (lambda s: s.update(memory_gbs=3.35), 0o644, "bad SKU entry: H100 SXM: memory_gbs 3.35 is not a memory bandwidth"),
     (lambda s: s["floors"]["gemm"].update(floor=0.9), 0o644, "bad SKU entry: H100 SXM gemm: floor 0.9 at or above its healthy"),
-    (lambda s: None, 0o664, "must belong to root and be writable by no one else"),
+    (lambda s: None, 0o664, "refusing this site SKU table as root"),
 ])
 def test_a_bad_site_table_is_one_line_exit_3(tmp_path, edit, mode, words):
     mine = copy.deepcopy(sku_for("NVIDIA H100 80GB HBM3"))

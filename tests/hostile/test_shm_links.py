@@ -76,7 +76,7 @@ def test_a_root_directory_others_can_write_is_refused(cli, tmp_path, victim, shm
     os.chmod(shm_name, 0o1777)
     before = digest(victim)
     as_attacker(lambda: (shm_name / f".config.json{PART}").symlink_to(victim))
-    _refused(cli("model", "stage", "--from", src, "--to", shm_name, "--apply"), "writable by others")
+    _refused(cli("model", "stage", "--from", src, "--to", shm_name, "--apply"), "writable by every user (mode 1777)")
     assert digest(victim) == before
 
 

@@ -361,10 +361,8 @@ def load(path: str) -> Campaign:
     """Read and validate a campaign file; any problem raises ConfigError naming FILE:LINE."""
     from gpudoctor.errors import ConfigError
 
-    from gpudoctor.files.inputs import trusted
-
-    trusted(path, what="campaign", error=ConfigError)  # it names the servers root starts (#40)
-    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError)  # _text: Campaign.text
+    # it names the servers root starts: as root, root's by the one rule, judged on the fd read (#40, #47)
+    doc, _text = yamlload.load_file(path, what="campaign", error=ConfigError, obeyed=True)  # _text: Campaign.text
     v = _V(doc)
     d = v.mapping(doc.data, keys=TOP_KEYS)
     base = Path(path).resolve().parent
