@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -32,7 +33,7 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
     """The Target of check/snapshot/gate: this machine, an inventory host (and its Proxmox node) or a snapshot; the
     inventory it read is named on stderr (unless quiet: NPD's one line)."""
     from gpudoctor.commands import say_inventory
-    from gpudoctor.target import open_target
+    from gpudoctor.target import LOCAL_NAMES, open_target
 
     if snapshot_path:  # judged as it was recorded: a flag asking for more would be silently ignored
         from gpudoctor.snapshot import refuse_live_flags
@@ -42,6 +43,8 @@ def open_check_target(host_name, inventory, expect_gpus, models, sglang_url, tim
         http_url(sglang_url, "--sglang-url")
     if deep_force and not deep:
         raise InputError("--force only applies to --deep (measure a GPU another process holds)")
+    if deep_python and "/" in deep_python and not os.path.isabs(deep_python) and host_name in (None, *LOCAL_NAMES):
+        deep_python = os.path.abspath(deep_python)  # this machine's children start in /: resolved where it was typed
     policy = {"deep": True, **({"torch_python": deep_python} if deep_python else {}),
               **({"deep_force": True} if deep_force else {})} if deep else None
     target = open_target(None if snapshot_path else host_name, inventory, snapshot=snapshot_path,

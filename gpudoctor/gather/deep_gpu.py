@@ -15,6 +15,7 @@ import math
 
 from gpudoctor.gather.context import GatherContext
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 from gpudoctor.catalog.xid import norm_pci
 
@@ -117,10 +118,10 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
         peers = [p["index"] for p in gpus if p["index"] > g["index"]]
         from gpudoctor.gather.deep_child import PROGRAM
 
-        # The program comes on stdin ("python3 - ARGS"), so a snapshot's key is the arguments alone: a deep snapshot
-        # replays through later versions of the child (its answer is what was measured then).
-        res = host.run([*python, "-", child_args(g["index"], peers, s)], timeout=t + 10.0, input=PROGRAM.encode(),
-                       env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONWARNINGS": "ignore"})
+        # The program comes on stdin ("python3 -I -Wignore - ARGS": isolated, in /, through host/childpy.py), so a
+        # snapshot's key is the arguments alone: a deep snapshot replays through later versions of the child.
+        res = host.run(python_argv(python, "-Wignore", "-", child_args(g["index"], peers, s)), timeout=t + 10.0,
+                       input=PROGRAM.encode(), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
         rec["command"] = {"rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
                           "duration_s": round(res.duration_s, 3)}
         rec["result"] = parse_child(res.stdout)

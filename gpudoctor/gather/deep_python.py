@@ -114,8 +114,8 @@ for py, source, *why in cands:
         rec["error"] = "not asked: the search ran out of time"
     else:
         try:
-            r = subprocess.run(python_argv([full], "-c", ASK), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, timeout=min(left, 15.0), env=child_env(), cwd=CWD)
+            r = run([full], "-c", ASK, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    timeout=min(left, 15.0))
             if r.returncode == 0:
                 rec["torch"] = r.stdout.decode("utf-8", "replace").strip() or None
                 if not rec["torch"]:

@@ -59,8 +59,10 @@ def spawn(argv, fork_program: str | None = None) -> None:
         else:
             import subprocess
 
+            from gpudoctor.host.childpy import CWD
+
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+                                    start_new_session=True, cwd=CWD)  # as LocalHost.run would start it
     except OSError:
         return
     EARLY[tuple(argv)] = (proc, time.perf_counter())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gpudoctor.log import command_finished
 from gpudoctor.host.base import CommandResult, Host
+from gpudoctor.host.childpy import CWD
 
 
 from gpudoctor.host.early import EARLY as _PRESTARTED  # argv tuple -> (Popen, start): probes started at CLI entry
@@ -74,6 +75,9 @@ class LocalHost(Host):
     python: list[str] = field(default_factory=lambda: [sys.executable])
     root: str = ""
     path_prepend: list[str] = field(default_factory=list)  # extra PATH entries (tests: fake tools)
+    # Every command starts here, never in the caller's working directory (another user's, perhaps): a child python
+    # is `-I` anyway (host/childpy.py), and no command gpudoctor runs names a file relative to where root stood.
+    cwd: str = CWD
 
     def _path(self, path: str) -> str:
         return self.root + path if self.root and path.startswith("/") else path
@@ -102,7 +106,7 @@ class LocalHost(Host):
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
-                                    start_new_session=True)
+                                    start_new_session=True, cwd=self.cwd)
         except FileNotFoundError:
             return CommandResult(list(argv), 127, "", f"{argv[0]}: command not found", time.perf_counter() - t0)
         except PermissionError:

@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 from gpudoctor.findings import Finding, Status
-from gpudoctor.host.childpy import CWD, child_env, python_argv
+from gpudoctor.host import childpy
+from gpudoctor.host.childpy import child_env
 
 FIELDS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
           "max_running_requests", "page_size", "tp_size", "context_length", "attention_backend", "mem_fraction_static",
@@ -180,8 +181,7 @@ def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 6
     import tempfile
 
     code = f"FIELDS = {FIELDS!r}\nDRAFT_ALGOS = {DRAFT_ALGOS!r}\nSTUB_VERSIONS = {STUB_VERSIONS!r}\n" + _SCRIPT
-    env = child_env() if env is None else dict(env)  # a caller's environment as given; -I ignores its PYTHON*
-    argv = python_argv([python or sys.executable], "-c", code)
+    extra, tail = {}, []  # the environment is the allow-listed part of `env` (default this process's)
     with tempfile.TemporaryDirectory(prefix="gpudoctor-fakesmi-") as tmp:
         if device is not None:
             prof = DEVICES[device]
@@ -190,11 +190,11 @@ def resolve_many(jobs: list[dict], python: str | None = None, timeout: float = 6
                 f.write("#!/bin/sh\n"
                         f"for i in $(seq 1 {prof['count']}); do echo {prof['memory_mib']}; done\n")
             os.chmod(smi, 0o755)
-            env["PATH"] = tmp + os.pathsep + env.get("PATH", "")
-            argv.append(json.dumps(prof))
+            extra["PATH"] = tmp + os.pathsep + child_env(env)["PATH"]
+            tail.append(json.dumps(prof))
         try:
-            cp = subprocess.run(argv, input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout, env=env,
-                                cwd=CWD)
+            cp = childpy.run([python or sys.executable], "-c", code, *tail, base=env, extra=extra,
+                             input=json.dumps(jobs), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return [{"ok": None, "error_type": "Timeout", "error": f"SGLang's resolver did not answer in {timeout:g} s"}] * len(jobs)
         except OSError as exc:

@@ -32,6 +32,7 @@ from gpudoctor.errors import ConfigError, GpudoctorError, InputError
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.integrations import slurm as slurmnode
 from gpudoctor.integrations import slurmjobs
 from gpudoctor.target import local_host
@@ -45,7 +46,7 @@ def gpudoctor_command() -> list[str]:
     script = Path(sys.executable).with_name("gpudoctor")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-I", "-m", "gpudoctor"]
+    return python_argv([sys.executable], "-m", "gpudoctor")
 
 
 def job_script(camp, cfg, out_dir: Path, job_name: str, campaign_id: str) -> str:

@@ -378,13 +378,14 @@ def unavailable(reason: str) -> dict:
 
 
 # ---- the sampler on a remote target ------------------------------------------------------------------------------
-# $1 output file, $2 python, then the sampler's argv. Starts it detached in its own session; prints its pid.
-_AGENT_START = r"""out=$1 py=$2
-shift 2
+# $1 output file, then the sampler's python argv (host/childpy.py's: -I). Starts it detached in its own session; prints
+# its pid.
+_AGENT_START = r"""out=$1
+shift 1
 case $out in "~/"*) out=$HOME/${out#"~/"} ;; esac
 mkdir -p "$(dirname "$out")" || exit 90
 rm -f "$out" "$out.ready"
-setsid nohup "$py" -I -c "$@" "$out" > "$out.err" 2>&1 < /dev/null &
+setsid nohup "$@" "$out" > "$out.err" 2>&1 < /dev/null &
 echo "pid=$!"
 echo "out=$out"
 """
@@ -425,10 +426,13 @@ class RemoteSampler:
     def start(self) -> "RemoteSampler":
         from pathlib import Path
 
+        from gpudoctor.host.childpy import python_argv  # here: this file is also the sampler's stdlib-only program
+
         src = Path(__file__).read_text(encoding="utf-8")
-        argv = ["sh", "-c", _AGENT_START, "gpudoctor-health", self.out, self.host.python[0], src,
-                json.dumps({"interval_s": self.interval_s, "kernel_log": self.kernel_log, "gpus": self.gpus,
-                            "server_pgid": self.server_pgid, "max_s": self.max_s})]
+        argv = ["sh", "-c", _AGENT_START, "gpudoctor-health", self.out,
+                *python_argv(self.host.python[:1], "-c", src, json.dumps(
+                    {"interval_s": self.interval_s, "kernel_log": self.kernel_log, "gpus": self.gpus,
+                     "server_pgid": self.server_pgid, "max_s": self.max_s}))]
         try:
             res = self.host.run(argv, timeout=30.0)
         except Exception as exc:  # HostError: the level runs; its record says why nothing was sampled
