@@ -124,6 +124,7 @@ def main(argv=None) -> None:
     saved = sys.stdout, sys.stderr
     out, err = _PipeAware(sys.stdout), _PipeAware(sys.stderr)
     sys.stdout, sys.stderr = out, err
+    old_sigint = _arm_sigint()
     try:
         try:
             _run(argv)
@@ -136,8 +137,11 @@ def main(argv=None) -> None:
             code = EXIT_PIPE
         if argv is None and _is_live_check(args):
             _fast_exit(code)
+        if code == conventions.EXIT_INTERRUPTED and _threads_left():
+            _fast_exit(code)  # a worker still blocked in a connect or a read must not hold the exit (docs/cli.md)
         raise SystemExit(code)
     finally:
+        _restore_sigint(old_sigint)
         _drop_notes()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -235,11 +239,57 @@ def _fast_exit(code) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-def _close_connections() -> None:
-    """An interrupted run closes its SSH connections itself: nothing it started stays on the targets."""
+# Ctrl-C: what cleans up after it (closing SSH connections: each agent sees EOF and kills what it runs) has this long in
+# all, so that every command stops within 1 s of SIGINT, whatever it was waiting on (docs/cli.md "Exit codes").
+INTERRUPT_CLEANUP_S = 0.6
+
+
+def _on_sigint(signum, frame) -> None:
+    """SIGINT: from now on every close and settle hurries (host/ssh.py), then Ctrl-C unwinds as KeyboardInterrupt."""
     ssh = sys.modules.get("gpudoctor.host.ssh")
     if ssh is not None:
-        ssh.close_all(settle=20.0)
+        ssh.hurry(INTERRUPT_CLEANUP_S)
+    raise KeyboardInterrupt
+
+
+def _arm_sigint():
+    """Install _on_sigint where SIGINT has Python's default handler (not where it is ignored: a background job's)."""
+    import signal
+
+    try:
+        old = signal.getsignal(signal.SIGINT)
+        if old is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+        return old
+    except ValueError:  # not the main thread (a test calling main() from a thread): leave signals alone
+        return None
+
+
+def _restore_sigint(old) -> None:
+    import signal
+
+    if old is not None:
+        try:
+            if signal.getsignal(signal.SIGINT) is _on_sigint:
+                signal.signal(signal.SIGINT, old)
+        except ValueError:
+            pass
+
+
+def _threads_left() -> bool:
+    """A thread the interpreter would wait for at exit (a pool's worker blocked in a connect) is still running."""
+    import threading
+
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
+
+
+def _close_connections() -> None:
+    """An interrupted run closes its SSH connections itself (each agent sees EOF and kills what it runs), within
+    INTERRUPT_CLEANUP_S."""
+    ssh = sys.modules.get("gpudoctor.host.ssh")
+    if ssh is not None:
+        ssh.hurry(INTERRUPT_CLEANUP_S)
+        ssh.close_all(wait=0.1, settle=INTERRUPT_CLEANUP_S)
 
 
 # click >= 8.2 raises this for a bare group (click 8.1 printed the help itself, exit 0).

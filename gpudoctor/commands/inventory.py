@@ -130,9 +130,12 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
         waiting.done(item[0][1])
         return r
 
-    with Waiting("inventory ping", [name for _role, name in targets]) as waiting, \
-            ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(lambda item: each(item, waiting), targets.items()))
+    with Waiting("inventory ping", [name for _role, name in targets]) as waiting:
+        pool = ThreadPoolExecutor(max_workers=parallel)
+        try:
+            results = list(pool.map(lambda item: each(item, waiting), targets.items()))
+        finally:  # Ctrl-C: do not wait here for a worker still in its connect timeout (the CLI exits 130 at once)
+            pool.shutdown(wait=False, cancel_futures=True)
     if as_json:
         for r in results:
             click.echo(json.dumps(r, sort_keys=True))
