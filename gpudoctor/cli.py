@@ -122,7 +122,8 @@ def main(argv=None) -> None:
     conventions.last = conventions.Settings()
     _prestart_probes(args)
     saved = sys.stdout, sys.stderr
-    out, err = _PipeAware(sys.stdout), _PipeAware(sys.stderr)
+    out = _PipeAware(sys.stdout if sys.stdout is not None else _Closed("stdout"), "stdout")
+    err = _PipeAware(sys.stderr if sys.stderr is not None else _Closed("stderr"), "stderr")
     sys.stdout, sys.stderr = out, err
     old_sigint = _arm_sigint()
     try:
@@ -132,9 +133,13 @@ def main(argv=None) -> None:
             code = exc.code
         except BrokenPipeError:  # an error line to a closed stderr
             code = EXIT_PIPE
+        except OutputLost:  # raised outside click's reach (a flush at the end)
+            pass
         _say_notes()
         if _pipe_closed(saved, (out, err)):
             code = EXIT_PIPE
+        if out.lost is not None:  # what the command printed did not arrive: its verdict is unknown to its reader
+            code = _output_lost(out, err, saved)
         if argv is None and _is_live_check(args):
             _fast_exit(code)
         if code == conventions.EXIT_INTERRUPTED and _threads_left():
@@ -146,7 +151,7 @@ def main(argv=None) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, OutputLost):
                 pass
         sys.stdout, sys.stderr = saved
 
@@ -156,13 +161,56 @@ def main(argv=None) -> None:
 EXIT_PIPE = 141
 
 
+class OutputLost(GpudoctorError):
+    """Standard output could not be written (a full disk, /dev/full, a closed descriptor): one line, exit 3.
+
+    Decided (docs/cli.md "Exit codes"): the verdict did not reach its reader, so its class is unknown, 3 — also when
+    standard error is closed too and the line cannot be said; never 1 (Nagios's WARNING for a host that FAILs)."""
+
+    exit_code = EXIT_UNKNOWN
+
+
+class _Closed:
+    """A standard stream that was closed when gpudoctor started (`>&-`): every write fails as a closed one does."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, s) -> int:
+        import errno
+
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("fileno")
+
+
 class _PipeAware(SafeStream):
-    """SafeStream that remembers a write or flush to a closed pipe (click turns that EPIPE into exit 1)."""
+    """SafeStream that remembers a write or flush to a closed pipe (click turns that EPIPE into exit 1), and one that
+    could not be written at all (`lost`): on stdout that is OutputLost, on stderr the line is dropped."""
 
     pipe_closed = False
+    lost: OSError | None = None
+
+    def __init__(self, inner, role: str = "stdout"):
+        super().__init__(inner)
+        self.role = role
 
     def broken_pipe(self) -> None:  # the rich Console's writes bypass write() (term.RawWriter)
         self.pipe_closed = True
+
+    def write_failed(self, exc: OSError) -> None:
+        self.lost = self.lost or exc
+        if self.role == "stdout":
+            raise OutputLost(_lost_line(exc)) from None
 
     def write(self, s) -> int:
         if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here: shell completion's script
@@ -172,6 +220,9 @@ class _PipeAware(SafeStream):
         except BrokenPipeError:
             self.pipe_closed = True
             raise
+        except OSError as exc:
+            self.write_failed(exc)
+            return len(s)
 
     def flush(self) -> None:
         try:
@@ -179,6 +230,36 @@ class _PipeAware(SafeStream):
         except BrokenPipeError:
             self.pipe_closed = True
             raise
+        except OSError as exc:
+            self.write_failed(exc)
+
+
+def _lost_line(exc: OSError) -> str:
+    return f"cannot write standard output: {exc.strerror or exc}; what this command printed is lost"
+
+
+def _output_lost(out: "_PipeAware", err: "_PipeAware", saved) -> int:
+    """stdout failed: say so in one line (unless _run said it already), silence the descriptor, exit 3."""
+    import os
+
+    if not getattr(out, "said", False):
+        try:
+            err.write(f"gpudoctor: {_lost_line(out.lost)}\n")
+            err.flush()
+        except OSError:
+            pass
+    for raw in saved[:1]:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, raw.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:  # what is still buffered would fail again at the interpreter's exit ("Exception ignored")
+        saved[0].flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_UNKNOWN
 
 
 def _say_notes() -> None:
@@ -205,7 +286,7 @@ def _pipe_closed(saved, wrapped) -> bool:
             w.flush()
         except BrokenPipeError:
             pass
-        except (OSError, ValueError):
+        except (OSError, ValueError, OutputLost):
             continue
         if not w.pipe_closed:
             continue
@@ -308,6 +389,8 @@ def _run(argv) -> None:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:
         _drop_notes()
+        if isinstance(exc, OutputLost) and isinstance(sys.stdout, _PipeAware):
+            sys.stdout.said = True
         click.echo(f"gpudoctor: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
