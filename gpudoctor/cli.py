@@ -32,6 +32,13 @@ COMMANDS = {
 }
 
 
+def _help_command(args: list[str]) -> list[str]:
+    """`gpudoctor help [COMMAND...]` is `gpudoctor [COMMAND...] --help`, as git, kubectl and pip have it."""
+    if args[:1] == ["help"]:
+        return [*args[1:], "--help"]
+    return args
+
+
 class Interrupted(Exception):
     """Ctrl-C during a command: cli.main says one line and exits 130 (click would print a blank line and Abort)."""
 
@@ -80,6 +87,7 @@ def cli():
       gpudoctor check --snapshot FILE      diagnose a saved snapshot offline
       gpudoctor fix                        show the plan (dry run); --apply to change
       gpudoctor gate --profile benchmark   pre-flight gate before a campaign
+      gpudoctor help COMMAND               a command's help (as COMMAND --help)
 
     \b
     Global options (-v, -q, --json, --color, -i) go before or after the command.
@@ -88,10 +96,20 @@ def cli():
 
 
 def _print_version(ctx) -> None:
+    """--version is eager: --json may come after it on the line (`gpudoctor --version --json`), so look for it there."""
     from gpudoctor.buildinfo import commit
 
-    click.echo(f"gpudoctor {__version__} (commit {commit()})")
+    args = sys.argv[1:] if _ARGV is None else _ARGV
+    if "--json" in args[: args.index("--") if "--" in args else len(args)]:
+        import json
+
+        click.echo(json.dumps({"schema": "gpudoctor.version/1", "version": __version__, "commit": commit()}))
+    else:
+        click.echo(f"gpudoctor {__version__} (commit {commit()})")
     ctx.exit(0)
+
+
+_ARGV: list[str] | None = None  # the command line main() was given (None: sys.argv)
 
 
 def _is_live_check(args: list[str]) -> bool:
@@ -118,7 +136,12 @@ def main(argv=None) -> None:
 
     stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw.
     A reader that went away (`gpudoctor checks | head`) ends the run quietly with EXIT_PIPE."""
+    global _ARGV
     args = list(sys.argv[1:] if argv is None else argv)
+    _ARGV = args
+    args = _help_command(args)
+    if argv is not None or args != list(sys.argv[1:]):
+        argv = args
     conventions.last = conventions.Settings()
     _prestart_probes(args)
     saved = sys.stdout, sys.stderr
@@ -199,6 +222,7 @@ class _PipeAware(SafeStream):
 
     pipe_closed = False
     lost: OSError | None = None
+    wrote = False  # anything printed (an error document is printed only where the command printed nothing)
 
     def __init__(self, inner, role: str = "stdout"):
         super().__init__(inner)
@@ -215,6 +239,7 @@ class _PipeAware(SafeStream):
     def write(self, s) -> int:
         if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here: shell completion's script
             s = bytes(s).decode("utf-8", "replace")
+        self.wrote = self.wrote or bool(s)
         try:
             return super().write(s)
         except BrokenPipeError:
@@ -384,6 +409,35 @@ def _drop_notes() -> None:
         commands.NOTES.clear()
 
 
+def _error_document(argv, message: str, code: int) -> None:
+    """`--json` prints one document whatever happened (docs/cli.md "JSON"): a command that ends in an error line
+    before it printed its own document prints `gpudoctor.error/1` on stdout too, with the same line and exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = args[: args.index("--")] if "--" in args else args
+    out = sys.stdout
+    pairs = set(zip(args, args[1:]))
+    wanted = "--json" in args or conventions.last.json or ("-o", "json") in pairs or ("--output", "json") in pairs \
+        or "--output=json" in args
+    if not wanted or "--npd" in args or not isinstance(out, _PipeAware) or out.wrote or "writes no JSON" in message:
+        return
+    import json
+
+    from gpudoctor.host.early import command_args
+
+    words = command_args(args)[:2]
+    if words[:1] and words[0] in COMMANDS:
+        group = COMMANDS[words[0]][0]
+        words = words if len(words) == 2 and group.endswith((":lxc", ":model", ":bench", ":sglang", ":inventory",
+                                                              ":recovery")) else words[:1]
+    else:
+        words = []
+    try:
+        click.echo(json.dumps({"schema": "gpudoctor.error/1", "command": " ".join(words), "error": message,
+                               "exit_code": code}))
+    except (OSError, GpudoctorError):
+        pass
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
@@ -391,6 +445,8 @@ def _run(argv) -> None:
         _drop_notes()
         if isinstance(exc, OutputLost) and isinstance(sys.stdout, _PipeAware):
             sys.stdout.said = True
+        else:
+            _error_document(argv, exc.one_line(), exc.exit_code)
         click.echo(f"gpudoctor: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -411,10 +467,12 @@ def _run(argv) -> None:
             code, line = error_verdict(f"{cmd}: {msg}")
             click.echo(line)
             sys.exit(code)
+        _error_document(argv, f"{cmd}: {msg}", EXIT_UNKNOWN)
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
         _drop_notes()
+        _error_document(argv, " ".join(exc.format_message().split()), EXIT_UNKNOWN)
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort as exc:
