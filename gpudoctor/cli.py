@@ -32,6 +32,13 @@ COMMANDS = {
 }
 
 
+def _help_command(args: list[str]) -> list[str]:
+    """`gpudoctor help [COMMAND...]` is `gpudoctor [COMMAND...] --help`, as git, kubectl and pip have it."""
+    if args[:1] == ["help"]:
+        return [*args[1:], "--help"]
+    return args
+
+
 class Interrupted(Exception):
     """Ctrl-C during a command: cli.main says one line and exits 130 (click would print a blank line and Abort)."""
 
@@ -80,6 +87,7 @@ def cli():
       gpudoctor check --snapshot FILE      diagnose a saved snapshot offline
       gpudoctor fix                        show the plan (dry run); --apply to change
       gpudoctor gate --profile benchmark   pre-flight gate before a campaign
+      gpudoctor help COMMAND               a command's help (as COMMAND --help)
 
     \b
     Global options (-v, -q, --json, --color, -i) go before or after the command.
@@ -88,10 +96,20 @@ def cli():
 
 
 def _print_version(ctx) -> None:
+    """--version is eager: --json may come after it on the line (`gpudoctor --version --json`), so look for it there."""
     from gpudoctor.buildinfo import commit
 
-    click.echo(f"gpudoctor {__version__} (commit {commit()})")
+    args = sys.argv[1:] if _ARGV is None else _ARGV
+    if "--json" in args[: args.index("--") if "--" in args else len(args)]:
+        import json
+
+        click.echo(json.dumps({"schema": "gpudoctor.version/1", "version": __version__, "commit": commit()}))
+    else:
+        click.echo(f"gpudoctor {__version__} (commit {commit()})")
     ctx.exit(0)
+
+
+_ARGV: list[str] | None = None  # the command line main() was given (None: sys.argv)
 
 
 def _is_live_check(args: list[str]) -> bool:
@@ -118,12 +136,19 @@ def main(argv=None) -> None:
 
     stdout and stderr are wrapped in term.SafeStream for the whole run: no byte of input reaches the terminal raw.
     A reader that went away (`gpudoctor checks | head`) ends the run quietly with EXIT_PIPE."""
+    global _ARGV
     args = list(sys.argv[1:] if argv is None else argv)
+    _ARGV = args
+    args = _help_command(args)
+    if argv is not None or args != list(sys.argv[1:]):
+        argv = args
     conventions.last = conventions.Settings()
     _prestart_probes(args)
     saved = sys.stdout, sys.stderr
-    out, err = _PipeAware(sys.stdout), _PipeAware(sys.stderr)
+    out = _PipeAware(sys.stdout if sys.stdout is not None else _Closed("stdout"), "stdout")
+    err = _PipeAware(sys.stderr if sys.stderr is not None else _Closed("stderr"), "stderr")
     sys.stdout, sys.stderr = out, err
+    old_sigint = _arm_sigint()
     try:
         try:
             _run(argv)
@@ -131,18 +156,25 @@ def main(argv=None) -> None:
             code = exc.code
         except BrokenPipeError:  # an error line to a closed stderr
             code = EXIT_PIPE
+        except OutputLost:  # raised outside click's reach (a flush at the end)
+            pass
         _say_notes()
         if _pipe_closed(saved, (out, err)):
             code = EXIT_PIPE
+        if out.lost is not None:  # what the command printed did not arrive: its verdict is unknown to its reader
+            code = _output_lost(out, err, saved)
         if argv is None and _is_live_check(args):
             _fast_exit(code)
+        if code == conventions.EXIT_INTERRUPTED and _threads_left():
+            _fast_exit(code)  # a worker still blocked in a connect or a read must not hold the exit (docs/cli.md)
         raise SystemExit(code)
     finally:
+        _restore_sigint(old_sigint)
         _drop_notes()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, OutputLost):
                 pass
         sys.stdout, sys.stderr = saved
 
@@ -152,22 +184,70 @@ def main(argv=None) -> None:
 EXIT_PIPE = 141
 
 
+class OutputLost(GpudoctorError):
+    """Standard output could not be written (a full disk, /dev/full, a closed descriptor): one line, exit 3.
+
+    Decided (docs/cli.md "Exit codes"): the verdict did not reach its reader, so its class is unknown, 3 — also when
+    standard error is closed too and the line cannot be said; never 1 (Nagios's WARNING for a host that FAILs)."""
+
+    exit_code = EXIT_UNKNOWN
+
+
+class _Closed:
+    """A standard stream that was closed when gpudoctor started (`>&-`): every write fails as a closed one does."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, s) -> int:
+        import errno
+
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("fileno")
+
+
 class _PipeAware(SafeStream):
-    """SafeStream that remembers a write or flush to a closed pipe (click turns that EPIPE into exit 1)."""
+    """SafeStream that remembers a write or flush to a closed pipe (click turns that EPIPE into exit 1), and one that
+    could not be written at all (`lost`): on stdout that is OutputLost, on stderr the line is dropped."""
 
     pipe_closed = False
+    lost: OSError | None = None
+    wrote = False  # anything printed (an error document is printed only where the command printed nothing)
+
+    def __init__(self, inner, role: str = "stdout"):
+        super().__init__(inner)
+        self.role = role
 
     def broken_pipe(self) -> None:  # the rich Console's writes bypass write() (term.RawWriter)
         self.pipe_closed = True
 
+    def write_failed(self, exc: OSError) -> None:
+        self.lost = self.lost or exc
+        if self.role == "stdout":
+            raise OutputLost(_lost_line(exc)) from None
+
     def write(self, s) -> int:
         if isinstance(s, (bytes, bytearray)):  # click.echo(bytes) finds no .buffer here: shell completion's script
             s = bytes(s).decode("utf-8", "replace")
+        self.wrote = self.wrote or bool(s)
         try:
             return super().write(s)
         except BrokenPipeError:
             self.pipe_closed = True
             raise
+        except OSError as exc:
+            self.write_failed(exc)
+            return len(s)
 
     def flush(self) -> None:
         try:
@@ -175,6 +255,36 @@ class _PipeAware(SafeStream):
         except BrokenPipeError:
             self.pipe_closed = True
             raise
+        except OSError as exc:
+            self.write_failed(exc)
+
+
+def _lost_line(exc: OSError) -> str:
+    return f"cannot write standard output: {exc.strerror or exc}; what this command printed is lost"
+
+
+def _output_lost(out: "_PipeAware", err: "_PipeAware", saved) -> int:
+    """stdout failed: say so in one line (unless _run said it already), silence the descriptor, exit 3."""
+    import os
+
+    if not getattr(out, "said", False):
+        try:
+            err.write(f"gpudoctor: {_lost_line(out.lost)}\n")
+            err.flush()
+        except OSError:
+            pass
+    for raw in saved[:1]:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, raw.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:  # what is still buffered would fail again at the interpreter's exit ("Exception ignored")
+        saved[0].flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_UNKNOWN
 
 
 def _say_notes() -> None:
@@ -201,7 +311,7 @@ def _pipe_closed(saved, wrapped) -> bool:
             w.flush()
         except BrokenPipeError:
             pass
-        except (OSError, ValueError):
+        except (OSError, ValueError, OutputLost):
             continue
         if not w.pipe_closed:
             continue
@@ -235,11 +345,57 @@ def _fast_exit(code) -> None:
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-def _close_connections() -> None:
-    """An interrupted run closes its SSH connections itself: nothing it started stays on the targets."""
+# Ctrl-C: what cleans up after it (closing SSH connections: each agent sees EOF and kills what it runs) has this long in
+# all, so that every command stops within 1 s of SIGINT, whatever it was waiting on (docs/cli.md "Exit codes").
+INTERRUPT_CLEANUP_S = 0.6
+
+
+def _on_sigint(signum, frame) -> None:
+    """SIGINT: from now on every close and settle hurries (host/ssh.py), then Ctrl-C unwinds as KeyboardInterrupt."""
     ssh = sys.modules.get("gpudoctor.host.ssh")
     if ssh is not None:
-        ssh.close_all(settle=20.0)
+        ssh.hurry(INTERRUPT_CLEANUP_S)
+    raise KeyboardInterrupt
+
+
+def _arm_sigint():
+    """Install _on_sigint where SIGINT has Python's default handler (not where it is ignored: a background job's)."""
+    import signal
+
+    try:
+        old = signal.getsignal(signal.SIGINT)
+        if old is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+        return old
+    except ValueError:  # not the main thread (a test calling main() from a thread): leave signals alone
+        return None
+
+
+def _restore_sigint(old) -> None:
+    import signal
+
+    if old is not None:
+        try:
+            if signal.getsignal(signal.SIGINT) is _on_sigint:
+                signal.signal(signal.SIGINT, old)
+        except ValueError:
+            pass
+
+
+def _threads_left() -> bool:
+    """A thread the interpreter would wait for at exit (a pool's worker blocked in a connect) is still running."""
+    import threading
+
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
+
+
+def _close_connections() -> None:
+    """An interrupted run closes its SSH connections itself (each agent sees EOF and kills what it runs), within
+    INTERRUPT_CLEANUP_S."""
+    ssh = sys.modules.get("gpudoctor.host.ssh")
+    if ssh is not None:
+        ssh.hurry(INTERRUPT_CLEANUP_S)
+        ssh.close_all(wait=0.1, settle=INTERRUPT_CLEANUP_S)
 
 
 # click >= 8.2 raises this for a bare group (click 8.1 printed the help itself, exit 0).
@@ -253,11 +409,44 @@ def _drop_notes() -> None:
         commands.NOTES.clear()
 
 
+def _error_document(argv, message: str, code: int) -> None:
+    """`--json` prints one document whatever happened (docs/cli.md "JSON"): a command that ends in an error line
+    before it printed its own document prints `gpudoctor.error/1` on stdout too, with the same line and exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = args[: args.index("--")] if "--" in args else args
+    out = sys.stdout
+    pairs = set(zip(args, args[1:]))
+    wanted = "--json" in args or conventions.last.json or ("-o", "json") in pairs or ("--output", "json") in pairs \
+        or "--output=json" in args
+    if not wanted or "--npd" in args or not isinstance(out, _PipeAware) or out.wrote or "writes no JSON" in message:
+        return
+    import json
+
+    from gpudoctor.host.early import command_args
+
+    words = command_args(args)[:2]
+    if words[:1] and words[0] in COMMANDS:
+        group = COMMANDS[words[0]][0]
+        words = words if len(words) == 2 and group.endswith((":lxc", ":model", ":bench", ":sglang", ":inventory",
+                                                              ":recovery")) else words[:1]
+    else:
+        words = []
+    try:
+        click.echo(json.dumps({"schema": "gpudoctor.error/1", "command": " ".join(words), "error": message,
+                               "exit_code": code}))
+    except (OSError, GpudoctorError):
+        pass
+
+
 def _run(argv) -> None:
     try:
         cli.main(args=argv, prog_name="gpudoctor", standalone_mode=False)
     except GpudoctorError as exc:
         _drop_notes()
+        if isinstance(exc, OutputLost) and isinstance(sys.stdout, _PipeAware):
+            sys.stdout.said = True
+        else:
+            _error_document(argv, exc.one_line(), exc.exit_code)
         click.echo(f"gpudoctor: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -278,10 +467,12 @@ def _run(argv) -> None:
             code, line = error_verdict(f"{cmd}: {msg}")
             click.echo(line)
             sys.exit(code)
+        _error_document(argv, f"{cmd}: {msg}", EXIT_UNKNOWN)
         click.echo(f"{cmd}: Error: {msg} (try '{cmd} --help')", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.ClickException as exc:
         _drop_notes()
+        _error_document(argv, " ".join(exc.format_message().split()), EXIT_UNKNOWN)
         click.echo(f"gpudoctor: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(EXIT_UNKNOWN)
     except click.exceptions.Abort as exc:

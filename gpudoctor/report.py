@@ -447,16 +447,26 @@ def fleet_table(result, console) -> None:
 
     style = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "magenta", "unreachable": "magenta",
              "error": "magenta"}
-    table = Table(title=f"{len(result.records)} hosts, {result.wall_s:.2f} s at parallel {result.parallel}",
-                  show_lines=False)
+    title = f"{len(result.records)} hosts, {result.wall_s:.2f} s at parallel {result.parallel}"
+    ranked = sorted(result.records, key=lambda r: (-RANK[r.status], r.host))
+    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
+    if not console.is_terminal:  # a pipe or a file: no box, one host per line, its (long) root cause last
+        rows = [("HOST", "STATUS", "S", "ROOT CAUSE / ERROR")] + [
+            (line(r.host), r.status, f"{r.duration_s:.2f}", line(r.headline)) for r in ranked]
+        w = [max(len(row[i]) for row in rows) for i in range(3)]
+        out = [title] + ["  ".join((h.ljust(w[0]), st.ljust(w[1]), sec.rjust(w[2]), why)).rstrip()
+                         for h, st, sec, why in rows] + [f"summary: {counts}"]
+        console.file.write("\n".join(out) + "\n")
+        console.file.flush()
+        return
+    table = Table(title=title, show_lines=False)
     table.add_column("host")
     table.add_column("status")
     table.add_column("root cause / error", overflow="fold")
     table.add_column("s", justify="right")
-    for r in sorted(result.records, key=lambda r: (-RANK[r.status], r.host)):
+    for r in ranked:
         table.add_row(esc(r.host), f"[{style[r.status]}]{r.status}[/]", esc(r.headline), f"{r.duration_s:.2f}")
     console.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
     console.print(f"summary: {counts}")
 
 

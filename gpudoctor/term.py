@@ -117,6 +117,10 @@ class SafeStream:
     def broken_pipe(self) -> None:
         """A writer that bypasses this wrapper (RawWriter) met a closed pipe; cli.main's wrapper remembers it."""
 
+    def write_failed(self, exc: OSError) -> None:
+        """A writer that bypasses this wrapper (RawWriter) could not write (a full disk, /dev/full, a closed
+        descriptor); cli.main's wrapper turns it into one line and exit 3."""
+
     def __getattr__(self, name):  # flush, fileno, isatty, encoding, errors, ...
         if name == "buffer":  # no way around the rule: click then writes text through write()
             raise AttributeError(name)
@@ -137,12 +141,18 @@ class RawWriter:
         except BrokenPipeError:
             self._safe.broken_pipe()
             raise
+        except OSError as exc:
+            self._safe.write_failed(exc)
+            raise
 
     def flush(self) -> None:
         try:
             self._safe.raw_stream.flush()
         except BrokenPipeError:
             self._safe.broken_pipe()
+            raise
+        except OSError as exc:
+            self._safe.write_failed(exc)
             raise
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...

@@ -77,6 +77,8 @@ def common(f):
 @common
 @click.option("--snapshot", "snapshot_path", type=click.Path(dir_okay=False), help="Diagnose a saved snapshot instead of a live host.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema: docs/json-schema.md).")
+@click.option("-o", "--output", "output_format", type=click.Choice(["text", "json"]), default=None, metavar="FORMAT",
+              help="text (the default) or json: `-o json` is --json, as kubectl spells it.")
 @click.option("--only", "only", multiple=True, type=click.Choice(LAYERS), help="Show only this layer (repeatable).")
 @click.option("--explain", "explain", metavar="ID", help="Explain one check id and exit.")
 @alias("-a", "--all-findings", "--verbose-findings", "show_all", hidden_aliases=["--verbose-findings"], is_flag=True,
@@ -99,7 +101,8 @@ def common(f):
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write Prometheus text (node_exporter textfile collector), atomically.")
 def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapshot_path, as_json, only, explain, show_all,
-          deep, deep_python, deep_force, all_hosts, groups, parallel, host_timeout, prom_path, units=()):
+          deep, deep_python, deep_force, all_hosts, groups, parallel, host_timeout, prom_path, units=(),
+          output_format=None):
     """Diagnose a GPU host layer by layer and name the root cause with evidence.
 
     \b
@@ -119,6 +122,8 @@ def check(host_name, inventory, expect_gpus, models, sglang_url, timeout, snapsh
 
     Exit codes (Nagios): 0 ok, 1 warning, 2 failure, 3 unknown (could not probe) or bad input.
     """
+    if output_format == "json":
+        as_json = settings().json = True
     if explain:
         raise SystemExit(_explain(explain, as_json))
     if prom_path:

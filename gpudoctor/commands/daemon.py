@@ -93,11 +93,11 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
       curl -s 127.0.0.1:9835/metrics | grep gpudoctor_check_status
 
     \b
-    Signals: SIGHUP reloads the inventory and policy, SIGTERM stops cleanly, SIGUSR1 checks now,
+    Signals: SIGHUP reloads the inventory and policy, SIGTERM stops cleanly (Ctrl-C: exit 130), SIGUSR1 checks now,
     SIGUSR2 closes the circuit breakers. Under systemd (Type=notify) it sends READY=1, STATUS= and WATCHDOG=1.
 
     \b
-    Exit codes: 0 clean stop (with --once: host ok), 1 warn, 2 fail, 3 unknown or bad input.
+    Exit codes: 0 clean stop on SIGTERM (with --once: host ok), 1 warn, 2 fail, 3 unknown or bad input, 130 Ctrl-C.
     """
     from gpudoctor.daemon.clock import make_clock
     from gpudoctor.daemon.engine import EngineConfig, load_factory

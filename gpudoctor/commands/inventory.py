@@ -120,8 +120,9 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
             detail = r.stdout.strip() if ok else r.describe()
         except GpudoctorError as exc:
             ok, detail = False, exc.one_line()
-        return {"schema": "gpudoctor.inventory-ping/1", "role": role, "name": name, "ok": ok, "ms": round((time.perf_counter() - t0) * 1000),
-                "detail": detail}
+        # `host`, as the fleet's JSON names a target; `name` kept for the scripts that read it (same value)
+        return {"schema": "gpudoctor.inventory-ping/1", "role": role, "host": name, "name": name, "ok": ok,
+                "ms": round((time.perf_counter() - t0) * 1000), "detail": detail}
 
     from gpudoctor.progress import Waiting
 
@@ -130,15 +131,27 @@ def ping(specs, inventory_path, accept_new_host_key, parallel, as_json):
         waiting.done(item[0][1])
         return r
 
-    with Waiting("inventory ping", [name for _role, name in targets]) as waiting, \
-            ThreadPoolExecutor(max_workers=parallel) as pool:
-        results = list(pool.map(lambda item: each(item, waiting), targets.items()))
+    with Waiting("inventory ping", [name for _role, name in targets]) as waiting:
+        pool = ThreadPoolExecutor(max_workers=parallel)
+        try:
+            results = list(pool.map(lambda item: each(item, waiting), targets.items()))
+        finally:  # Ctrl-C: do not wait here for a worker still in its connect timeout (the CLI exits 130 at once)
+            pool.shutdown(wait=False, cancel_futures=True)
     if as_json:
         for r in results:
             click.echo(json.dumps(r, sort_keys=True))
     else:
-        rows = [(r["name"], r["role"], "ok" if r["ok"] else "FAIL", f"{r['ms']} ms", r["detail"]) for r in results]
-        _table("SSH reachability", ("NAME", "ROLE", "STATUS", "TIME", "ANSWER"), rows)
+        from gpudoctor.conventions import settings
+
+        quiet = settings().quiet  # -q: only what is not ok, and one line when every target answered
+        shown = [r for r in results if not (quiet and r["ok"])]
+        rows = [(r["host"], r["role"], "ok" if r["ok"] else "FAIL", f"{r['ms']} ms", r["detail"]) for r in shown]
+        if rows:
+            _table("SSH reachability", ("HOST", "ROLE", "STATUS", "TIME", "ANSWER"), rows)
+        if quiet:
+            bad = len(results) - sum(r["ok"] for r in results)
+            click.echo(f"{bad} of {len(results)} targets did not answer" if bad else
+                       f"all {len(results)} targets answered")
     raise SystemExit(EXIT_OK if all(r["ok"] for r in results) else EXIT_UNKNOWN)
 
 

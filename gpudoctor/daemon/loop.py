@@ -1,6 +1,7 @@
 """The daemon loop: check every host at start and every interval, heal within budgets, report everywhere.
 
-Signals: SIGTERM/SIGINT stop cleanly; SIGHUP reloads the inventory and policy (a bad file keeps the old one);
+Signals: SIGTERM stops cleanly; SIGINT (Ctrl-C) is the CLI's, as for every command: it stops within 1 s, whatever the
+cycle waits on, and exits 130; SIGHUP reloads the inventory and policy (a bad file keeps the old one);
 SIGUSR1 runs a cycle now; SIGUSR2 closes every circuit breaker.
 
 A remedy is credited as a success only when the next check shows its finding cleared; a remedy that reports
@@ -124,8 +125,7 @@ class Daemon:
             self._reset = True
             self._wake.set()
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)  # SIGINT stays the CLI's: KeyboardInterrupt, exit 130 (gpudoctor/cli.py)
         signal.signal(signal.SIGHUP, hup)
         signal.signal(signal.SIGUSR1, usr1)
         signal.signal(signal.SIGUSR2, usr2)

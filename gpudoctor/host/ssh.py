@@ -38,13 +38,33 @@ AGENT_KILL_GRACE = 2.0  # the agent kills a command itself this long after its d
 _OPEN: "weakref.WeakValueDictionary[int, SSHHost]" = weakref.WeakValueDictionary()  # id -> host (not hashable)
 
 
+_HURRY_UNTIL: float | None = None  # hurry(): every close and settle from now on ends by then
+
+
+def hurry(seconds: float) -> None:
+    """The run was interrupted (Ctrl-C): whatever closes or settles connections from now on is done within `seconds`
+    in all (each agent still gets EOF and kills what it runs; sessions not seen ending by then are left to sshd).
+    The CLI calls it from its SIGINT handler, before any cleanup starts (docs/cli.md: every command stops within 1 s)."""
+    global _HURRY_UNTIL
+    until = time.monotonic() + seconds
+    _HURRY_UNTIL = until if _HURRY_UNTIL is None else min(_HURRY_UNTIL, until)
+
+
+def _hurried(limit: float | None) -> float | None:
+    """`limit` seconds from now, or less when hurry() was called."""
+    if _HURRY_UNTIL is None:
+        return limit
+    left = max(0.0, _HURRY_UNTIL - time.monotonic())
+    return left if limit is None else min(limit, left)
+
+
 def close_all(wait: float = 1.0, settle: float | None = None) -> None:
     """Close every SSH connection of this process (the end of a fleet run, an interrupted run): each agent sees EOF and
     kills what it runs; a session still in the target's rc files is awaited or reaped (SSHHost._settle). Hosts are
     closed in parallel; a host whose connection is busy longer than `wait` is skipped; `settle`: at most that many
-    seconds in all (None: each host's own settle time)."""
+    seconds in all (None: each host's own settle time); after hurry(), at most what is left of its time."""
     def one(host):
-        if host._lock.acquire(timeout=wait):
+        if host._lock.acquire(timeout=_hurried(wait) if _HURRY_UNTIL is None else min(wait, 0.1)):
             try:
                 host._drop_locked(final=True)
             finally:
@@ -101,6 +121,7 @@ def _parallel(fn, items, limit: float | None) -> None:
     threads = [threading.Thread(target=fn, args=(x,), name="gpudoctor-ssh-close", daemon=True) for x in items]
     for t in threads:
         t.start()
+    limit = _hurried(limit)
     deadline = None if limit is None else time.monotonic() + limit
     for t in threads:
         t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -424,7 +445,7 @@ class SSHHost(Host):
                     c.shutdown_write()
                 except Exception:  # noqa: BLE001 - a broken channel: the reaper decides
                     pass
-            deadline = time.monotonic() + max(self.SETTLE_S, 6 * self.connect_timeout)
+            deadline = time.monotonic() + _hurried(max(self.SETTLE_S, 6 * self.connect_timeout))
             for c in open_:
                 while not ended(c) and t.is_active() and time.monotonic() < deadline:
                     c.status_event.wait(min(0.5, max(0.0, deadline - time.monotonic())))

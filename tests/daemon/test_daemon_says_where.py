@@ -1,5 +1,5 @@
 """`gpudoctor daemon` in the foreground says what it watches and where /metrics listens, in one line on stderr, and
-Ctrl-C (SIGINT) stops it cleanly, exit 0, as SIGTERM does (docs/cli.md: a server's stop signal; #41)."""
+Ctrl-C (SIGINT) stops it, exit 130 as every command (SIGTERM is the clean stop, exit 0; docs/cli.md; #41, #49)."""
 
 from __future__ import annotations
 
@@ -17,4 +17,4 @@ def test_one_line_names_the_metrics_address_and_ctrl_c_stops_it(daemon_factory):
     assert m and f"state {d.state}" in lines[0] and "watching the inventory's hosts every 60 s" in lines[0], lines[0]
     assert d.read_state()["metrics_addr"] == f"127.0.0.1:{m.group(1)}" and d.get("/metrics")[0] == 200
     d.signal(signal.SIGINT)
-    assert d.proc.wait(15) == 0
+    assert d.proc.wait(15) == 130
