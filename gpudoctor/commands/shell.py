@@ -46,3 +46,117 @@ def manpage():
 
     click.echo(render(cli), nl=False)
     raise SystemExit(0)
+
+
+# --- what completion completes ---------------------------------------------------------------------------------------
+# click completes commands, options and choices; these complete the values only gpudoctor knows: the inventory's hosts
+# and groups, the check ids, the remedy ids and the gate profiles. One table, keyed by (command name, parameter name);
+# "*" is any command. Completion never prints an error: a value it cannot list (no inventory, a bad one) completes to
+# nothing. Old spellings (AliasOption.hidden_aliases, e.g. --verbose-findings) are never offered.
+
+def _inventory(ctx):
+    from gpudoctor.conventions import Settings
+    from gpudoctor.inventory import load_inventory
+
+    path, c = None, ctx
+    while c is not None and path is None:
+        path = c.params.get("inventory") or c.params.get("inventory_path")
+        c = c.parent
+    if path is None:
+        s = ctx.find_object(Settings)
+        path = getattr(s, "inventory", None)
+    return load_inventory(path)
+
+
+def _hosts(ctx, *, proxmox: bool = False):
+    inv = _inventory(ctx)
+    items = [(n, h.description or h.ssh.address) for n, h in inv.hosts.items()]
+    if proxmox:
+        items += [(n, "Proxmox host") for n in inv.proxmox]
+    return items + [("local", "this machine")]
+
+
+def _groups(ctx):
+    inv = _inventory(ctx)
+    return sorted({(g, "group") for h in inv.hosts.values() for g in h.groups})
+
+
+def _check_ids(ctx):
+    import gpudoctor.checks  # noqa: F401 - registers every check
+    from gpudoctor.checkreg import all_checks
+
+    return [(c.id, c.summary) for c in all_checks()]
+
+
+def _remedy_ids(ctx):
+    from gpudoctor import remedies
+
+    return [(i, "remedy") for i in remedies.REMEDIES]
+
+
+def _profiles(ctx):
+    from gpudoctor.gate import BUILTIN_PROFILES
+
+    items = [(n, "built-in") for n in BUILTIN_PROFILES]
+    try:
+        items += [(n, "inventory") for n in _inventory(ctx).profiles if n not in BUILTIN_PROFILES]
+    except Exception:  # noqa: BLE001 - no inventory: the built-in profiles still complete
+        pass
+    return items
+
+
+VALUES = {
+    ("lxc audit", "host_name"): lambda ctx: _hosts(ctx, proxmox=True),
+    ("lxc fix", "host_name"): lambda ctx: _hosts(ctx, proxmox=True),
+    ("*", "host_name"): _hosts,
+    ("daemon", "hosts"): _hosts,
+    ("*", "host"): _hosts,                    # release HOST, recovery release HOST
+    ("inventory ping", "specs"): lambda ctx: _hosts(ctx)[:-1] + _groups(ctx),
+    ("check", "groups"): _groups,
+    ("check", "explain"): _check_ids,
+    ("fix", "only"): _remedy_ids,
+    ("gate", "profile"): _profiles,
+}
+
+
+def values_for(ctx, param) -> list | None:
+    """(value, help) pairs gpudoctor completes for `param` of ctx's command, or None where click's own apply."""
+    where = " ".join(ctx.command_path.split()[1:])
+    fn = VALUES.get((where, param.name)) or VALUES.get(("*", param.name))
+    if fn is None:
+        return None
+    try:
+        return fn(ctx)
+    except Exception:  # noqa: BLE001 - completion says nothing rather than an error in the middle of a command line
+        return []
+
+
+def hidden_names(ctx) -> set[str]:
+    """Option spellings that work but are not offered (old names), of the command being completed."""
+    from gpudoctor.conventions import AliasOption
+
+    return {a for p in ctx.command.get_params(ctx) if isinstance(p, AliasOption) for a in p.hidden_aliases}
+
+
+class _Completing:
+    """Mixed into click's bash, zsh and fish completion: values from VALUES, hidden spellings left out."""
+
+    def get_completions(self, args, incomplete):
+        from click.shell_completion import CompletionItem, _resolve_context, _resolve_incomplete
+
+        ctx = _resolve_context(self.cli, self.ctx_args, self.prog_name, args)
+        obj, incomplete = _resolve_incomplete(ctx, args, incomplete)
+        if isinstance(obj, click.Parameter):
+            values = values_for(ctx, obj)
+            if values is not None:
+                return [CompletionItem(v, help=h) for v, h in values if v.startswith(incomplete)]
+        hidden = hidden_names(ctx)
+        return [c for c in obj.shell_complete(ctx, incomplete) if c.value not in hidden]
+
+
+def register() -> None:
+    """Put gpudoctor's completion classes in click's registry (cli.LazyGroup does, only when completing)."""
+    from click.shell_completion import BashComplete, FishComplete, ZshComplete, add_completion_class
+
+    for base in (BashComplete, ZshComplete, FishComplete):
+        add_completion_class(type(base.__name__, (_Completing, base), {}), base.name)
