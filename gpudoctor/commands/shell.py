@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 SHELLS = ("bash", "zsh", "fish")
@@ -30,7 +32,9 @@ def completion(shell):
 
 
 @click.command("manpage")
-def manpage():
+@click.option("--conventions-table", "table", is_flag=True, hidden=True,
+              help="Print docs/cli.md's table of every command against the conventions (Markdown) instead.")
+def manpage(table):
     """Print the manual page gpudoctor(1) in roff, built from every command's help.
 
     \b
@@ -44,7 +48,7 @@ def manpage():
 
     from gpudoctor.cli import cli
 
-    click.echo(render(cli), nl=False)
+    click.echo(conventions_table(cli) if table else render(cli), nl=False)
     raise SystemExit(0)
 
 
@@ -106,27 +110,30 @@ def _profiles(ctx):
 
 
 VALUES = {
-    ("lxc audit", "host_name"): lambda ctx: _hosts(ctx, proxmox=True),
-    ("lxc fix", "host_name"): lambda ctx: _hosts(ctx, proxmox=True),
-    ("*", "host_name"): _hosts,
-    ("daemon", "hosts"): _hosts,
-    ("*", "host"): _hosts,                    # release HOST, recovery release HOST
-    ("inventory ping", "specs"): lambda ctx: _hosts(ctx)[:-1] + _groups(ctx),
-    ("check", "groups"): _groups,
-    ("check", "explain"): _check_ids,
-    ("fix", "only"): _remedy_ids,
-    ("gate", "profile"): _profiles,
+    ("lxc audit", "host_name"): ("hosts", lambda ctx: _hosts(ctx, proxmox=True)),
+    ("lxc fix", "host_name"): ("hosts", lambda ctx: _hosts(ctx, proxmox=True)),
+    ("*", "host_name"): ("hosts", _hosts),
+    ("daemon", "hosts"): ("hosts", _hosts),
+    ("*", "host"): ("hosts", _hosts),                    # release HOST, recovery release HOST
+    ("inventory ping", "specs"): ("hosts, groups", lambda ctx: _hosts(ctx)[:-1] + _groups(ctx)),
+    ("check", "groups"): ("groups", _groups),
+    ("check", "explain"): ("check ids", _check_ids),
+    ("fix", "only"): ("remedy ids", _remedy_ids),
+    ("gate", "profile"): ("profiles", _profiles),
 }
+
+
+def _entry(where: str, param) -> tuple | None:
+    return VALUES.get((where, param.name)) or VALUES.get(("*", param.name))
 
 
 def values_for(ctx, param) -> list | None:
     """(value, help) pairs gpudoctor completes for `param` of ctx's command, or None where click's own apply."""
-    where = " ".join(ctx.command_path.split()[1:])
-    fn = VALUES.get((where, param.name)) or VALUES.get(("*", param.name))
-    if fn is None:
+    entry = _entry(" ".join(ctx.command_path.split()[1:]), param)
+    if entry is None:
         return None
     try:
-        return fn(ctx)
+        return entry[1](ctx)
     except Exception:  # noqa: BLE001 - completion says nothing rather than an error in the middle of a command line
         return []
 
@@ -160,3 +167,78 @@ def register() -> None:
 
     for base in (BashComplete, ZshComplete, FishComplete):
         add_completion_class(type(base.__name__, (_Completing, base), {}), base.name)
+
+
+# --- docs/cli.md's table of every command against the conventions ---------------------------------------------------
+# Generated from the click tree (`gpudoctor manpage --conventions-table`), so a command added, or an option that
+# changes how it asks, how it speaks JSON, its exit codes or what it completes, changes the table; tests/docs checks
+# that docs/cli.md holds this very table.
+
+_EXIT_CODE = re.compile(r"(?:^|[\s:;,(])([0-3])(?=\s+[(\w])")
+
+
+def _leaves(group, prefix=()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is None or cmd.hidden:
+            continue
+        if isinstance(cmd, click.Group):
+            yield from _leaves(cmd, prefix + (name,))
+        else:
+            yield " ".join(prefix + (name,)), cmd
+
+
+def _options(cmd, ctx) -> set[str]:
+    return {o for p in cmd.get_params(ctx) if isinstance(p, click.Option) and not p.hidden for o in p.opts}
+
+
+def _asks(opts: set[str]) -> str:
+    """The rule for a command that changes a host: a dry run by default; `--apply` asks on a terminal and needs
+    `--yes` without one."""
+    if "--apply" not in opts:
+        return "— (no `--apply`)"
+    return "yes (`--yes` without a terminal)" if "--yes" in opts else "**no**: `--apply` changes without asking"
+
+
+def _json(cmd) -> str:
+    from gpudoctor.conventions import GlobalOption
+
+    exposed = any(isinstance(p, GlobalOption) and p.concept == "json" and not p.hidden for p in cmd.params)
+    return "yes" if exposed else "refused (exit 3)"
+
+
+def _exit_codes(cmd) -> str:
+    text = f"{cmd.help or ''}\n{cmd.epilog or ''}"
+    i = text.find("Exit code")
+    if i < 0:
+        return "**none in its help**"
+    section = text[i:].split("Global options", 1)[0]
+    return " ".join(sorted(set(_EXIT_CODE.findall(section)))) or "**none in its help**"
+
+
+def _completes(name: str, cmd, ctx) -> str:
+    from gpudoctor.conventions import GlobalOption
+
+    out = []
+    for p in cmd.get_params(ctx):
+        if getattr(p, "hidden", False) or isinstance(p, GlobalOption):  # -i FILE and the rest: every command's
+            continue
+        label = p.opts[0] if isinstance(p, click.Option) else p.human_readable_name
+        entry = _entry(name, p)
+        if entry is not None:
+            out.append(f"`{label}` {entry[0]}")
+        elif isinstance(p.type, click.Choice) and p.name != "color":
+            out.append(f"`{label}` choices")
+        elif isinstance(p.type, click.Path):
+            out.append(f"`{label}` files")
+    return ", ".join(out) or "options"
+
+
+def conventions_table(cli) -> str:
+    rows = ["| command | asks before changing | `--json` | exit codes in its help | completes |", "|---|---|---|---|---|"]
+    for name, cmd in _leaves(cli):
+        ctx = click.Context(cmd, info_name=name.split()[-1])
+        rows.append(f"| `{name}` | {_asks(_options(cmd, ctx))} | {_json(cmd)} | {_exit_codes(cmd)} | "
+                    f"{_completes(name, cmd, ctx)} |")
+    return "\n".join(rows) + "\n"
