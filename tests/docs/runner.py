@@ -1,10 +1,11 @@
 """Run a gpudoctor command line the way a user's shell would, fast: a fork of this (pytest's) process runs
 `gpudoctor.cli.main(argv)` with stdin on /dev/null, stdout and stderr on one pipe (their interleaving as a terminal
 shows it), NO_COLOR, TERM=dumb, COLUMNS=120, the repository root as working directory and a fresh temporary directory
-as $TMPDIR, with $GPUDOCTOR_STATE_DIR under it (no example reads or leaves this machine's state). The fork is the
-isolation (nothing a command changes reaches the next); what it saves is the interpreter's start and gpudoctor's
-imports: the first run of each command tells which modules it imported, and the parent imports them before the next
-fork (a replay then takes ~20 ms instead of ~0.3 s in a new interpreter)."""
+as $TMPDIR, with $GPUDOCTOR_STATE_DIR and $STATE_DIRECTORY under it (no example reads or leaves this machine's
+state, the recovery ladder's file included). The fork is the isolation (nothing a command changes reaches the next);
+what it saves is the interpreter's start and gpudoctor's imports: the first run of each command tells which modules
+it imported, and the parent imports them before the next fork (a replay then takes ~20 ms instead of ~0.3 s in a new
+interpreter)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def _child(argv: list[str], w: int, modw: int, tmp: str) -> None:
         os.dup2(w, 2)
         os.chdir(ROOT)
         os.environ.pop("GPUDOCTOR_INVENTORY", None)
-        os.environ.update(ENV, TMPDIR=tmp, GPUDOCTOR_STATE_DIR=os.path.join(tmp, "state"))
+        state = os.path.join(tmp, "state")  # gpudoctor's state and the recovery ladder's ($STATE_DIRECTORY)
+        os.makedirs(state)
+        os.environ.update(ENV, TMPDIR=tmp, GPUDOCTOR_STATE_DIR=state, STATE_DIRECTORY=state)
         tempfile.tempdir = None
         out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="replace",
                                line_buffering=True)

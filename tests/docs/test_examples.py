@@ -158,6 +158,17 @@ def test_the_extractor_reads_commands_outputs_and_exit_codes():
     assert md.replayed("gpudoctor gate   # here", "x.json") == "gpudoctor gate --snapshot x.json  # here"
 
 
+def test_a_replay_marker_runs_the_block_on_its_capture(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("text\n\n<!-- replay: examples/h200-uvm-blocked.json -->\n```\n$ gpudoctor check --host ct200\n"
+                   "gpudoctor check vm: FAIL (exit 2) in 0.2 s\n...\n```\n")
+    (ex,) = md.examples([doc])
+    assert ex.marker == ("replay", "examples/h200-uvm-blocked.json")
+    cmd = md.replayed(ex.commands[0].cmd, ex.marker[1])
+    r = run(cmd)
+    assert r.code == 2 and md.mismatch(ex.commands[0].expected, r.text.splitlines()) is None
+
+
 def test_the_runner_isolates_and_reports_the_exit_code():
     r = run("gpudoctor check --snapshot tests/fixtures/does-not-exist.json")
     assert r.code == 3 and "does-not-exist.json" in r.text and not TRACEBACK.search(r.text)
