@@ -72,6 +72,9 @@ def config_read(facts):
 # The container-config checks: (id, the audit function over an AuditInput, its remedy, purpose, why it matters).
 # Each is registered like any other check; `gpudoctor lxc audit` is the diagnosis restricted to this layer.
 LXC_CHECKS = (
+    (A.NODE_DRIVER, A.check_node_driver, None,
+     "The NVIDIA driver is loaded on the Proxmox node (its /proc/devices lists an NVIDIA device).",
+     "Without it no GPU node works in any container on the node; the majors an allow-list needs are unknown."),
     ("boundary.lxc.cgroup_allow", A.check_cgroup_allow, A.REMEDY_ID,
      "Each /dev/nvidia* node the container is given is allowed (live major:minor) by its live config.",
      "A node whose live major is not allowed opens with EPERM in the guest, whatever its mode: cuInit then 999."),

@@ -44,8 +44,9 @@ _HOST_DEPS = ("host.driver.loaded", "host.uvm.loaded")
 
 
 def _module_deps(path: str) -> tuple[str, ...]:
-    """The host findings that can explain a problem with this node: nvidia_uvm only explains the uvm nodes."""
-    return _HOST_DEPS if path.startswith("/dev/nvidia-uvm") else ("host.driver.loaded",)
+    """The host findings that can explain a problem with this node: nvidia_uvm only explains the uvm nodes; in an
+    LXC guest, the Proxmox node without the NVIDIA driver explains them all (the guest shares the node's kernel)."""
+    return (_HOST_DEPS if path.startswith("/dev/nvidia-uvm") else ("host.driver.loaded",)) + ("boundary.lxc.node_driver",)
 
 
 # What each open() errno can follow from (devices.node.open's evidence): the kernel checks the mode (EACCES), the

@@ -19,7 +19,8 @@ def driver_loaded(facts):
         return Finding("host.driver.loaded", Status.FAIL, "No NVIDIA driver is loaded",
                        evidence=["/proc/driver/nvidia/version → ENOENT",
                                  "/proc/modules → " + (mods["error"] if mods.get("error") else "no 'nvidia' module")],
-                       hint=fix_text(facts, "no_driver"))
+                       hint=fix_text(facts, "no_driver"),
+                       explained_by=("boundary.lxc.node_driver",))  # an LXC guest shares its node's kernel
     if ver.get("error") and not loaded:
         return Finding("host.driver.loaded", Status.UNKNOWN, "Could not read the driver version or /proc/modules",
                        evidence=[f"/proc/modules → {mods.get('error') or 'no nvidia'}",

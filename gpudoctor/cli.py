@@ -66,6 +66,12 @@ class LazyGroup(conventions.DidYouMeanGroup):
         except KeyboardInterrupt:
             raise Interrupted() from None
 
+    def _main_shell_completion(self, ctx_args, prog_name, complete_var=None):
+        from gpudoctor.commands.shell import register  # hosts, check ids, profiles; no hidden spellings
+
+        register()
+        return super()._main_shell_completion(ctx_args, prog_name, complete_var)
+
     def format_commands(self, ctx, formatter):
         rows = [(n, COMMANDS[n][1]) for n in self.list_commands(ctx)]
         if rows:

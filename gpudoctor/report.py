@@ -418,13 +418,16 @@ _ORDER = {Status.FAIL: 0, Status.UNKNOWN: 1, Status.WARN: 2, Status.OK: 3, Statu
 
 def lxc_audit(out, d: Diagnosis, inp, *, verbose: bool = False, quiet: bool = False,
               list_hint: str = LIST_HINT) -> None:
-    """The container's verdict, each root cause as check prints it (with its fix; its evidence is in the table),
-    then the boundary findings in check's table, worst first. `out`: a term.Styled."""
+    """The container's verdict, each root cause once as a block (its evidence and fix), then the other boundary
+    findings (their symptoms, the healthy checks) in check's table, worst first: every finding is printed once.
+    `out`: a term.Styled."""
     out.print(f"{line(inp.label)} ({line(inp.cfg.path)}): ", status_word(d.verdict) if d.verdict != Status.OK
               else ("OK", _STYLE[Status.OK]))
+    roots = {id(f) for f in d.root_causes}
     for f in d.root_causes:
-        cause_block(out, f, status_word(f.status), evidence=0)
-    rows = finding_rows(sorted(d.findings, key=lambda f: _ORDER[f.status]), verbose=verbose, quiet=quiet,
+        cause_block(out, f, status_word(f.status), evidence=None if verbose else 3)
+    rest = [f for f in d.findings if id(f) not in roots]
+    rows = finding_rows(sorted(rest, key=lambda f: _ORDER[f.status]), verbose=verbose, quiet=quiet,
                         list_hint=list_hint)
     if rows:
         out.print()

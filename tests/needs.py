@@ -41,6 +41,10 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "promtool": (("promtool",), "apt-get install prometheus"),
     "prometheus": (("prometheus",), "apt-get install prometheus"),
     "node_exporter": (("prometheus-node-exporter", "node_exporter"), "apt-get install prometheus-node-exporter"),
+    # tests/core/test_completion.py: completion driven in the real shells
+    "bash": (("bash",), "apt-get install bash"),
+    "zsh": (("zsh",), "apt-get install zsh"),
+    "fish": (("fish",), "apt-get install fish"),
 }
 
 

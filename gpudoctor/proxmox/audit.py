@@ -241,6 +241,7 @@ class AuditInput:
     #                              machine's /proc/devices, which need not be the Proxmox node's)
     layout: str | None = None  # the host's cgroup layout (cgroup_layout): None = unknown, read as cgroup v2
     layout_evidence: str = ""
+    node: str | None = None  # the Proxmox node the facts were read on (facts["boundary"]["proxmox"])
 
     @property
     def v1(self) -> bool:
@@ -336,7 +337,7 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
                        "the node's /proc/devices with --devices" if inp.devices_unsure else
                        _load_hint(node.driver))
                       if procdev.text_ok else "read the Proxmox host's /proc/devices"),
-                data={**base, "critical": node.critical}))
+                data={**base, "critical": node.critical}, explained_by=_NO_DRIVER))
             continue
         base["major"] = major
         minor_s = "*" if node.minor is None else str(node.minor)
@@ -405,13 +406,53 @@ def check_cgroup_allow(inp: AuditInput) -> list[Finding]:
     return out
 
 
+# --- boundary.lxc.node_driver -------------------------------------------------------------------
+
+NODE_DRIVER = "boundary.lxc.node_driver"
+# What a node without the NVIDIA driver explains: the majors it cannot name, the nodes it has not made, and (checks/
+# host.py) the guest's own "no driver": a container shares the node's kernel.
+_NO_DRIVER = ("boundary.lxc.config", NODE_DRIVER)
+
+
+def check_node_driver(inp: AuditInput) -> list[Finding]:
+    """The Proxmox node has the NVIDIA driver loaded: its /proc/devices lists an NVIDIA char device. Without it the
+    container's GPU nodes cannot work whatever its config says, and the majors its allow-list needs are unknown."""
+    procdev = inp.procdev
+    if not procdev.text_ok or inp.devices_unsure or not needed_nodes(inp.cfg):
+        return []  # unreadable (boundary.lxc.config says so), or this machine's file, which need not be the node's
+    devices = (inp.offline or {}).get("devices") or "/proc/devices"
+    where = f"the Proxmox node {inp.node}" if inp.node and inp.offline is None else "the Proxmox node"
+    if procdev.nvidia_loaded:
+        have = ", ".join(f"{n} {m}" for m, names in sorted(procdev.char.items()) for n in names
+                         if n in ("nvidia", "nvidiactl", "nvidia-frontend", "nvidia-uvm"))
+        return [Finding(NODE_DRIVER, Status.OK, f"the NVIDIA driver is loaded on {where}",
+                        evidence=[f"{devices}: {have or 'NVIDIA char devices'}"])]
+    missing = []
+    for need in needed_nodes(inp.cfg):
+        st = (inp.host_nodes or {}).get(need.node.path)
+        if st is not None and not st.get("exists", False) and st.get("error") in (None, "ENOENT"):
+            missing.append(need.node.path)
+    evidence = [f"{devices}: no NVIDIA character device (no nvidia, nvidia-uvm or nvidia-caps entry)"]
+    if missing:
+        evidence.append(f"host stat {', '.join(missing)} → ENOENT")
+    return [Finding(
+        NODE_DRIVER, Status.FAIL,
+        f"the NVIDIA driver is not loaded on {where}: its /proc/devices has no NVIDIA device, so no GPU node can work "
+        f"in {inp.label if inp.name or inp.vmid is not None else 'the container'}", evidence=evidence,
+        hint=("load the driver on the Proxmox node (`modprobe nvidia nvidia_uvm`, then `nvidia-modprobe -u -c 0` "
+              "for the /dev/nvidia-uvm* nodes; if modprobe fails, install the NVIDIA driver built for the running "
+              "kernel, or boot the kernel it was built for), then re-run: the allow-list is judged against the "
+              "majors the driver registers"),
+        data={"devices": devices, "missing_nodes": missing})]
+
+
 # --- boundary.lxc.stale_allow ------------------------------------------------------------------
 
 def check_stale(inp: AuditInput) -> list[Finding]:
     """Allow rules for a dynamic major that no NVIDIA driver holds now: leftovers that may grant another device."""
     cfg, procdev, label = inp.cfg, inp.procdev, inp.label
-    if not procdev.text_ok:
-        return []
+    if not procdev.text_ok or not procdev.nvidia_loaded:
+        return []  # no NVIDIA driver on the node: its majors are unknown, so no rule can be called stale
     current = {d: procdev.major(d) for d in ("nvidia-uvm", "nvidia-caps")}
     now = ", ".join(f"{d} is {m}" for d, m in current.items() if m is not None)
     out = []
@@ -600,7 +641,7 @@ def check_mount_sources(inp: AuditInput) -> list[Finding]:
                            evidence=[f"host stat {need.node.path} → ENOENT", effect],
                            hint=("create it on the host: nvidia-modprobe -u -c 0 (uvm nodes) or nvidia-smi (others); "
                                  "nvidia-persistenced at boot keeps them"),
-                           data={"path": need.node.path}))
+                           data={"path": need.node.path}, explained_by=_NO_DRIVER))
     return out
 
 
@@ -622,7 +663,7 @@ def input_from_facts(b: dict) -> AuditInput:
     return AuditInput(cfg, ProcDevices.parse(pd.get("text")), running=run.get("text"), status=st,
                       vmid=b.get("vmid") if b.get("vmid") is not None else vmid_from_path(path),
                       name=b.get("name"), host_nodes=b.get("host_nodes"), offline=b.get("offline"),
-                      layout=cg.get("layout"), layout_evidence=cg.get("evidence") or "")
+                      layout=cg.get("layout"), layout_evidence=cg.get("evidence") or "", node=b.get("proxmox"))
 
 
 def _no_gpu_nodes(inp: AuditInput) -> list[Finding]:

@@ -55,6 +55,12 @@ class ProcDevices:
         names = self.names(major)
         return "/".join(names) if names else "nothing"
 
+    @property
+    def nvidia_loaded(self) -> bool:
+        """Some NVIDIA driver has registered a char device (nvidia, nvidia-uvm, nvidia-caps, …): without one, the
+        node's NVIDIA majors are unknown and nothing NVIDIA works there."""
+        return any(n in NVIDIA_DRIVERS for names in self.char.values() for n in names)
+
     def is_nvidia(self, major: int) -> bool:
         return major == NVIDIA_MAJOR or any(n in NVIDIA_DRIVERS for n in self.names(major))
 
