@@ -8,44 +8,62 @@ Runs only when asked: it occupies the GPUs for seconds. A GPU another process ho
 
 from __future__ import annotations
 
+import inspect
 import json
 
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.gather.deep_timeline import Timeline, started_ago
 from gpudoctor.host import Host
 from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 
 # One rank of the probe; the gather starts one per GPU of the group (threads over Host.run), rendezvous by file.
 # argv: rank world rendezvous-name device bytes iters; the file lies in $GPUDOCTOR_NCCL_DIR, a private mkdtemp
-# directory (#40: never a fixed name in /tmp another user could make first)
-PROBE = r"""
-import json, os, sys, time
+# directory (#40: never a fixed name in /tmp another user could make first). Every rank's last line holds its phases
+# (gather/deep_timeline.py); rank 0's also the measurement.
+_PROBE = r"""
+T0 = time.monotonic()
+PH = {"startup_s": started_ago(), "phases": []}
+
+def phase(name, t):
+    PH["phases"].append([name, round(t - T0, 4), round(time.monotonic() - T0, 4)])
+
 rank, world, rdv, dev, nbytes, iters = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                         int(sys.argv[5]), int(sys.argv[6]))
 if not os.path.isabs(rdv):
     rdv = os.path.join(os.environ["GPUDOCTOR_NCCL_DIR"], rdv)
+t = time.monotonic()
 try:
     import torch, torch.distributed as dist
 except ImportError as e:
     print(json.dumps({"not_measured": "torch does not import in %s: %s" % (sys.executable, e)}))
     raise SystemExit(0)
+phase("import torch", t)
+t = time.monotonic()
 torch.cuda.set_device(dev)
 dist.init_process_group("nccl", init_method="file://" + rdv, rank=rank, world_size=world)
 x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
 for _ in range(3):
     dist.all_reduce(x)
 torch.cuda.synchronize(); dist.barrier()
+phase("CUDA context, NCCL init and warm-up", t)
+t0 = time.monotonic()
 t = time.perf_counter()
 for _ in range(iters):
     dist.all_reduce(x)
 torch.cuda.synchronize()
 dt = (time.perf_counter() - t) / iters
+phase("all-reduce", t0)
+t = time.monotonic()
 dist.destroy_process_group()
+phase("NCCL teardown", t)
 if rank == 0:
     alg = nbytes / dt / 1e9
-    print(json.dumps({"seconds_per_op": dt, "algbw_gbs": alg, "busbw_gbs": alg * 2 * (world - 1) / world,
-                      "nccl": ".".join(map(str, torch.cuda.nccl.version()))}))
+    PH.update({"seconds_per_op": dt, "algbw_gbs": alg, "busbw_gbs": alg * 2 * (world - 1) / world,
+               "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
+print(json.dumps(PH))
 """
+PROBE = "import json, os, sys, time\n" + inspect.getsource(started_ago) + _PROBE
 
 
 # The probe as snapshots taken before #33 recorded it (its text was part of their transcript key: `python -c PROBE`).
@@ -78,20 +96,32 @@ if rank == 0:
 def gather(host: Host, ctx: GatherContext) -> dict:
     if not ctx.policy.get("deep"):
         return {}
+    tl = Timeline()
+    tl.add("gpudoctor start-up", 0.0, tl.now())
+    begun = tl.now()
+    out = _gather(host, ctx, tl)
+    tl.add("deep tier", begun, tl.now())
+    out["timeline"] = tl.to_json()
+    return out
+
+
+def _gather(host: Host, ctx: GatherContext, tl: Timeline) -> dict:
     from gpudoctor.gather.fabric import parse_topo, tp_groups
 
-    topo_res = host.run(["nvidia-smi", "topo", "-m"], timeout=ctx.timeout)
+    with tl.phase("nvidia-smi topo -m"):
+        topo_res = host.run(["nvidia-smi", "topo", "-m"], timeout=ctx.timeout)
     topo = parse_topo(topo_res.stdout) if topo_res.ok else {"gpus": []}
     n = len(topo["gpus"])
     sizes = ctx.policy.get("tp_sizes") or [s for s in (2, 4, 8) if s <= n] or ([1] if n == 1 else [])
     from gpudoctor.gather.deep_python import choose, describe
 
-    pick = choose(host, ctx)
+    with tl.phase("python search"):
+        pick = choose(host, ctx)
     python = pick["python"]
     nbytes = int(ctx.policy.get("allreduce_bytes", 256 << 20))
     from gpudoctor.gather.deep_gpu import measure
 
-    per_gpu = measure(host, ctx, python)
+    per_gpu = measure(host, ctx, python, tl)
     refused = {f"GPU{r['index']}" for r in per_gpu["gpus"] or [] if r.get("refused")}
     out = {"groups": [], "note": None if n else f"nvidia-smi topo -m: {topo_res.describe()}",
            "python": {**pick, "evidence": describe(pick)}, **per_gpu}
@@ -106,11 +136,13 @@ def gather(host: Host, ctx: GatherContext) -> dict:
                 out["groups"].append({"tp": s, **g, "error": "not run: another process holds "
                                       f"{', '.join(sorted(refused & set(g['gpus'])))} (--deep --force runs it)"})
                 continue
-            out["groups"].append(_measure(host, python, s, g, nbytes, ctx))
+            with tl.phase(f"NCCL probe TP{s} {'+'.join(g['gpus'])}"):
+                out["groups"].append(_measure(host, python, s, g, nbytes, ctx, tl))
     return out
 
 
-def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, ctx: GatherContext) -> dict:
+def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, ctx: GatherContext,
+             tl: Timeline | None = None) -> dict:
     """Run every rank of one group at once; rank 0's line is the measurement."""
     import threading
 
@@ -129,12 +161,15 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
 
     def rank(r):
         args = [str(r), str(len(devs)), rdv, str(devs[r]), str(nbytes), "20"]
+        started = tl.now() if tl else 0.0
         res = host.run(python_argv(python, "-", *args), timeout=max(ctx.timeout, 180), input=PROBE.encode(),
                        env=env)
         if not_recorded(res):  # a snapshot from before #33
             res = host.run(python_argv(python, "-c", PROBE_BEFORE_33, *args), timeout=max(ctx.timeout, 180),
                            env=env)
         results[r] = res
+        if tl is not None:
+            _rank_phases(tl, started, res, devs[r])
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(devs))]
     for t in threads:
@@ -161,7 +196,20 @@ def _measure(host: Host, python: list[str], tp: int, group: dict, nbytes: int, c
                         + (res.stderr.strip() or res.stdout.strip())[-400:])
         return rec
     try:
-        rec.update(json.loads(results[0].stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
+        said = json.loads(results[0].stdout.strip().splitlines()[-1])
+        said.pop("phases", None), said.pop("startup_s", None)  # the timeline's (facts["deep"]["timeline"])
+        rec.update(said)
+    except (ValueError, IndexError, AttributeError):
         rec["error"] = "rank 0 printed no measurement: " + results[0].stdout[-300:]
     return rec
+
+
+def _rank_phases(tl: Timeline, started: float, res, gpu: int) -> None:
+    """One rank's phases on the deep timeline: from its start to its exit, and its own (its last line's)."""
+    ended = tl.now()
+    try:
+        said = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        said = None
+    tl.add("NCCL rank", started, ended, gpu=gpu)
+    tl.child(started, said, ended=ended, gpu=gpu)

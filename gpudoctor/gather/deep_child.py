@@ -9,15 +9,33 @@ clock, a power limit or any other setting of the card.
 
 After each measurement it prints the whole record again as one JSON line, so a child killed at its deadline still
 leaves what it measured (the parent keeps the last complete line). argv: one JSON object (see deep_gpu.child_args).
+
+Its record's `phases` ([name, start, end] in seconds since its first line) and `startup_s` (its interpreter's start-up
+before that line) are the child's part of the deep timeline (gather/deep_timeline.py).
 """
 
-PROGRAM = r"""
-import ctypes, json, mmap, os, platform, sys, threading, time, warnings
+import inspect
+
+from gpudoctor.gather.deep_timeline import started_ago
+
+_PROGRAM = r"""
 A = json.loads(sys.argv[1])
 T0 = time.monotonic()
 DEADLINE = T0 + float(A["budget_s"])
 out = {"schema": "gpudoctor.deep.gpu/1", "device": A["dev"], "pid": os.getpid(), "backend": None, "error": None,
-       "tests": [], "skipped": [], "notes": []}
+       "tests": [], "skipped": [], "notes": [], "startup_s": started_ago(), "phases": []}
+
+class phase:
+    # one entry of out["phases"]: [name, start, end], seconds since T0
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.t = time.monotonic() - T0
+        return self
+
+    def __exit__(self, *exc):
+        out["phases"].append([self.name, round(self.t, 4), round(time.monotonic() - T0, 4)])
 
 def uptime():
     try:
@@ -142,9 +160,10 @@ class Nvml:
                 "width": self.u("nvmlDeviceGetCurrPcieLinkWidth"), "util": self.util(), "procs": self.procs()}
 
 try:
-    NV = Nvml(A["dev"])
-    out["name"], out["bus_id"] = NV.name(), NV.bus_id()
-    out["before"] = NV.counters()
+    with phase("NVML"):
+        NV = Nvml(A["dev"])
+        out["name"], out["bus_id"] = NV.name(), NV.bus_id()
+        out["before"] = NV.counters()
 except (OSError, AttributeError) as e:
     NV = None
     out["notes"].append("NVML: %s (no clocks, power or counters sampled)" % e)
@@ -339,8 +358,9 @@ def run_torch(torch):
         ts.sort()
         return ts, ts[len(ts) // 2], s.summary
 
-    dbuf = torch.empty(n, dtype=torch.uint8, device=d)
-    torch.cuda.synchronize()
+    with phase("CUDA context"):
+        dbuf = torch.empty(n, dtype=torch.uint8, device=d)
+        torch.cuda.synchronize()
     mark_self()
     numa = out["numa"]
     places = [("local", numa["gpu_node"])]
@@ -351,8 +371,9 @@ def run_torch(torch):
         if not budget_left(4):
             out["skipped"].append("pinned %s: budget" % where)
             continue
-        hb = HostBuf(n, node)
-        rc = cudart.cudaHostRegister(hb.addr, n, 0)
+        with phase("pinned buffer %s" % where):
+            hb = HostBuf(n, node)
+            rc = cudart.cudaHostRegister(hb.addr, n, 0)
         if int(rc) != 0:
             hb.close()
             out["skipped"].append("pinned %s: cudaHostRegister -> %s" % (where, int(rc)))
@@ -360,17 +381,21 @@ def run_torch(torch):
         h = torch.frombuffer(hb.array(), dtype=torch.uint8)
         for kind, fn in (("h2d", lambda: dbuf.copy_(h, non_blocking=True)),
                          ("d2h", lambda: h.copy_(dbuf, non_blocking=True))):
-            ts, med, smp = timed(fn, reps["pinned"])
+            with phase("%s pinned %s" % (kind, where)):
+                ts, med, smp = timed(fn, reps["pinned"])
             record(kind, memory="pinned", placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
                    bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
         del h
-        cudart.cudaHostUnregister(hb.addr)
-        hb.close()
+        with phase("unpin %s" % where):
+            cudart.cudaHostUnregister(hb.addr)
+            hb.close()
     if budget_left(6):
-        hb = HostBuf(n, numa["gpu_node"])
+        with phase("pageable buffer"):
+            hb = HostBuf(n, numa["gpu_node"])
         h = torch.frombuffer(hb.array(), dtype=torch.uint8)
         for kind, fn in (("h2d", lambda: dbuf.copy_(h)), ("d2h", lambda: h.copy_(dbuf))):
-            ts, med, smp = timed(fn, reps["pageable"])
+            with phase("%s pageable" % kind):
+                ts, med, smp = timed(fn, reps["pageable"])
             record(kind, memory="pageable", placement="local", node=numa["gpu_node"], page_nodes=hb.nodes, bytes=n,
                    seconds=ts, gbs=n / med / 1e9, samples=smp)
         del h
@@ -378,8 +403,9 @@ def run_torch(torch):
     else:
         out["skipped"].append("pageable: budget")
     if budget_left(2):
-        dst = torch.empty_like(dbuf)
-        ts, med, smp = timed(lambda: dst.copy_(dbuf), reps["d2d"])
+        with phase("d2d"):
+            dst = torch.empty_like(dbuf)
+            ts, med, smp = timed(lambda: dst.copy_(dbuf), reps["d2d"])
         record("d2d", bytes=n, counted="read+write", seconds=ts, gbs=2 * n / med / 1e9, samples=smp)
         del dst
     else:
@@ -388,9 +414,11 @@ def run_torch(torch):
     torch.cuda.empty_cache()
     if budget_left(3):
         m = int(A["gemm_n"])
-        x = torch.randn(m, m, dtype=torch.bfloat16, device=d)
-        y = torch.randn(m, m, dtype=torch.bfloat16, device=d)
-        ts, med, smp = timed(lambda: torch.matmul(x, y), reps["gemm"])
+        with phase("gemm inputs"):
+            x = torch.randn(m, m, dtype=torch.bfloat16, device=d)
+            y = torch.randn(m, m, dtype=torch.bfloat16, device=d)
+        with phase("gemm"):
+            ts, med, smp = timed(lambda: torch.matmul(x, y), reps["gemm"])
         record("gemm", n=m, dtype="bf16", seconds=ts, tflops=2 * m ** 3 / med / 1e12, samples=smp)
         del x, y
         torch.cuda.empty_cache()
@@ -401,31 +429,34 @@ def run_torch(torch):
         if not budget_left(2):
             out["skipped"].append("p2p %d-%d: budget" % (dev, peer))
             continue
-        can = bool(torch.cuda.can_device_access_peer(dev, peer))
-        src = torch.empty(pn, dtype=torch.uint8, device=d)
-        dst = torch.empty(pn, dtype=torch.uint8, device=torch.device("cuda", peer))
-        ts, med, smp = timed(lambda: dst.copy_(src), reps["p2p"], sync_devs=(dev, peer))
+        with phase("p2p %d-%d" % (dev, peer)):
+            can = bool(torch.cuda.can_device_access_peer(dev, peer))
+            src = torch.empty(pn, dtype=torch.uint8, device=d)
+            dst = torch.empty(pn, dtype=torch.uint8, device=torch.device("cuda", peer))
+            ts, med, smp = timed(lambda: dst.copy_(src), reps["p2p"], sync_devs=(dev, peer))
         record("p2p", peer=peer, can_access_peer=can, bytes=pn, seconds=ts, gbs=pn / med / 1e9, samples=smp)
         del src, dst
         torch.cuda.empty_cache()
 
 def run_ctypes():
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        raise RuntimeError("no CUDA: libcuda.so.1 cannot be loaded (%s)" % e)
+    with phase("CUDA context"):  # (the rest of it below)
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise RuntimeError("no CUDA: libcuda.so.1 cannot be loaded (%s)" % e)
     def ck(rc, what):
         if rc:
             raise RuntimeError("%s -> CUresult %d" % (what, rc))
-    ck(cu.cuInit(0), "cuInit")
-    dv, ctx = ctypes.c_int(), ctypes.c_void_p()
-    ck(cu.cuDeviceGet(ctypes.byref(dv), A["dev"]), "cuDeviceGet")
-    ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dv), "cuDevicePrimaryCtxRetain")
-    ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     n = int(A["bytes"])
     reps = A["reps"]
     d1, d2 = ctypes.c_uint64(), ctypes.c_uint64()
-    ck(cu.cuMemAlloc_v2(ctypes.byref(d1), ctypes.c_size_t(n)), "cuMemAlloc")
+    with phase("CUDA context"):
+        ck(cu.cuInit(0), "cuInit")
+        dv, ctx = ctypes.c_int(), ctypes.c_void_p()
+        ck(cu.cuDeviceGet(ctypes.byref(dv), A["dev"]), "cuDeviceGet")
+        ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dv), "cuDevicePrimaryCtxRetain")
+        ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        ck(cu.cuMemAlloc_v2(ctypes.byref(d1), ctypes.c_size_t(n)), "cuMemAlloc")
     mark_self()
     def timed(fn, k):
         fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
@@ -445,21 +476,24 @@ def run_ctypes():
         if not budget_left(4):
             out["skipped"].append("%s %s: budget" % (memory, where))
             continue
-        hb = HostBuf(n, node)
-        if memory == "pinned":
-            ck(cu.cuMemHostRegister_v2(ctypes.c_void_p(hb.addr), ctypes.c_size_t(n), 0), "cuMemHostRegister")
+        with phase("%s buffer %s" % (memory, where)):
+            hb = HostBuf(n, node)
+            if memory == "pinned":
+                ck(cu.cuMemHostRegister_v2(ctypes.c_void_p(hb.addr), ctypes.c_size_t(n), 0), "cuMemHostRegister")
         for kind, fn in (("h2d", lambda: ck(cu.cuMemcpyHtoD_v2(d1, ctypes.c_void_p(hb.addr), ctypes.c_size_t(n)),
                                             "cuMemcpyHtoD")),
                          ("d2h", lambda: ck(cu.cuMemcpyDtoH_v2(ctypes.c_void_p(hb.addr), d1, ctypes.c_size_t(n)),
                                             "cuMemcpyDtoH"))):
-            ts, med, smp = timed(fn, reps[memory])
+            with phase("%s %s %s" % (kind, memory, where)):
+                ts, med, smp = timed(fn, reps[memory])
             record(kind, memory=memory, placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
                    bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
         if memory == "pinned":
             cu.cuMemHostUnregister(ctypes.c_void_p(hb.addr))
         hb.close()
-    ck(cu.cuMemAlloc_v2(ctypes.byref(d2), ctypes.c_size_t(n)), "cuMemAlloc")
-    ts, med, smp = timed(lambda: ck(cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), "cuMemcpyDtoD"), reps["d2d"])
+    with phase("d2d"):
+        ck(cu.cuMemAlloc_v2(ctypes.byref(d2), ctypes.c_size_t(n)), "cuMemAlloc")
+        ts, med, smp = timed(lambda: ck(cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), "cuMemcpyDtoD"), reps["d2d"])
     record("d2d", bytes=n, counted="read+write", seconds=ts, gbs=2 * n / med / 1e9, samples=smp)
     cu.cuMemFree_v2(d1); cu.cuMemFree_v2(d2)
     out["skipped"].append("gemm: the ctypes backend has no cuBLAS (run with a python that has torch)")
@@ -468,11 +502,12 @@ def run_ctypes():
 
 try:
     if NV is not None:
-        with Sampler() as idle:
+        with phase("idle sample"), Sampler() as idle:
             time.sleep(0.3)
         out["idle"] = idle.summary
         FOREIGN.update(p["pid"] for p in (NV.procs() or []))
-    out["numa"] = numa_facts()
+    with phase("NUMA facts"):
+        out["numa"] = numa_facts()
     if A.get("host_only"):  # the host half alone (no GPU needed): where a buffer bound to each node lands
         for node in out["numa"]["nodes"] or [None]:
             hb = HostBuf(int(A["bytes"]), node)
@@ -482,7 +517,8 @@ try:
     torch = None
     if A.get("backend", "auto") in ("auto", "torch"):
         try:
-            import torch
+            with phase("import torch"):
+                import torch
         except ImportError as e:
             if A.get("backend") == "torch":
                 raise RuntimeError("torch does not import: %s" % e)
@@ -502,8 +538,13 @@ except Exception as e:
     out["error"] = "%s: %s" % (type(e).__name__, e)
 if NV is not None:
     try:
-        out["after"] = NV.counters()
+        with phase("NVML counters after"):
+            out["after"] = NV.counters()
     except Exception as e:
         out["notes"].append("NVML counters after: %s" % e)
 emit()
 """
+
+# The program: its imports, the start-up reading gather/deep_timeline.py uses too (one text), then the measuring.
+PROGRAM = ("import ctypes, json, mmap, os, platform, sys, threading, time, warnings\n"
+           + inspect.getsource(started_ago) + _PROGRAM)

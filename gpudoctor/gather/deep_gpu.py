@@ -14,7 +14,9 @@ import json
 import math
 
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.gather.deep_timeline import Timeline
 from gpudoctor.host import Host
+from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
 from gpudoctor.catalog.xid import norm_pci
 
@@ -87,11 +89,13 @@ def list_apps(host: Host, ctx: GatherContext) -> tuple[list[dict], str | None]:
     return apps, None
 
 
-def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
+def measure(host: Host, ctx: GatherContext, python: list[str], tl: Timeline | None = None) -> dict:
     """Every GPU nvidia-smi lists, one child at a time (a GPU measured alone has the host link to itself)."""
+    tl = tl or Timeline()
     s = settings(ctx.policy)
     force = bool(ctx.policy.get("deep_force"))
-    q = host.run(QUERY_GPUS, timeout=ctx.timeout)
+    with tl.phase("nvidia-smi --query-gpu"):
+        q = host.run(QUERY_GPUS, timeout=ctx.timeout)
     if not_recorded(q):  # a deep snapshot from before per-GPU measurements: it holds only the NCCL probe
         return {"gpus": None}
     out: dict = {"settings": s, "force": force, "gpus": [], "apps": [], "xids": None}
@@ -99,7 +103,8 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
         out["gpus_error"] = "nvidia-smi --query-gpu " + q.describe()
         return out
     gpus = [{"index": int(i), "bus_id": b, "name": n} for i, b, n in parse_csv(q.stdout, 3) if i.isdigit()]
-    out["apps"], err = list_apps(host, ctx)
+    with tl.phase("nvidia-smi --query-compute-apps"):
+        out["apps"], err = list_apps(host, ctx)
     if err:
         out["apps_error"] = err
     t = float(s["budget_s"])
@@ -117,20 +122,27 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
         peers = [p["index"] for p in gpus if p["index"] > g["index"]]
         from gpudoctor.gather.deep_child import PROGRAM
 
-        # The program comes on stdin ("python3 - ARGS"), so a snapshot's key is the arguments alone: a deep snapshot
-        # replays through later versions of the child (its answer is what was measured then).
-        res = host.run([*python, "-", child_args(g["index"], peers, s)], timeout=t + 10.0, input=PROGRAM.encode(),
-                       env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONWARNINGS": "ignore"})
+        # The program comes on stdin ("python3 -I -Wignore - ARGS": isolated, in /, through host/childpy.py), so a
+        # snapshot's key is the arguments alone: a deep snapshot replays through later versions of the child.
+        started = tl.now()
+        res = host.run(python_argv(python, "-Wignore", "-", child_args(g["index"], peers, s)), timeout=t + 10.0,
+                       input=PROGRAM.encode(), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        ended = tl.now()
+        tl.add("measuring child", started, ended, gpu=g["index"])
         rec["command"] = {"rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
                           "duration_s": round(res.duration_s, 3)}
         rec["result"] = parse_child(res.stdout)
+        tl.child(started, rec["result"], ended=ended, gpu=g["index"])
+        if rec["result"] is not None:  # the timeline's (facts["deep"]["timeline"]), not the figures'
+            rec["result"].pop("phases", None)
         if rec["result"] is None:
             tail = (res.stderr.strip() or res.stdout.strip())[-300:]
             rec["error"] = f"measuring child {res.describe()}: {tail}"
         elif res.timed_out:
             rec["error"] = f"measuring child did not finish in {res.timeout_s:g} s (what it measured is kept)"
         out["gpus"].append(rec)
-    out["xids"] = _xids_during(host, ctx, out["gpus"])
+    with tl.phase("kernel log (Xid lines)"):
+        out["xids"] = _xids_during(host, ctx, out["gpus"])
     return out
 
 
