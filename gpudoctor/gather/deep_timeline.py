@@ -52,23 +52,25 @@ class Timeline:
         finally:
             self.add(phase, t, self.now(), **kw)
 
-    def child(self, started: float, result: dict | None, ended: float | None = None, **kw) -> None:
+    def child(self, started: float, result: dict | None, ended: float | None = None, prefix: str = "",
+              **kw) -> None:
         """A child's own phases (result["phases"]: [name, start, end] since its first line; result["startup_s"]: its
         interpreter's start-up), placed after its start at `started` on this clock; from its last phase to `ended`
-        (when the parent saw it exit) is its exit (the interpreter's teardown: torch's, the CUDA context's)."""
+        (when the parent saw it exit) is its exit (the interpreter's teardown: torch's, the CUDA context's). `prefix`
+        names whose phases they are where one GPU has several (an NCCL rank's beside its measuring child's)."""
         if not isinstance(result, dict) or not isinstance(result.get("phases"), list):
             return
         up = result.get("startup_s")
         base = started + (up if isinstance(up, (int, float)) and 0 <= up < 60 else 0.0)
         if isinstance(up, (int, float)):
-            self.add("interpreter start-up", started, base, **kw)
+            self.add(prefix + "interpreter start-up", started, base, **kw)
         last = base
         for p in result["phases"]:
             if isinstance(p, list) and len(p) == 3 and all(isinstance(x, (int, float)) for x in p[1:]):
-                self.add(str(p[0]), base + p[1], base + p[2], **kw)
+                self.add(prefix + str(p[0]), base + p[1], base + p[2], **kw)
                 last = max(last, base + p[2])
-        if ended is not None and ended >= last:
-            self.add("exit", last, ended, **kw)
+        if ended is not None:  # (the start-up's 10 ms ticks may put the last phase a little after it)
+            self.add(prefix + "exit", min(last, ended), ended, **kw)
 
     def to_json(self) -> dict:
         with self._lock:
