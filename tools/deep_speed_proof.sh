@@ -89,16 +89,34 @@ for label, d in (("first", docs[0]), ("last", docs[-1])):
     print(f"INFO timeline of the {label} run (start end length phase, s since gpudoctor started):")
     for ln in render(tl) if tl else ["  (none)"]:
         print("INFO   " + ln)
+def load(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return None
+olddocs = [load(f"{o}/old-{i}.json") for i in range(1, runs + 1) if os.path.exists(f"{o}/old-{i}.json")]
+if olddocs:
+    tl = (olddocs[0] or {}).get("deep_timeline")
+    print("INFO timeline of the previous code's first run:")
+    for ln in render(tl) if tl else ["  (none: that code records no timeline)"]:
+        print("INFO   " + ln)
+
+def figures(docs, into):
+    for d in docs:
+        for f in (d or {}).get("findings", []):
+            x = f.get("data") or {}
+            if f["id"] == "fabric.deep.figure" and "value" in x and x.get("kind"):
+                into.setdefault((x["gpu"], x["kind"]), []).append(x["value"])
+            if f["id"] == "fabric.nccl.allreduce" and (f.get("subject") or "").startswith("TP1"):
+                m = re.search(r"algbw ([0-9.]+) GB/s", " ".join(f.get("evidence") or []))
+                if m:
+                    into.setdefault((0, "nccl_algbw"), []).append(float(m.group(1)))
+    return into
+
+prev = figures(olddocs, {})
 got, ref = {}, {}
 for i, d in enumerate(docs, 1):
-    for f in (d or {}).get("findings", []):
-        x = f.get("data") or {}
-        if f["id"] == "fabric.deep.figure" and "value" in x and x.get("kind"):
-            got.setdefault((x["gpu"], x["kind"]), []).append(x["value"])
-        if f["id"] == "fabric.nccl.allreduce" and (f.get("subject") or "").startswith("TP1"):
-            m = re.search(r"algbw ([0-9.]+) GB/s", " ".join(f.get("evidence") or []))
-            if m:
-                got.setdefault((int(f["subject"].split(":")[1]) if ":" in f["subject"] else 0, "nccl_algbw"), []).append(float(m.group(1)))
+    figures([d], got)
     for g in range(ngpu):
         try:
             r = json.loads(open(f"{o}/ref-{i}-{g}.json").read().strip().splitlines()[-1])
@@ -117,7 +135,9 @@ for key in sorted(set(got) | set(ref)):
         continue
     ratio = med(a) / med(b)
     bound = 0.03
+    was = f"; previous code {med(prev[key]):.1f}" if prev.get(key) else ""
     print(f"{'PASS' if abs(ratio - 1) <= bound else 'FAIL'} GPU {g} {k:16s} {med(a):10.1f} vs {med(b):10.1f}   "
-          f"{ratio:.3f} (within {bound:.0%}; runs: {', '.join(f'{v:.1f}' for v in a)})")
+          f"{ratio:.3f} (within {bound:.0%}; runs: {', '.join(f'{v:.1f}' for v in a)}; torch: "
+          f"{', '.join(f'{v:.1f}' for v in b)}{was})")
 EOF
 say INFO "done: $(grep -c ^PASS "$O/summary.txt") PASS, $(grep -c ^FAIL "$O/summary.txt") FAIL"
