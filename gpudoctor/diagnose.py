@@ -63,6 +63,7 @@ class Diagnosis:
             "chain": self.chain,
             "findings": [f.to_json() for f in self.findings],
             "timings": meta.get("timings", {}),
+            **({"deep_timeline": deep_tl} if (deep_tl := (self.facts.get("deep") or {}).get("timeline")) else {}),
             **({"only_layers": self.only_layers, "causes_outside_filter": [f.key for f in self.outside]}
                if self.only_layers else {}),
         }

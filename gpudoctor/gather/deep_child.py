@@ -9,15 +9,33 @@ clock, a power limit or any other setting of the card.
 
 After each measurement it prints the whole record again as one JSON line, so a child killed at its deadline still
 leaves what it measured (the parent keeps the last complete line). argv: one JSON object (see deep_gpu.child_args).
+
+Its record's `phases` ([name, start, end] in seconds since its first line) and `startup_s` (its interpreter's start-up
+before that line) are the child's part of the deep timeline (gather/deep_timeline.py).
 """
 
-PROGRAM = r"""
-import ctypes, json, mmap, os, platform, sys, threading, time, warnings
+import inspect
+
+from gpudoctor.gather.deep_timeline import started_ago
+
+_PROGRAM = r"""
 A = json.loads(sys.argv[1])
 T0 = time.monotonic()
 DEADLINE = T0 + float(A["budget_s"])
 out = {"schema": "gpudoctor.deep.gpu/1", "device": A["dev"], "pid": os.getpid(), "backend": None, "error": None,
-       "tests": [], "skipped": [], "notes": []}
+       "tests": [], "skipped": [], "notes": [], "startup_s": started_ago(), "phases": []}
+
+class phase:
+    # one entry of out["phases"]: [name, start, end], seconds since T0
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.t = time.monotonic() - T0
+        return self
+
+    def __exit__(self, *exc):
+        out["phases"].append([self.name, round(self.t, 4), round(time.monotonic() - T0, 4)])
 
 def uptime():
     try:
@@ -142,9 +160,10 @@ class Nvml:
                 "width": self.u("nvmlDeviceGetCurrPcieLinkWidth"), "util": self.util(), "procs": self.procs()}
 
 try:
-    NV = Nvml(A["dev"])
-    out["name"], out["bus_id"] = NV.name(), NV.bus_id()
-    out["before"] = NV.counters()
+    with phase("NVML"):
+        NV = Nvml(A["dev"])
+        out["name"], out["bus_id"] = NV.name(), NV.bus_id()
+        out["before"] = NV.counters()
 except (OSError, AttributeError) as e:
     NV = None
     out["notes"].append("NVML: %s (no clocks, power or counters sampled)" % e)
@@ -181,6 +200,7 @@ def summarise(samples):
 
 class Sampler:
     def __enter__(self):
+        self.t0 = time.monotonic()
         self.samples, self.stop = [], threading.Event()
         self.t = threading.Thread(target=self.run, daemon=True)
         if NV is not None:
@@ -286,11 +306,12 @@ class HostBuf:
                 os.sched_setaffinity(0, cpus)
             self.note = set_policy(node)
         try:
-            addr = LIBC.mmap(None, size, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+            # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_POPULATE: the kernel touches every page in this
+            # call, under the policy just set (far faster than faulting them in one by one from here)
+            addr = LIBC.mmap(None, size, 3, 0x22 | 0x8000, -1, 0)
             if addr in (None, ctypes.c_void_p(-1).value):
                 raise MemoryError("mmap of %d bytes -> errno %d" % (size, ctypes.get_errno()))
             self.addr = addr
-            ctypes.memset(self.addr, 1, size)
         finally:
             if node is not None:
                 set_policy(None)
@@ -303,83 +324,113 @@ class HostBuf:
     def close(self):
         LIBC.munmap(self.addr, self.size)
 
+# Each figure is sized by its confidence, not a fixed count: at least MIN_REPS of its kind, at most the reps the
+# parent asks for (deep_gpu.DEFAULTS), stopping as soon as half the samples lie within 1 % of their median.
+MIN_REPS = {"pinned": 3, "pageable": 3, "d2d": 5, "gemm": 5, "p2p": 3}
+STABLE = 0.01
+
+def until_stable(one, what):
+    # `one()` times one rep (seconds); returns the sorted samples and why it stopped
+    kmax = int(A["reps"][what])
+    kmin = min(MIN_REPS.get(what, 3), kmax)
+    ts = []
+    while len(ts) < kmax:
+        ts.append(one())
+        if len(ts) >= kmin:
+            srt = sorted(ts)
+            med = srt[len(srt) // 2]
+            dev = sorted(abs(x - med) for x in srt)
+            if dev[len(dev) // 2] <= STABLE * med:
+                return srt, "stable"
+    return sorted(ts), "max"
+
 def budget_left(need):
     return DEADLINE - time.monotonic() > need
 
+STOPPED = [None]  # why the last figure's sampling stopped ("stable" or "max")
+
 def record(kind, **kw):
     kw["kind"] = kind
+    if STOPPED[0] and kw.get("seconds"):
+        kw["stopped"], STOPPED[0] = STOPPED[0], None
     out["tests"].append(kw)
     emit()
 
 # ---- the measurements --------------------------------------------------------------------------------------------
 def run_torch(torch):
     dev = A["dev"]
-    torch.cuda.set_device(dev)
     d = torch.device("cuda", dev)
     n = int(A["bytes"])
-    reps = A["reps"]
-    cudart = torch.cuda.cudart()
 
-    def timed(fn, k, sync_devs=(dev,)):
+    def timed(fn, what, sync_devs=(dev,)):
         fn()
         for x in sync_devs:
             torch.cuda.synchronize(x)
-        ts = []
+
+        def one():
+            if len(sync_devs) > 1:  # a peer copy: wall time until both devices are done
+                t = time.perf_counter(); fn()
+                for x in sync_devs:
+                    torch.cuda.synchronize(x)
+                return time.perf_counter() - t
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); fn(); b.record(); b.synchronize()
+            return a.elapsed_time(b) / 1e3
+
         with Sampler() as s:
-            for _ in range(k):
-                if len(sync_devs) > 1:  # a peer copy: wall time until both devices are done
-                    t = time.perf_counter(); fn()
-                    for x in sync_devs:
-                        torch.cuda.synchronize(x)
-                    ts.append(time.perf_counter() - t)
-                    continue
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(); fn(); b.record(); b.synchronize()
-                ts.append(a.elapsed_time(b) / 1e3)
-        ts.sort()
+            ts, why = until_stable(one, what)
+        STOPPED[0] = why
         return ts, ts[len(ts) // 2], s.summary
 
-    dbuf = torch.empty(n, dtype=torch.uint8, device=d)
-    torch.cuda.synchronize()
+    with phase("CUDA context"):
+        torch.cuda.set_device(dev)
+        cudart = torch.cuda.cudart()
+        dbuf = torch.empty(n, dtype=torch.uint8, device=d)
+        torch.cuda.synchronize()
     mark_self()
     numa = out["numa"]
     places = [("local", numa["gpu_node"])]
     remote = [x for x in numa["nodes"] if x != numa["gpu_node"]]
     if numa["gpu_node"] is not None and remote:
         places.append(("remote", remote[0]))
+    # The local buffer serves both: pinned (registered) first, then, unregistered, as the pageable one (the same
+    # ordinary memory on the GPU's node, already touched: one 1 GiB mapping less).
     for where, node in places:
         if not budget_left(4):
             out["skipped"].append("pinned %s: budget" % where)
             continue
-        hb = HostBuf(n, node)
-        rc = cudart.cudaHostRegister(hb.addr, n, 0)
+        with phase("pinned buffer %s" % where):
+            hb = HostBuf(n, node)
+            rc = cudart.cudaHostRegister(hb.addr, n, 0)
         if int(rc) != 0:
-            hb.close()
             out["skipped"].append("pinned %s: cudaHostRegister -> %s" % (where, int(rc)))
-            continue
-        h = torch.frombuffer(hb.array(), dtype=torch.uint8)
-        for kind, fn in (("h2d", lambda: dbuf.copy_(h, non_blocking=True)),
-                         ("d2h", lambda: h.copy_(dbuf, non_blocking=True))):
-            ts, med, smp = timed(fn, reps["pinned"])
-            record(kind, memory="pinned", placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
-                   bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
-        del h
-        cudart.cudaHostUnregister(hb.addr)
+        else:
+            h = torch.frombuffer(hb.array(), dtype=torch.uint8)
+            for kind, fn in (("h2d", lambda: dbuf.copy_(h, non_blocking=True)),
+                             ("d2h", lambda: h.copy_(dbuf, non_blocking=True))):
+                with phase("%s pinned %s" % (kind, where)):
+                    ts, med, smp = timed(fn, "pinned")
+                record(kind, memory="pinned", placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
+                       bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
+            del h
+            with phase("unpin %s" % where):
+                cudart.cudaHostUnregister(hb.addr)
+        if where == "local":
+            if budget_left(6):
+                h = torch.frombuffer(hb.array(), dtype=torch.uint8)
+                for kind, fn in (("h2d", lambda: dbuf.copy_(h)), ("d2h", lambda: h.copy_(dbuf))):
+                    with phase("%s pageable" % kind):
+                        ts, med, smp = timed(fn, "pageable")
+                    record(kind, memory="pageable", placement="local", node=node, page_nodes=hb.nodes, bytes=n,
+                           seconds=ts, gbs=n / med / 1e9, samples=smp)
+                del h
+            else:
+                out["skipped"].append("pageable: budget")
         hb.close()
-    if budget_left(6):
-        hb = HostBuf(n, numa["gpu_node"])
-        h = torch.frombuffer(hb.array(), dtype=torch.uint8)
-        for kind, fn in (("h2d", lambda: dbuf.copy_(h)), ("d2h", lambda: h.copy_(dbuf))):
-            ts, med, smp = timed(fn, reps["pageable"])
-            record(kind, memory="pageable", placement="local", node=numa["gpu_node"], page_nodes=hb.nodes, bytes=n,
-                   seconds=ts, gbs=n / med / 1e9, samples=smp)
-        del h
-        hb.close()
-    else:
-        out["skipped"].append("pageable: budget")
     if budget_left(2):
-        dst = torch.empty_like(dbuf)
-        ts, med, smp = timed(lambda: dst.copy_(dbuf), reps["d2d"])
+        with phase("d2d"):
+            dst = torch.empty_like(dbuf)
+            ts, med, smp = timed(lambda: dst.copy_(dbuf), "d2d")
         record("d2d", bytes=n, counted="read+write", seconds=ts, gbs=2 * n / med / 1e9, samples=smp)
         del dst
     else:
@@ -388,9 +439,11 @@ def run_torch(torch):
     torch.cuda.empty_cache()
     if budget_left(3):
         m = int(A["gemm_n"])
-        x = torch.randn(m, m, dtype=torch.bfloat16, device=d)
-        y = torch.randn(m, m, dtype=torch.bfloat16, device=d)
-        ts, med, smp = timed(lambda: torch.matmul(x, y), reps["gemm"])
+        with phase("gemm inputs"):
+            x = torch.randn(m, m, dtype=torch.bfloat16, device=d)
+            y = torch.randn(m, m, dtype=torch.bfloat16, device=d)
+        with phase("gemm"):
+            ts, med, smp = timed(lambda: torch.matmul(x, y), "gemm")
         record("gemm", n=m, dtype="bf16", seconds=ts, tflops=2 * m ** 3 / med / 1e12, samples=smp)
         del x, y
         torch.cuda.empty_cache()
@@ -401,93 +454,182 @@ def run_torch(torch):
         if not budget_left(2):
             out["skipped"].append("p2p %d-%d: budget" % (dev, peer))
             continue
-        can = bool(torch.cuda.can_device_access_peer(dev, peer))
-        src = torch.empty(pn, dtype=torch.uint8, device=d)
-        dst = torch.empty(pn, dtype=torch.uint8, device=torch.device("cuda", peer))
-        ts, med, smp = timed(lambda: dst.copy_(src), reps["p2p"], sync_devs=(dev, peer))
+        with phase("p2p %d-%d" % (dev, peer)):
+            can = bool(torch.cuda.can_device_access_peer(dev, peer))
+            src = torch.empty(pn, dtype=torch.uint8, device=d)
+            dst = torch.empty(pn, dtype=torch.uint8, device=torch.device("cuda", peer))
+            ts, med, smp = timed(lambda: dst.copy_(src), "p2p", sync_devs=(dev, peer))
         record("p2p", peer=peer, can_access_peer=can, bytes=pn, seconds=ts, gbs=pn / med / 1e9, samples=smp)
         del src, dst
         torch.cuda.empty_cache()
 
 def run_ctypes():
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        raise RuntimeError("no CUDA: libcuda.so.1 cannot be loaded (%s)" % e)
     def ck(rc, what):
         if rc:
             raise RuntimeError("%s -> CUresult %d" % (what, rc))
-    ck(cu.cuInit(0), "cuInit")
-    dv, ctx = ctypes.c_int(), ctypes.c_void_p()
-    ck(cu.cuDeviceGet(ctypes.byref(dv), A["dev"]), "cuDeviceGet")
-    ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dv), "cuDevicePrimaryCtxRetain")
-    ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     n = int(A["bytes"])
-    reps = A["reps"]
     d1, d2 = ctypes.c_uint64(), ctypes.c_uint64()
-    ck(cu.cuMemAlloc_v2(ctypes.byref(d1), ctypes.c_size_t(n)), "cuMemAlloc")
+    with phase("CUDA context"):
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise RuntimeError("no CUDA: libcuda.so.1 cannot be loaded (%s)" % e)
+        ck(cu.cuInit(0), "cuInit")
+        dv, ctx = ctypes.c_int(), ctypes.c_void_p()
+        ck(cu.cuDeviceGet(ctypes.byref(dv), A["dev"]), "cuDeviceGet")
+        ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dv), "cuDevicePrimaryCtxRetain")
+        ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        ck(cu.cuMemAlloc_v2(ctypes.byref(d1), ctypes.c_size_t(n)), "cuMemAlloc")
     mark_self()
-    def timed(fn, k):
+    def timed(fn, what):
         fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        ts = []
+
+        def one():
+            t = time.perf_counter(); fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            return time.perf_counter() - t
+
         with Sampler() as s:
-            for _ in range(k):
-                t = time.perf_counter(); fn(); ck(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-                ts.append(time.perf_counter() - t)
-        ts.sort()
+            ts, why = until_stable(one, what)
+        STOPPED[0] = why
         return ts, ts[len(ts) // 2], s.summary
     numa = out["numa"]
     places = [("local", numa["gpu_node"])]
     remote = [x for x in numa["nodes"] if x != numa["gpu_node"]]
     if numa["gpu_node"] is not None and remote:
         places.append(("remote", remote[0]))
-    for memory, where, node in [("pinned", w, x) for w, x in places] + [("pageable", "local", numa["gpu_node"])]:
+    for where, node in places:  # the local buffer pinned, then unregistered as the pageable one (as run_torch)
         if not budget_left(4):
-            out["skipped"].append("%s %s: budget" % (memory, where))
+            out["skipped"].append("pinned %s: budget" % where)
             continue
-        hb = HostBuf(n, node)
-        if memory == "pinned":
+        with phase("pinned buffer %s" % where):
+            hb = HostBuf(n, node)
             ck(cu.cuMemHostRegister_v2(ctypes.c_void_p(hb.addr), ctypes.c_size_t(n), 0), "cuMemHostRegister")
-        for kind, fn in (("h2d", lambda: ck(cu.cuMemcpyHtoD_v2(d1, ctypes.c_void_p(hb.addr), ctypes.c_size_t(n)),
-                                            "cuMemcpyHtoD")),
-                         ("d2h", lambda: ck(cu.cuMemcpyDtoH_v2(ctypes.c_void_p(hb.addr), d1, ctypes.c_size_t(n)),
-                                            "cuMemcpyDtoH"))):
-            ts, med, smp = timed(fn, reps[memory])
-            record(kind, memory=memory, placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
-                   bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
-        if memory == "pinned":
+        pinned = True
+        for memory in ("pinned", "pageable") if where == "local" else ("pinned",):
+            if memory == "pageable":
+                cu.cuMemHostUnregister(ctypes.c_void_p(hb.addr))
+                pinned = False
+                if not budget_left(4):
+                    out["skipped"].append("pageable: budget")
+                    break
+            for kind, fn in (("h2d", lambda: ck(cu.cuMemcpyHtoD_v2(d1, ctypes.c_void_p(hb.addr), ctypes.c_size_t(n)),
+                                                "cuMemcpyHtoD")),
+                             ("d2h", lambda: ck(cu.cuMemcpyDtoH_v2(ctypes.c_void_p(hb.addr), d1, ctypes.c_size_t(n)),
+                                                "cuMemcpyDtoH"))):
+                with phase("%s %s %s" % (kind, memory, where)):
+                    ts, med, smp = timed(fn, memory)
+                record(kind, memory=memory, placement=where, node=node, page_nodes=hb.nodes, policy_note=hb.note,
+                       bytes=n, seconds=ts, gbs=n / med / 1e9, samples=smp)
+        if pinned:
             cu.cuMemHostUnregister(ctypes.c_void_p(hb.addr))
         hb.close()
-    ck(cu.cuMemAlloc_v2(ctypes.byref(d2), ctypes.c_size_t(n)), "cuMemAlloc")
-    ts, med, smp = timed(lambda: ck(cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), "cuMemcpyDtoD"), reps["d2d"])
+    with phase("d2d"):
+        ck(cu.cuMemAlloc_v2(ctypes.byref(d2), ctypes.c_size_t(n)), "cuMemAlloc")
+        ts, med, smp = timed(lambda: ck(cu.cuMemcpyDtoD_v2(d2, d1, ctypes.c_size_t(n)), "cuMemcpyDtoD"), "d2d")
     record("d2d", bytes=n, counted="read+write", seconds=ts, gbs=2 * n / med / 1e9, samples=smp)
     cu.cuMemFree_v2(d1); cu.cuMemFree_v2(d2)
     out["skipped"].append("gemm: the ctypes backend has no cuBLAS (run with a python that has torch)")
     if A.get("peers"):
         out["skipped"].append("p2p: measured with torch only")
 
+def wait_turn():
+    # Where the parent starts several children at once (gather/deep_gpu.py: their start-up overlaps), each measures
+    # only when its turn comes: the parent makes the file $GPUDOCTOR_DEEP_GO names when the child before it has
+    # exited (a GPU measured alone has the host link to itself; a peer copy's context on this GPU is gone). Its
+    # budget starts then.
+    global DEADLINE
+    go = os.environ.get("GPUDOCTOR_DEEP_GO")
+    if not go:
+        return
+    with phase("waiting for its turn"):
+        limit = time.monotonic() + float(os.environ.get("GPUDOCTOR_DEEP_WAIT_S") or 600)
+        stop = os.path.join(os.path.dirname(go), "stop")  # the parent gave up on the run
+        while not os.path.exists(go):
+            if time.monotonic() > limit or os.path.exists(stop):
+                raise RuntimeError("its turn to measure never came (%s)" % go)
+            time.sleep(0.01)
+    DEADLINE = time.monotonic() + float(A["budget_s"])
+
+class Primer:
+    # The CUDA context made in a thread (the driver API, ctypes: the GIL is released) while torch imports, after the
+    # idle sample: torch's runtime then finds the device's primary context made. Every failure is left to the
+    # measurement itself to report.
+    def __init__(self):
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        with phase("CUDA context (driver)"):
+            try:
+                cu = ctypes.CDLL("libcuda.so.1")
+                if cu.cuInit(0) == 0:
+                    dv, ctx = ctypes.c_int(), ctypes.c_void_p()
+                    if cu.cuDeviceGet(ctypes.byref(dv), A["dev"]) == 0:
+                        cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dv)
+            except OSError:
+                pass
+
+    def join(self):
+        self.t.join()
+
+def idle_sample(started=None):
+    # 0.3 s of the GPU before this process touches it (who else is there); `started`: a sampler already running
+    if NV is None:
+        return
+    idle = started or Sampler().__enter__()
+    left = 0.3 - (time.monotonic() - idle.t0)
+    if left > 0:
+        time.sleep(left)
+    idle.__exit__(None, None, None)
+    out["idle"] = idle.summary
+    out["phases"].append(["idle sample", round(idle.t0 - T0, 4), round(time.monotonic() - T0, 4)])
+    FOREIGN.update(p["pid"] for p in (NV.procs() or []))
+
 try:
-    if NV is not None:
-        with Sampler() as idle:
-            time.sleep(0.3)
-        out["idle"] = idle.summary
-        FOREIGN.update(p["pid"] for p in (NV.procs() or []))
-    out["numa"] = numa_facts()
+    with phase("NUMA facts"):
+        out["numa"] = numa_facts()
     if A.get("host_only"):  # the host half alone (no GPU needed): where a buffer bound to each node lands
         for node in out["numa"]["nodes"] or [None]:
             hb = HostBuf(int(A["bytes"]), node)
             record("host_placement", node=node, page_nodes=hb.nodes, policy_note=hb.note, bytes=hb.size)
             hb.close()
         raise SystemExit(emit())
+    # Alone (no turn to wait for), the idle GPU is sampled and then its context made while torch imports (neither
+    # needs torch, and importing it touches no GPU); with a turn to wait for, both after the turn came.
+    alone = not os.environ.get("GPUDOCTOR_DEEP_GO")
+    want_torch = A.get("backend", "auto") in ("auto", "torch")
+    primer = None
+    if alone:
+        sampler = Sampler().__enter__() if NV is not None else None
+        if want_torch:
+            def idle_then_prime():
+                global primer
+                idle_sample(sampler)
+                primer = Primer()
+            early = threading.Thread(target=idle_then_prime, daemon=True)
+            early.start()
+        else:
+            idle_sample(sampler)
     torch = None
-    if A.get("backend", "auto") in ("auto", "torch"):
+    if want_torch:
         try:
-            import torch
+            with phase("import torch"):
+                import torch
         except ImportError as e:
             if A.get("backend") == "torch":
                 raise RuntimeError("torch does not import: %s" % e)
             out["notes"].append("torch does not import (%s): CUDA driver API through ctypes" % e)
             torch = None
+    if alone:
+        if want_torch:
+            early.join()
+    else:
+        wait_turn()
+        idle_sample()
+        if torch is not None:
+            primer = Primer()
+    if primer is not None:
+        primer.join()
     if torch is not None:
         out["backend"] = "torch"
         out["torch"] = torch.__version__
@@ -502,8 +644,15 @@ except Exception as e:
     out["error"] = "%s: %s" % (type(e).__name__, e)
 if NV is not None:
     try:
-        out["after"] = NV.counters()
+        with phase("NVML counters after"):
+            out["after"] = NV.counters()
     except Exception as e:
         out["notes"].append("NVML counters after: %s" % e)
 emit()
+# Nothing is left to tear down that the kernel does not: no Python teardown (torch's, its allocator's) on the clock.
+os._exit(0)
 """
+
+# The program: its imports, the start-up reading gather/deep_timeline.py uses too (one text), then the measuring.
+PROGRAM = ("import ctypes, json, mmap, os, platform, sys, threading, time, warnings\n"
+           + inspect.getsource(started_ago) + _PROGRAM)

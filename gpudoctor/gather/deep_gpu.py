@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.gather.deep_timeline import Timeline
 from gpudoctor.host import Host
 from gpudoctor.host.childpy import python_argv
 from gpudoctor.host.replay import not_recorded
@@ -88,11 +90,19 @@ def list_apps(host: Host, ctx: GatherContext) -> tuple[list[dict], str | None]:
     return apps, None
 
 
-def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
-    """Every GPU nvidia-smi lists, one child at a time (a GPU measured alone has the host link to itself)."""
+# The children's environment: device numbers in PCI order (as nvidia-smi's), and torch loads no out-of-tree device
+# backend (its entry-point scan is start-up time, and none is measured).
+CHILD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+
+
+def survey(host: Host, ctx: GatherContext, tl: Timeline | None = None) -> dict:
+    """The GPUs nvidia-smi lists and the processes on them; a GPU another process holds is refused (unless
+    --force). Needs no python: it runs while the search for one does (gather/deep.py)."""
+    tl = tl or Timeline()
     s = settings(ctx.policy)
     force = bool(ctx.policy.get("deep_force"))
-    q = host.run(QUERY_GPUS, timeout=ctx.timeout)
+    with tl.phase("nvidia-smi --query-gpu"):
+        q = host.run(QUERY_GPUS, timeout=ctx.timeout)
     if not_recorded(q):  # a deep snapshot from before per-GPU measurements: it holds only the NCCL probe
         return {"gpus": None}
     out: dict = {"settings": s, "force": force, "gpus": [], "apps": [], "xids": None}
@@ -100,39 +110,94 @@ def measure(host: Host, ctx: GatherContext, python: list[str]) -> dict:
         out["gpus_error"] = "nvidia-smi --query-gpu " + q.describe()
         return out
     gpus = [{"index": int(i), "bus_id": b, "name": n} for i, b, n in parse_csv(q.stdout, 3) if i.isdigit()]
-    out["apps"], err = list_apps(host, ctx)
+    with tl.phase("nvidia-smi --query-compute-apps"):
+        out["apps"], err = list_apps(host, ctx)
     if err:
         out["apps_error"] = err
-    t = float(s["budget_s"])
     for g in gpus:
         rec = dict(g)
         holders = held_by(out["apps"], g["bus_id"])
         if holders and not force:
             rec["refused"] = {"pids": holders}
-            out["gpus"].append(rec)
-            continue
-        if err and not force:  # could not tell whether a server holds it: do not measure blind
+        elif err and not force:  # could not tell whether a server holds it: do not measure blind
             rec["refused"] = {"pids": [], "why": err}
-            out["gpus"].append(rec)
-            continue
-        peers = [p["index"] for p in gpus if p["index"] > g["index"]]
-        from gpudoctor.gather.deep_child import PROGRAM
+        out["gpus"].append(rec)
+    return out
 
+
+def to_measure(seen: dict) -> list[dict]:
+    """The GPUs of a survey its children measure, in order."""
+    return [r for r in seen.get("gpus") or [] if "refused" not in r]
+
+
+def measure(host: Host, ctx: GatherContext, python: list[str], tl: Timeline | None = None,
+            seen: dict | None = None) -> dict:
+    """A measuring child for every GPU the survey did not refuse. Each measures alone (a GPU measured alone has the
+    host link to itself, and a peer copy's context on another GPU is gone when its child exits), in index order;
+    where there are several, all start at once and each waits for its turn after importing torch, so their start-up
+    overlaps (deep_child.wait_turn: the parent makes its file when the child before it has exited)."""
+    tl = tl or Timeline()
+    out = seen if seen is not None else survey(host, ctx, tl)
+    if out.get("gpus") is None:
+        return out
+    todo = to_measure(out)
+    s = out["settings"]
+    t = float(s["budget_s"])
+    turns = _scratch(host, "gpudoctor-deep") if len(todo) > 1 else None
+    from gpudoctor.gather.deep_child import PROGRAM
+
+    def child(k: int, rec: dict) -> None:
+        peers = [p["index"] for p in out["gpus"] if p["index"] > rec["index"]]
+        env = dict(CHILD_ENV)
+        if turns and k:
+            env.update(GPUDOCTOR_DEEP_GO=f"{turns}/go-{rec['index']}", GPUDOCTOR_DEEP_WAIT_S=f"{k * (t + 10.0):g}")
         # The program comes on stdin ("python3 -I -Wignore - ARGS": isolated, in /, through host/childpy.py), so a
         # snapshot's key is the arguments alone: a deep snapshot replays through later versions of the child.
-        res = host.run(python_argv(python, "-Wignore", "-", child_args(g["index"], peers, s)), timeout=t + 10.0,
-                       input=PROGRAM.encode(), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        started = tl.now()
+        res = host.run(python_argv(python, "-Wignore", "-", child_args(rec["index"], peers, s)),
+                       timeout=(k + 1 if turns else 1) * (t + 10.0), input=PROGRAM.encode(), env=env)
+        ended = tl.now()
+        tl.add("measuring child", started, ended, gpu=rec["index"])
         rec["command"] = {"rc": res.rc, "timed_out": res.timed_out, "timeout_s": res.timeout_s,
                           "duration_s": round(res.duration_s, 3)}
         rec["result"] = parse_child(res.stdout)
+        tl.child(started, rec["result"], ended=ended, gpu=rec["index"])
+        if rec["result"] is not None:  # the timeline's (facts["deep"]["timeline"]), not the figures'
+            rec["result"].pop("phases", None)
         if rec["result"] is None:
             tail = (res.stderr.strip() or res.stdout.strip())[-300:]
             rec["error"] = f"measuring child {res.describe()}: {tail}"
         elif res.timed_out:
             rec["error"] = f"measuring child did not finish in {res.timeout_s:g} s (what it measured is kept)"
-        out["gpus"].append(rec)
-    out["xids"] = _xids_during(host, ctx, out["gpus"])
+
+    if turns is None:
+        for k, rec in enumerate(todo):
+            child(k, rec)
+    else:
+        threads = [threading.Thread(target=child, args=(k, rec), daemon=True) for k, rec in enumerate(todo)]
+        try:
+            for th in threads:
+                th.start()
+            for k, th in enumerate(threads):
+                th.join()
+                if k + 1 < len(todo):
+                    host.run(["touch", "--", f"{turns}/go-{todo[k + 1]['index']}"], timeout=10)
+        finally:
+            host.run(["touch", "--", f"{turns}/stop"], timeout=10)  # a child still waiting gives up now
+            for th in threads:
+                th.join()
+            host.run(["rm", "-rf", "--", turns], timeout=10)
+    with tl.phase("kernel log (Xid lines)"):
+        out["xids"] = _xids_during(host, ctx, out["gpus"])
     return out
+
+
+def _scratch(host: Host, prefix: str) -> str | None:
+    """A private directory made on the target for this run (mktemp -d: 0700, a fresh name), or None (a replay,
+    which never recorded one, or none could be made: the children then run one after another)."""
+    made = host.run(["mktemp", "-d", "-t", prefix + ".XXXXXXXXXX"], timeout=10)
+    path = made.stdout.strip() if made.ok else ""
+    return path if path.startswith("/") else None
 
 
 def _xids_during(host: Host, ctx: GatherContext, recs: list[dict]) -> dict | None:
