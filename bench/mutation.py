@@ -51,7 +51,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                                                "tests/gate/test_slurm_reads.py",
                                                                "tests/gate/test_slurm_npd.py"]),
     "gate": ("gpudoctor/gate.py", ["tests/gate/test_gate.py", "tests/gate/test_slurm_npd.py"]),
-    "bench/campaign/slurm": ("gpudoctor/bench/campaign/slurm.py", ["tests/bench/test_slurm_submitter.py",
+    "campaign/slurm": ("gpudoctor/campaign/slurm.py", ["tests/bench/test_slurm_submitter.py",
                                                                    "tests/bench/test_slurm_campaign_file.py"]),
     "bench/records/stats": ("gpudoctor/bench/records/stats.py", ["tests/bench/test_report.py",
                                                                  "tests/bench/test_health.py"]),

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_UNKNOWN, ConfigError
 from gpudoctor.findings import Finding, Status
-from gpudoctor.target import replayed
 
 GATE_SCHEMA = "gpudoctor.gate/1"
 
@@ -129,7 +128,7 @@ class GateResult:
     blockers: list[Blocker] = field(default_factory=list)
     error: str | None = None  # the host could not be checked at all
     facts: dict | None = field(default=None, repr=False, compare=False)  # the diagnosis' (boot id, driver: the ladder)
-    replayed: str | None = None  # the snapshot judged (gpudoctor.target.replayed): no action may follow this verdict
+    replayed: str | None = None  # the snapshot judged (Target.replayed, gpudoctor/target.py): no action may follow this verdict
 
     @property
     def passed(self) -> bool:
@@ -291,7 +290,7 @@ def gate_target(target, profile: str | None) -> GateResult:
     prof = resolve_profile(profile, dict(inv.profiles) if inv is not None else {},
                            path=str(inv.path) if inv is not None else None)
     result = judge(lambda: check_host(target), prof, target.name)
-    result.replayed = replayed(target)  # a replay's verdict carries it: Slurm and the ladder refuse to act on it
+    result.replayed = target.replayed()  # a replay's verdict carries it: Slurm and the ladder refuse to act on it
     return result
 
 

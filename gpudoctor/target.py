@@ -98,6 +98,13 @@ class Target:
             return _snapshot_facts(self.snapshot, self.context)
         return gather(self.host, self.context)
 
+    def replayed(self) -> str | None:
+        """What a verdict judged when it judged a replay (ReplayTarget.recorded()), None for a live target: the words
+        a verdict carries (GateResult.replayed) so that an action on it refuses by the same rule (live_verdict)."""
+        if is_live(self):
+            return None
+        return self.recorded() if isinstance(self, ReplayTarget) else "not a live target"
+
     def close(self) -> None:
         seen = set()
         for h in (self.host, self.proxmox):
@@ -146,12 +153,6 @@ def live(target, doing: str, hint: str = "") -> LiveTarget:
     what = target.recorded() if isinstance(target, ReplayTarget) else f"a {type(target).__name__} (not a live target)"
     raise ReplayRefused(f"will not {doing} from {what}: a replay is read-only (its facts are not this machine's "
                         f"now); nothing was changed{'; ' + hint if hint else ''}")
-
-
-def replayed(target) -> str | None:
-    """What a verdict judged when it judged a replay (ReplayTarget.recorded()), None for a live target: the words a
-    verdict carries (GateResult.replayed) so that an action on it refuses by the same rule (live_verdict)."""
-    return None if is_live(target) else (target.recorded() if isinstance(target, ReplayTarget) else "not a live target")
 
 
 def live_verdict(result, doing: str, hint: str = ""):

@@ -365,7 +365,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     2 the campaign stopped on an infrastructure failure (gate, port, GPU memory, the target lost),
     3 bad campaign file, inventory or flags, or an unknown SSH host key.
     """
-    from gpudoctor.bench.campaign.runner import run_campaign
+    from gpudoctor.campaign.runner import run_campaign
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
@@ -376,7 +376,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
                          "from here (target: local or an inventory host)")
     with Display() as display:
         if slurm:  # docs/bench.md "Campaigns on Slurm"
-            from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+            from gpudoctor.campaign.slurm import run_slurm_campaign
 
             counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
         else:
@@ -405,7 +405,7 @@ def job(campaign, out_dir, label):
     Records go to OUT/jobs/LABEL/. Exit codes: as `bench run`, and 4 when the gate refused this node
     (OUT/jobs/LABEL/refused.json says why).
     """
-    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.campaign.slurm import run_job
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")

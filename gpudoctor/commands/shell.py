@@ -24,8 +24,7 @@ def completion(shell):
     """
     from click.shell_completion import get_completion_class
 
-    from gpudoctor.cli import cli
-
+    cli = click.get_current_context().find_root().command  # the root group this runs under (cli.py imports us)
     comp = get_completion_class(shell)(cli, {}, "gpudoctor", "_GPUDOCTOR_COMPLETE")
     click.echo(comp.source(), nl=False)
     raise SystemExit(0)
@@ -46,7 +45,7 @@ def manpage(table):
     """
     from gpudoctor.manpage import render
 
-    from gpudoctor.cli import cli
+    cli = click.get_current_context().find_root().command
 
     click.echo(conventions_table(cli) if table else render(cli), nl=False)
     raise SystemExit(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpudoctor.bench.campaign import file as campaign
+from gpudoctor.campaign import file as campaign
 from gpudoctor.cli import main
 
 GOOD = """\

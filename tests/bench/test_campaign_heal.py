@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.campaign.runner import CampaignStopped, run_campaign
+from gpudoctor.campaign.runner import CampaignStopped, run_campaign
 from gpudoctor.daemon.engine import Action, Outcome
 from gpudoctor.diagnose import diagnose
 from gpudoctor.errors import HostUnreachable

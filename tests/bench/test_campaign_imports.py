@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.bench.conftest import REPO
 
-PKG = "gpudoctor.bench.campaign"
+PKG = "gpudoctor.campaign"
 DIR = REPO / "gpudoctor" / "bench" / "campaign"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpudoctor.bench.campaign.file import load
-from gpudoctor.bench.campaign.runner import Runner
+from gpudoctor.campaign.file import load
+from gpudoctor.campaign.runner import Runner
 from gpudoctor.host.local import LocalHost
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "campaign.yaml"

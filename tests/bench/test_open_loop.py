@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpudoctor.bench.campaign.file import load
+from gpudoctor.campaign.file import load
 from gpudoctor.bench.client.pacing import arrival_offsets
 from gpudoctor.errors import ConfigError
 from tests.bench.campaigns import write

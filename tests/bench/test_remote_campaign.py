@@ -360,8 +360,8 @@ def test_ssh_lost_mid_campaign_stops_it_and_resume_finishes(lab, sshd, cut_proxy
 
 
 def test_gate_and_heal_commands_aimed_at_the_target(tmp_path, monkeypatch):
-    from gpudoctor.bench.campaign.file import load
-    from gpudoctor.bench.campaign.runner import Runner
+    from gpudoctor.campaign.file import load
+    from gpudoctor.campaign.runner import Runner
     from gpudoctor.host.local import LocalHost
 
     path = tmp_path / "c.yaml"

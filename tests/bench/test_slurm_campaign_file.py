@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.campaign import file as campaign
-from gpudoctor.bench.campaign.slurm import job_script
+from gpudoctor.campaign import file as campaign
+from gpudoctor.campaign.slurm import job_script
 from gpudoctor.cli import main
 
 BASE = """\
@@ -43,7 +43,7 @@ def test_job_script_is_plain_and_names_everything(tmp_path):
 
 
 def test_defaults_ask_gpus_per_tp():
-    from gpudoctor.bench.campaign.file import SlurmSpec
+    from gpudoctor.campaign.file import SlurmSpec
 
     assert SlurmSpec().gpu_request == "gpus" and SlurmSpec().exclusive and SlurmSpec().node_retries == 2
 

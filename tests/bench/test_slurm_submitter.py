@@ -1,6 +1,6 @@
 """The submitting side of `bench run --slurm` and the job's own exits, decision by decision, against a fake Slurm that
 answers sbatch/squeue/scontrol/scancel as Slurm 22.05 does (fast: no lab; the real cluster's tests are
-test_slurm_campaign.py). Each test holds one rule that a broken line of gpudoctor/bench/campaign/slurm.py would
+test_slurm_campaign.py). Each test holds one rule that a broken line of gpudoctor/campaign/slurm.py would
 break (bench/mutation.py runs these): a refused.json of another job or another node drains nothing; a resubmission
 excludes the refused node; node_retries and max_jobs are counted; a crashed job is restarted once; the job exits 4
 when its gate refuses; the job script's python fallback runs isolated (-I)."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.bench.campaign import file as campaign
-from gpudoctor.bench.campaign.slurm import JOB_REFUSED, SlurmCampaign, gpudoctor_command
+from gpudoctor.campaign import file as campaign
+from gpudoctor.campaign.slurm import JOB_REFUSED, SlurmCampaign, gpudoctor_command
 from gpudoctor.host.base import CommandResult
 from tests.bench.conftest import env
 
@@ -273,7 +273,7 @@ def test_the_python_fallback_also_when_the_console_script_is_not_executable(tmp_
     ("  gpu_request: none\n  exclusive: false\n", [], ["--gpus=1", "--gres=gpu:1", "--exclusive"]),
 ], ids=["defaults", "none-shared"])
 def test_the_scripts_gpu_request_and_exclusive(tmp_path, section, want, unwanted):
-    from gpudoctor.bench.campaign.slurm import job_script
+    from gpudoctor.campaign.slurm import job_script
 
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  poll_s: 1\n" + section)
@@ -295,7 +295,7 @@ def fds() -> int:
     ("model", "does not exist on local"),
 ])
 def test_bench_job_refuses_before_it_writes_anything(tmp_path, case, message):
-    from gpudoctor.bench.campaign.slurm import run_job
+    from gpudoctor.campaign.slurm import run_job
     from gpudoctor.errors import GpudoctorError
 
     (tmp_path / "model").mkdir()
@@ -320,7 +320,7 @@ def test_bench_job_refuses_before_it_writes_anything(tmp_path, case, message):
 
 
 def test_no_submit_keeps_the_campaign_id_and_copies_the_campaign(tmp_path):
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
 
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  poll_s: 1\n")
@@ -339,7 +339,7 @@ def test_no_submit_keeps_the_campaign_id_and_copies_the_campaign(tmp_path):
 
 
 def test_a_run_without_resume_into_a_slurm_campaign_is_refused(tmp_path):
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
     from gpudoctor.errors import InputError
 
     f = tmp_path / "c.yaml"
@@ -353,7 +353,7 @@ def test_a_run_without_resume_into_a_slurm_campaign_is_refused(tmp_path):
 def test_an_interrupted_submitter_cancels_its_own_jobs_only(tmp_path, sig, code):
     import signal as signals
 
-    from gpudoctor.bench.campaign.slurm import Interrupted
+    from gpudoctor.campaign.slurm import Interrupted
 
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
@@ -412,7 +412,7 @@ def test_a_submitted_job_is_on_disk_before_the_submitter_waits(tmp_path):
 
 
 def test_an_unknown_gate_profile_stops_the_submitter_before_anything(tmp_path):
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
     from gpudoctor.errors import ConfigError
 
     f = tmp_path / "c.yaml"

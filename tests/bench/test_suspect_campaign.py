@@ -126,7 +126,7 @@ def test_bad_suspect_key_is_file_line_exit_3(tmp_path):
 def test_a_foreign_process_on_the_gpu_marks_its_level_and_the_servers_own_does_not(tmp_path):
     """In process, with the fake NVML of an H200: the server's own process on the GPU from the start (its pid from
     server.pid: the session the campaign started it in), a foreign one only while the concurrency-2 level runs."""
-    from gpudoctor.bench.campaign.runner import run_campaign
+    from gpudoctor.campaign.runner import run_campaign
     from tests.bench.fakenvml import FakeNVML
 
     (tmp_path / "model").mkdir()

@@ -118,7 +118,7 @@ def test_the_scan_sees_each_way_of_building_one():
     src = '''
 import sys
 a = [*python, "-", child_args(0, [], s)]            # gather/deep_gpu.py before #47
-b = [sys.executable, "-I", "-m", "gpudoctor"]        # bench/campaign/slurm.py before #47
+b = [sys.executable, "-I", "-m", "gpudoctor"]        # campaign/slurm.py before #47
 c = [host.python[0], "-c", "pass"]
 d = [sys.executable] + ["-c", "pass"]
 e = ["python3", "-m", "pip"]

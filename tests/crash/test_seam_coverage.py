@@ -44,7 +44,7 @@ ALLOWED = {
     "bench/records/report.py": [("plot_dir.mkdir(", "the plots' directory of a report"),
                                 ("fig.savefig(plot_dir / name", "plots of a report (report.md and results.csv go "
                                                                 "through atomic_write)")],
-    "bench/campaign/runner.py": [("self.dir.", "the --out directory itself"),
+    "campaign/runner.py": [("self.dir.", "the --out directory itself"),
                                  ("os.rmdir(self.dir)", "the --out directory this run made, empty, when its lock failed"),
                                  ("dest.mkdir", "the --out mirror directory")],
 }

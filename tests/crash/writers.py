@@ -423,7 +423,7 @@ def bench_results(retract: bool = False) -> Writer:
 
 
 def campaign_meta() -> Writer:
-    from gpudoctor.bench.campaign.runner import write_meta
+    from gpudoctor.campaign.runner import write_meta
 
     def setup(base):
         (base / "campaign.yaml").write_text("name: crash\nmethods: []\n")

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import gpudoctor
-from gpudoctor.bench.campaign.runner import CampaignStopped, run_campaign
+from gpudoctor.campaign.runner import CampaignStopped, run_campaign
 from tests.lxclab import MOVED_UVM_MAJOR, UVM_MAJOR, fixed
 from tests.model.modelfiles import write_model
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudoctor.bench.campaign import file as campaign
+from gpudoctor.campaign import file as campaign
 from gpudoctor.bench.records.results import check_record
 from gpudoctor.errors import ConfigError, InputError, InventoryError
 from gpudoctor.files.inputs import brief, parse_json

@@ -408,7 +408,7 @@ def write_report(out_dir: str, *, baseline: str | None = None, plots: bool = Tru
     if (d / "heals.jsonl").exists():
         heals = [json.loads(x) for x in (d / "heals.jsonl").read_text().splitlines() if x.strip()]
     slurm = None
-    if (d / "slurm" / "state.json").exists():  # a campaign run with --slurm (gpudoctor.bench.campaign.slurm)
+    if (d / "slurm" / "state.json").exists():  # a campaign run with --slurm (gpudoctor.campaign.slurm)
         from gpudoctor.files.inputs import read_json
 
         slurm = read_json(d / "slurm" / "state.json", what="slurm/state.json", max_bytes=16 << 20)

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.bench.campaign.heal import HealSpec
+from gpudoctor.campaign.heal import HealSpec
 from gpudoctor.bench.server.remote import DEFAULT_REMOTE_DIR
 from gpudoctor.files import yamlload
 
@@ -73,7 +73,7 @@ class Health:
 
 @dataclass
 class SlurmSpec:
-    """A campaign's `slurm:` section (docs/bench.md "Campaigns on Slurm"): how gpudoctor.bench.campaign.slurm submits."""
+    """A campaign's `slurm:` section (docs/bench.md "Campaigns on Slurm"): how gpudoctor.campaign.slurm submits."""
 
     partition: str | None = None
     account: str | None = None
@@ -207,7 +207,7 @@ class Campaign:
     gpu_release_mib: int
     on_crash: str
     validate: bool
-    heal: object = None  # gpudoctor.bench.campaign.heal.HealSpec when the campaign has a `heal:` section
+    heal: object = None  # gpudoctor.campaign.heal.HealSpec when the campaign has a `heal:` section
     kind: str = "sglang"
     api: str = "native"
     request_rates: list[float] = field(default_factory=list)
@@ -471,7 +471,7 @@ def load(path: str) -> Campaign:
 
 
 def parse_slurm(v: _V, raw) -> SlurmSpec:
-    """`slurm:` — how `bench run --slurm` submits each configuration (gpudoctor.bench.campaign.slurm), checked at
+    """`slurm:` — how `bench run --slurm` submits each configuration (gpudoctor.campaign.slurm), checked at
     its lines."""
     keys = {"partition", "account", "qos", "time_limit", "gpu_request", "sbatch_args", "max_jobs", "exclusive",
             "node_retries", "poll_s"}

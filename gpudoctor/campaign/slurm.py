@@ -1,5 +1,5 @@
 """`bench run --slurm`: every configuration (method x TP) of a campaign is one Slurm job, run on the node it lands on by
-the same code as `target: local` (gpudoctor.bench.campaign.runner.Runner, restricted to that configuration: the gate,
+the same code as `target: local` (gpudoctor.campaign.runner.Runner, restricted to that configuration: the gate,
 the server, the levels, the stop), writing its records to OUT/jobs/LABEL/ on the shared --out; the submitting side
 collects them into OUT/results.jsonl (no key twice), drains a node whose gate refused it (gpudoctor.integrations.slurm:
 never an admin's node) and resubmits with that node excluded, and records a job Slurm ended (time limit, preemption,
@@ -24,8 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from gpudoctor.bench.campaign.file import SlurmSpec, check_gate_profile, check_paths, load
-from gpudoctor.bench.campaign.runner import CampaignStopped, GateRefused, Runner, held_campaign, levels_for
+from gpudoctor.campaign.file import SlurmSpec, check_gate_profile, check_paths, load
+from gpudoctor.campaign.runner import CampaignStopped, GateRefused, Runner, held_campaign, levels_for
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
 from gpudoctor.errors import ConfigError, GpudoctorError, InputError

@@ -24,8 +24,8 @@ from typing import Callable
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.bench.server import logscan
-from gpudoctor.bench.campaign.file import Campaign, Config, check_gate_profile, check_paths, load
-from gpudoctor.bench.campaign.heal import Healer
+from gpudoctor.campaign.file import Campaign, Config, check_gate_profile, check_paths, load
+from gpudoctor.campaign.heal import Healer
 from gpudoctor.bench.client.levels import Level, run_levels, server_context_limit, skipped_record, wait_ready, workload_name
 from gpudoctor.bench.client.load import LevelSpec
 from gpudoctor.gather.marker import server_env
@@ -208,7 +208,7 @@ class Runner:
         self.counter = Counter()
         self.model_dir: str | None = camp.model  # the model's config files as seen from here
         self.cache: dict = {}
-        self.healer = None  # gpudoctor.bench.campaign.heal.Healer when the campaign has `heal:`
+        self.healer = None  # gpudoctor.campaign.heal.Healer when the campaign has `heal:`
         self.heal_engine_factory = heal_engine_factory  # the daemon engine the healer uses (default: the pipeline)
         self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
         self.last_gate: dict | None = None  # the gate's verdict before the current configuration (provenance)

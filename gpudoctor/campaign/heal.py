@@ -25,7 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from gpudoctor.daemon.clock import SystemClock
+from gpudoctor.daemon.engine import EngineConfig, PipelineEngine
+from gpudoctor.daemon.loop import Daemon, DaemonConfig
+from gpudoctor.daemon.state import StateStore
 from gpudoctor.errors import GpudoctorError, HostError
+from gpudoctor.recovery.ladder import may_heal
+from gpudoctor.recovery.store import RecoveryStore
 
 COUNTDOWN_EVERY_S = 5.0
 
@@ -102,10 +108,6 @@ class Healer:
                  out_dir: str | Path, emit: Callable[..., None], resume_hint: str, timeout: float = 30.0,
                  engine_factory=None, sleep: Callable[[float], None] = time.sleep,
                  monotonic: Callable[[], float] = time.monotonic, recovery_path=None):
-        from gpudoctor.daemon.clock import SystemClock
-        from gpudoctor.daemon.engine import EngineConfig, PipelineEngine
-        from gpudoctor.daemon.loop import Daemon, DaemonConfig
-        from gpudoctor.daemon.state import StateStore
         from gpudoctor.gate import resolve_profile
 
         self.spec, self.emit, self.sleep, self.monotonic = spec, emit, sleep, monotonic
@@ -251,8 +253,6 @@ class Healer:
     def _inspection(self) -> str | None:
         """The ladder's reason when this machine's recovery ladder (docs/recovery.md) holds the target in
         needs-inspection, else None; read only, and a missing or unreadable ladder holds nothing here."""
-        from gpudoctor.recovery.ladder import may_heal
-        from gpudoctor.recovery.store import RecoveryStore
 
         try:
             h = RecoveryStore(self.recovery_path).get(self.name)
