@@ -105,13 +105,19 @@ def parse_header(n: int, raw: bytes) -> tuple[int, list[str]]:
     return 8 + n + end, names
 
 
+def _open_model_file(path: str) -> int:
+    """A model's file, through the door: a regular file by its fd (a FIFO or device swapped in is refused, never
+    read), the user's own links followed (a cache links its blobs)."""
+    return open_file(path, strict=False, any_link=True)[0]
+
+
 def check_safetensors(path: str) -> dict:
     """{"size", "expected", "header_len", "tensors", "kind": ok|truncated|oversized|bad_header|<errno>, "detail"}."""
     out: dict = {"size": None, "expected": None, "tensors": [], "kind": "ok", "detail": ""}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_model_file(path)
     except OSError as exc:
-        out.update(kind="unreadable", detail=f"open: {_errname(exc)}")
+        out.update(kind="unreadable", detail=f"open: {_refusal(exc)}")
         return out
     try:
         size = os.fstat(fd).st_size
@@ -136,7 +142,7 @@ def check_safetensors(path: str) -> dict:
 def header_bytes(path: str) -> bytes | None:
     """The first 8 + N bytes of a safetensors file (to tell two revisions of one shard apart), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_model_file(path)
     except OSError:
         return None
     try:
@@ -560,7 +566,7 @@ def hash_file(target: dict, on_bytes=None, bufsize: int = 8 << 20) -> str:
         h = hashlib.sha256()
     buf = bytearray(bufsize)
     mv = memoryview(buf)
-    with open(target["path"], "rb", buffering=0) as fh:
+    with os.fdopen(_open_model_file(target["path"]), "rb", buffering=0) as fh:
         while True:
             n = fh.readinto(buf)
             if not n:
