@@ -140,11 +140,17 @@ def check_complete(facts: dict):
             ev.append(f"{path}: {len(v.get('files') or {})} files, {_b(v.get('bytes'))}; {w.get('shards')} weight "
                       f"file(s){via}, each size == 8 + N + max data_offsets end (checked in {secs * 1000:.1f} ms)")
             who = v.get("others_control")
-            if who:
-                ev.append(f"{path}: {who}: contents can change after verification")
+            if who:  # the one rule (files/trust.py's refusal), the one `model stage` applies to its DST
+                ev.append(f"{who}: contents can change after verification")
+                out.append(Finding("workload.model.complete", Status.FAIL,
+                                   f"{path}: complete now, but another user can change it ({who}); gpudoctor does "
+                                   "not pass as root a model directory it would refuse to stage into",
+                                   subject=path, evidence=ev, hint="stage it into a directory of root's: gpudoctor "
+                                   f"model stage --from {path} --to DST --apply",
+                                   data={"bytes": v.get("bytes"), "shards": w.get("shards"), "others_control": who}))
+                continue
             out.append(Finding("workload.model.complete", Status.OK,
-                               f"{path}: complete, {w.get('shards')} shard(s), {human_bytes(v.get('bytes'))}"
-                               + (f"; {who}: contents can change after verification" if who else ""),
+                               f"{path}: complete, {w.get('shards')} shard(s), {human_bytes(v.get('bytes'))}",
                                subject=path, evidence=ev, data={"bytes": v.get("bytes"), "shards": w.get("shards")}))
             continue
         probs = v.get("problems") or []

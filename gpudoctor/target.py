@@ -250,6 +250,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
         from gpudoctor.host.local import LocalHost
 
         return LocalHost(name=entry.name, **kw)
+    from gpudoctor.files.inputs import read_config  # the one door: as root, another user's ssh config is refused
     from gpudoctor.host.ssh import SSHHost
 
     for p in s.identity_files:
@@ -261,7 +262,7 @@ def host_for(entry, *, host_key_policy: str | None = None) -> Host:
     return SSHHost(name=entry.name, address=s.address, port=s.port, user=s.user,
                    identity_files=list(s.identity_files), known_hosts=s.known_hosts,
                    host_key_policy=host_key_policy or s.host_key_policy, connect_timeout=s.connect_timeout,
-                   ssh_config=s.ssh_config, **kw)
+                   ssh_config=s.ssh_config, read_config=read_config, **kw)
 
 
 def local_host() -> Host:

@@ -70,6 +70,13 @@ def read_bytes(path, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES, 
         os.close(fd)
 
 
+def read_config(path, *, what: str = "ssh config", error=InputError) -> str | None:
+    """A configuration file gpudoctor obeys (an ssh config: its ProxyCommand runs as root), or None when it is absent:
+    opened once through the door, and as root refused unless root's by the one rule."""
+    raw = read_bytes(path, what=what, max_bytes=MiB, error=error, obeyed=True, missing_ok=True)
+    return None if raw is None else decode(raw, os.fspath(path), what=what, error=error)
+
+
 def _it(why: str) -> str:
     """"is a FIFO, not a regular file" -> "it is a FIFO, not a regular file" (the door speaks of the part)."""
     return "it " + why if why.startswith("is ") else why

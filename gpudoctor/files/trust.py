@@ -23,7 +23,7 @@ files.
     open_file(path, strict=, flags=)      (fd, fstat) of a regular file, judged; O_NONBLOCK cleared
     open_at(dir_fd, name, shown, ...)     the same for one name in a directory fd (no "/" in it)
     read_file(path, max_bytes=)           its bytes, read from the fd judged
-    untrusted(path)                       None, or why root may not trust `path` (one line), without raising
+    refusal(path) / untrusted(path)       None, or why root may not trust `path` (a Refused / one line), no raise
 
 Every refusal is `Refused(path, why)`; `why` is one line ("owned by eve (uid 1001), mode 0755, not root's"). Stdlib
 only, python >= 3.6 and standalone (it imports nothing of this package): gather/deep_python.py and gather/model.py
@@ -322,9 +322,10 @@ def read_file(path, uids=None, strict=True, max_bytes=16 << 20):
         os.close(fd)
 
 
-def untrusted(path, uids=None):
-    """None when root may trust `path` (a file or directory: it, every part above it and every link on the way);
-    else why not, in one line ("/home/eve/python3: owned by eve (uid 1001), mode 0755, not root's")."""
+def refusal(path, uids=None):
+    """None when root may trust `path` (a file or a directory: it, every part above it and every link on the way;
+    a directory as the last part writable by no one else, sticky or not — what `model stage` writes into and what the
+    per-start gate passes), else the Refused that says why. The one function both apply."""
     try:
         try:
             fd, _ = open_file(path, uids)
@@ -333,13 +334,20 @@ def untrusted(path, uids=None):
                 raise
             fd = open_dir(path, uids)
             try:
-                why = judge(os.fstat(fd), uids)  # a directory as the last part: sticky or not, writable by no one else
+                why = judge(os.fstat(fd), uids)
             finally:
                 os.close(fd)
-            return "%s: %s" % (os.path.abspath(os.fspath(path)), why) if why else None
+            return Refused(os.path.abspath(os.fspath(path)), why, rule=True) if why else None
         os.close(fd)
     except Refused as exc:
-        return str(exc)
+        return exc
     except OSError as exc:
-        return "%s: %s" % (path, exc.strerror or exc)
+        return Refused(os.fspath(path), exc.strerror or str(exc), exc.errno)
     return None
+
+
+def untrusted(path, uids=None):
+    """None when root may trust `path` (refusal()); else why not, in one line ("/home/eve/python3: owned by eve
+    (uid 1001), mode 0755, not root's")."""
+    r = refusal(path, uids)
+    return None if r is None else str(r)

@@ -161,6 +161,10 @@ class SSHHost(Host):
     host_key_policy: str = "strict"  # "accept-new": trust and record an unknown key (never a changed one)
     connect_timeout: float = 10.0  # deadline of each connect phase: TCP, banner, key exchange, auth
     ssh_config: str | None = None  # None: ~/.ssh/config when it exists; "": read none
+    # How the ssh config's text is read: target.py passes files/inputs.py's read_config (the one door: as root, a
+    # config another user can change is refused, since its ProxyCommand would run as root). None (library use,
+    # tests): paramiko reads the file itself.
+    read_config: object = None
     allow_agent: bool = True
     look_for_keys: bool | None = None  # None: try ~/.ssh/id_* only when no identity file is known
     max_sessions: int = 8  # concurrent commands per connection (sshd's MaxSessions defaults to 10; the agent holds one)
@@ -205,9 +209,11 @@ class SSHHost(Host):
 
         cfg: dict = {}
         path = self.ssh_config if self.ssh_config is not None else os.path.expanduser("~/.ssh/config")
-        if path and os.path.exists(path):
+        text = self.read_config(path) if path and self.read_config is not None else None
+        if text is not None or (path and self.read_config is None and os.path.exists(path)):
             try:
-                cfg = dict(paramiko.SSHConfig.from_path(path).lookup(self.address))
+                conf = paramiko.SSHConfig.from_text(text) if text is not None else paramiko.SSHConfig.from_path(path)
+                cfg = dict(conf.lookup(self.address))
             except Exception as exc:  # noqa: BLE001 - any parse problem becomes one clear line
                 raise HostUnreachable(f"{self.name}: cannot use ssh config {path}: {exc}") from exc
         hostname = cfg.get("hostname") or self.address

@@ -21,7 +21,7 @@ import time
 
 DOOR_IMPORT = "try:  # the one door"  # gather/model.py replaces this block with files/trust.py's text
 try:  # the one door (files/trust.py); on a target gather/model.py sends its text inside this program's text
-    from gpudoctor.files.trust import Refused, judge, open_file, read_fd
+    from gpudoctor.files.trust import Refused, open_file, read_fd, refusal
 except ImportError:  # pragma: no cover - the standalone program, where trust.py's text defines these names
     pass
 
@@ -105,13 +105,19 @@ def parse_header(n: int, raw: bytes) -> tuple[int, list[str]]:
     return 8 + n + end, names
 
 
+def _open_model_file(path: str) -> int:
+    """A model's file, through the door: a regular file by its fd (a FIFO or device swapped in is refused, never
+    read), the user's own links followed (a cache links its blobs)."""
+    return open_file(path, strict=False, any_link=True)[0]
+
+
 def check_safetensors(path: str) -> dict:
     """{"size", "expected", "header_len", "tensors", "kind": ok|truncated|oversized|bad_header|<errno>, "detail"}."""
     out: dict = {"size": None, "expected": None, "tensors": [], "kind": "ok", "detail": ""}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_model_file(path)
     except OSError as exc:
-        out.update(kind="unreadable", detail=f"open: {_errname(exc)}")
+        out.update(kind="unreadable", detail=f"open: {_refusal(exc)}")
         return out
     try:
         size = os.fstat(fd).st_size
@@ -136,7 +142,7 @@ def check_safetensors(path: str) -> dict:
 def header_bytes(path: str) -> bytes | None:
     """The first 8 + N bytes of a safetensors file (to tell two revisions of one shard apart), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_model_file(path)
     except OSError:
         return None
     try:
@@ -560,7 +566,7 @@ def hash_file(target: dict, on_bytes=None, bufsize: int = 8 << 20) -> str:
         h = hashlib.sha256()
     buf = bytearray(bufsize)
     mv = memoryview(buf)
-    with open(target["path"], "rb", buffering=0) as fh:
+    with os.fdopen(_open_model_file(target["path"]), "rb", buffering=0) as fh:
         while True:
             n = fh.readinto(buf)
             if not n:
@@ -754,24 +760,11 @@ def record_key(dst: str) -> str:
 
 
 def others_control(path: str) -> str | None:
-    """Whether someone other than root and this user can change what lies in `path` (a link or directory): "owned by
-    eve", "writable by others (mode 0777)", or None. A verification of such a directory vouches only for now."""
-    try:
-        lst, st = os.lstat(path), os.stat(path)
-    except OSError:
-        return None
-    for s in (lst, st):
-        if s.st_uid not in (0, os.geteuid()):
-            try:
-                import pwd
-
-                who = pwd.getpwuid(s.st_uid).pw_name
-            except (KeyError, ImportError):
-                who = f"uid {s.st_uid}"
-            return f"owned by {who}" + (" (a link)" if stat.S_ISLNK(s.st_mode) else "")
-    if judge(st) and not stat.S_ISLNK(st.st_mode):
-        return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    """Whether someone other than root and this user can change what lies in `path` (a model directory): why, in one
+    line ("/dev/shm/m: owned by eve (uid 1001), mode 0755, not root's"), or None. The one rule (files/trust.py's
+    refusal), the same that `model stage` applies to its DST: the per-start gate does not pass what staging refuses."""
+    r = refusal(path)
+    return str(r) if r is not None and r.rule else None
 
 
 def read_record(dst: str, root: str = "") -> tuple[dict | None, str | None]:

@@ -190,3 +190,66 @@ def test_model_verify_on_a_planted_fifo_is_one_line_never_a_hang(tmp_path, where
         raise AssertionError(f"model verify blocked on a FIFO planted as {where}") from None
     assert "Traceback" not in r.stderr, r.stderr
     assert "FIFO" in r.stdout + r.stderr, (r.returncode, r.stdout[-800:], r.stderr)
+
+
+@pytest.mark.parametrize("how", ["named-by-roots-inventory", "under-HOME"])
+def test_another_users_ssh_config_is_not_obeyed_as_root(open_tmp, monkeypatch, how):
+    """Her ssh config's ProxyCommand would run as root: the config is read through the door, and refused in one
+    line naming its owner — whether root's inventory names it or $HOME points at her home. Root's own is obeyed."""
+    from gpudoctor.errors import InputError
+    from gpudoctor.inventory import parse_inventory
+    from gpudoctor.target import host_for
+
+    needs.root()
+    home = open_tmp / "eve"
+    (home / ".ssh").mkdir(parents=True)
+    cfg = home / ".ssh" / "config"
+    cfg.write_text("Host gpu1\n  ProxyCommand touch /tmp/eve-was-root\n  User root\n")
+    for p in (home, home / ".ssh", cfg):
+        owned_by(p)
+    if how == "named-by-roots-inventory":
+        inv = parse_inventory(f"hosts:\n  gpu1: {{address: gpu1, ssh_config: {cfg}}}\n", str(open_tmp / "i.yaml"))
+    else:
+        monkeypatch.setenv("HOME", str(home))
+        inv = parse_inventory("hosts:\n  gpu1: {address: gpu1}\n", str(open_tmp / "i.yaml"))
+    host = host_for(inv.host("gpu1"))
+    with pytest.raises(InputError) as exc:
+        host.resolve()
+    line = exc.value.one_line()
+    assert "\n" not in line and "refusing this ssh config as root" in line and "owned by nobody" in line, line
+    for p in (home, home / ".ssh", cfg):  # the control: the same config, root's, is obeyed
+        os.chown(p, 0, 0)
+    assert host_for(inv.host("gpu1")).resolve().proxy_command == "touch /tmp/eve-was-root"
+
+
+def test_the_per_start_gate_and_staging_apply_one_rule(open_tmp, tmp_path, monkeypatch):
+    """A complete model in a directory another user owns: `model stage` refuses to write into it, and the per-start
+    gate's check (workload.model.complete) no longer passes it — both by files/trust.py's refusal. Root's own passes."""
+    from gpudoctor.checks.workload_model import check_complete
+    from gpudoctor.findings import Status
+    from gpudoctor.model import stage as st
+    from gpudoctor.model.probe import probe as model_probe
+
+    needs.root()
+    monkeypatch.setenv("GPUDOCTOR_STATE_DIR", str(tmp_path / "state"))
+    src = tmp_path / "src"
+    files = write_model(src, shards=1, elems=1024)
+    theirs = open_tmp / "theirs"
+    theirs.mkdir()
+    for name, data in files.items():
+        (theirs / name).write_bytes(data)
+        owned_by(theirs / name)
+    owned_by(theirs)
+
+    def judged():
+        f = check_complete({"model": model_probe([str(theirs)])})
+        return [x for x in f if x.id == "workload.model.complete"][0]
+
+    with pytest.raises(Exception) as exc:
+        st.plan_stage(str(src), str(theirs), check_busy=False)
+    assert "owned by nobody" in str(exc.value)
+    f = judged()
+    assert f.status == Status.FAIL and "owned by nobody" in f.summary, f
+    for p in [theirs, *theirs.iterdir()]:  # the control
+        os.chown(p, 0, 0)
+    assert judged().status == Status.OK
