@@ -126,11 +126,30 @@ spec=$src
 say "pip install $spec into $home${wheels:+ (offline, wheels from $wheels)}"
 offline=''
 [ -z "$wheels" ] || offline="--no-index --find-links"
+# pip builds in the source tree (build/, gpudoctor.egg-info): build a copy in a temp dir, so that a checkout this user
+# cannot write installs all the same and nothing is left in it
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpudoctor-build.XXXXXX" 2>/dev/null) \
+  || { [ -z "$fresh" ] || rm -rf "$home"; die "cannot make a temporary build directory in ${TMPDIR:-/tmp} (set TMPDIR to a writable directory)"; }
+if ! err=$("$home/bin/python" -c '
+import shutil, sys
+try:
+    shutil.copytree(sys.argv[1], sys.argv[2], symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".venv", "venv"))
+except (OSError, shutil.Error) as exc:
+    e = exc.args[0][0] if isinstance(exc, shutil.Error) else exc
+    sys.exit(str(e[2] if isinstance(e, tuple) else e))
+' "$src" "$tmp/src" 2>&1); then
+  rm -rf "$tmp"; [ -z "$fresh" ] || rm -rf "$home"
+  die "cannot read the checkout $src to build it: $(printf '%s' "$err" | tail -n 1)"
+fi
+spec=$tmp/src
+[ -z "$extras" ] || spec="$tmp/src[$extras]"
 # $offline unquoted on purpose: empty, or two words followed by the (quoted) directory; "$@" holds --run's arguments
-if ! (cd "$src" && "$home/bin/python" -m pip --disable-pip-version-check install -q $offline ${wheels:+"$wheels"} "$spec"); then
-  [ -z "$fresh" ] || rm -rf "$home"
+if ! (cd "$tmp" && "$home/bin/python" -m pip --disable-pip-version-check install -q $offline ${wheels:+"$wheels"} "$spec"); then
+  rm -rf "$tmp"; [ -z "$fresh" ] || rm -rf "$home"
   die "pip install failed (above); nothing was linked"
 fi
+rm -rf "$tmp"
 
 # the commit `gpudoctor --version` names (gpudoctor/buildinfo.py); none from a directory that is not a git checkout
 commit=''

@@ -226,6 +226,21 @@ def _no_json(callback, name):
     return run
 
 
+def confirm_change(question: str, yes: bool) -> bool:
+    """The one rule of every command that changes a host (fix --apply, lxc fix --apply; docs/cli.md "Asks before
+    changing"): --yes goes ahead; on a terminal it asks (default no); without one it refuses, nothing changed."""
+    import sys
+
+    from gpudoctor.errors import InputError
+
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise InputError("--apply without --yes asks for confirmation, but stdin is not a terminal: add --yes to "
+                         "apply unattended (nothing was changed)")
+    return click.confirm(question, default=False, err=True)  # stdout: --json
+
+
 def summary(help_text: str) -> str:
     """A command's summary in a group's list: its help's first sentence, whole (click cuts it at ~45 characters)."""
     first = help_text.strip().split("\n\n")[0]

@@ -1,4 +1,7 @@
-"""Logging through structlog, configured here and only here. JSON when stderr is not a TTY."""
+"""Logging through structlog, configured here and only here. To a person (a terminal, a pipe, a file): one plain line
+per event, `gpudoctor: warning: daemon.host_unreachable host=ct200 error="…"`. JSON lines only where asked
+(GPUDOCTOR_LOG_FORMAT=json: the systemd units ask, for the journal's readers). A value that is a script (a probe's
+`python -c` source) shows its first line and its length, never the whole script (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,42 @@ def command_finished(argv, rc, seconds) -> None:
         get_logger("gpudoctor.host").debug("command.finished", argv=argv, rc=rc, seconds=seconds)
 
 
+SCRIPT_SHOWN = 120  # a longer or multi-line value (a probe script) is shown as its first line and its length
+
+
+def _short(v):
+    if isinstance(v, str) and ("\n" in v or len(v) > SCRIPT_SHOWN):
+        first = v.strip().split("\n", 1)[0][:SCRIPT_SHOWN]
+        return f"{first} … ({len(v)} characters)"
+    if isinstance(v, (list, tuple)):
+        return [_short(x) for x in v]
+    return v
+
+
+def _shorten(_logger, _name, event: dict) -> dict:
+    return {k: (v if k == "event" else _short(v)) for k, v in event.items()}
+
+
+def _person(_logger, _name, event: dict) -> str:
+    """One plain line for a person: `gpudoctor: LEVEL: EVENT key=value …` (escaped: values may come from a host)."""
+    import json
+
+    from gpudoctor.term import printable
+
+    event = dict(event)
+    event.pop("timestamp", None)
+    level, what = event.pop("level", "info"), event.pop("event", "")
+    parts = [f"{k}={v if isinstance(v, (int, float)) or (isinstance(v, str) and v and ' ' not in v and '=' not in v) else json.dumps(v, default=str, ensure_ascii=False)}"
+             for k, v in event.items()]
+    return printable(" ".join([f"gpudoctor: {level}: {what}", *parts]))
+
+
+def json_wanted() -> bool:
+    import os
+
+    return os.environ.get("GPUDOCTOR_LOG_FORMAT", "").lower() == "json"
+
+
 class _CurrentStderr:
     """Writes to whatever sys.stderr is at the time of the write (pytest and CliRunner swap it)."""
 
@@ -31,19 +70,20 @@ class _CurrentStderr:
 
 
 def configure(verbosity: int = 0, json_logs: bool | None = None) -> None:
-    """Configure structlog once: level from -v count (-1 for -q), JSON lines when not on a TTY."""
+    """Configure structlog once: level from -v count (-1 for -q); plain lines, JSON where asked (json_wanted)."""
     global _configured
     import structlog
 
     level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)  # -1: -q
     if json_logs is None:
-        json_logs = not sys.stderr.isatty()
-    renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(colors=False)
+        json_logs = json_wanted()
+    renderer = structlog.processors.JSONRenderer() if json_logs else _person
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _shorten,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

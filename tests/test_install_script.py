@@ -177,3 +177,24 @@ def test_run_uses_this_install_and_says_which_gpudoctor_the_shell_would_run(user
     # this install first on PATH: not a word about it
     r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{link.parent}:{other}:/usr/bin:/bin"})
     assert "note:" not in r.stderr and "running this install's" not in r.stderr and "not on your PATH" not in r.stderr
+
+
+def test_a_checkout_the_user_cannot_write_installs_and_is_left_as_it_was(user_home):
+    """pip built in the checkout (build/, gpudoctor.egg-info): a checkout root owns failed with pip's wall of text
+    for another user, and one the user owns was left with both (#49). install.sh builds a copy in a temp dir."""
+    home, src, _ = user_home
+    if os.geteuid() != 0:
+        needs.unavailable("a checkout the installing user cannot write needs root to make")
+    for p in [src, *src.rglob("*")]:
+        os.lchown(p, 0, 0)  # root's checkout, readable by all, writable by root only
+    r = run_install(user_home)
+    assert r.returncode == 0, r.stderr
+    assert (home / ".local/bin/gpudoctor").is_symlink()
+    assert not list(src.glob("build")) and not list(src.rglob("*.egg-info")), "the build was left in the checkout"
+    secret = src / "gpudoctor" / "unreadable.py"
+    secret.write_text("")
+    secret.chmod(0o600)
+    bad = run_install(user_home)
+    assert bad.returncode == 3 and bad.stderr.splitlines()[-1].startswith(
+        f"install.sh: cannot read the checkout {src} to build it: "), bad.stderr
+    assert "Permission denied" in bad.stderr.splitlines()[-1] and "Traceback" not in bad.stderr

@@ -41,7 +41,7 @@ def engine_options(f):
     return f
 
 
-def run_fix(target, remedies, *, apply, as_json, yes=True, backup_dir, audit_log, lock_dir, reboot, timeout=10.0,
+def run_fix(target, remedies, *, apply, as_json, yes, backup_dir, audit_log, lock_dir, reboot, timeout=10.0,
             options=None, facts=None) -> int:
     """The remedy engine's fix flow on a Target, rendered; returns the exit code (shared by `fix` and `lxc fix`)."""
     from gpudoctor import report
@@ -108,14 +108,10 @@ def _model_sources(values) -> dict:
 
 
 def _confirm(plan, yes: bool) -> bool:
-    if yes:
-        return True
-    if not sys.stdin.isatty():
-        raise InputError("--apply without --yes asks for confirmation, but stdin is not a terminal: add --yes to "
-                         "apply unattended (nothing was changed)")
+    from gpudoctor.conventions import confirm_change
+
     names = sorted({c.host for c in plan.changes})
-    return click.confirm(f"Apply {len(plan.changes)} change(s) to {', '.join(names)}?", default=False,
-                         err=True)  # stdout: --json
+    return confirm_change(f"Apply {len(plan.changes)} change(s) to {', '.join(names)}?", yes)
 
 
 @click.command("fix", epilog=GPUDOCTOR_FIX_EXIT_DOC)

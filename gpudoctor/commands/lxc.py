@@ -226,8 +226,9 @@ def audit(vmid, config_path, devices_path, running_path, cgroup_layout, as_json,
               help="The running config (default with VMID: /var/lib/lxc/VMID/config).")
 @engine_options
 @host_options
+@click.option("--yes", "-y", is_flag=True, help="With --apply: do not ask for confirmation (needed without a TTY).")
 def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir, audit_log, lock_dir, as_json,
-        host_name, inventory):
+        host_name, inventory, yes):
     """Add the missing allow rules to the container's live config section; dry run unless --apply.
 
     Inserts `lxc.cgroup2.devices.allow: c MAJOR:* rwm` for each GPU node whose live major is not allowed, before
@@ -243,7 +244,7 @@ def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir
     \b
     Examples:
       gpudoctor lxc fix 200                       show the plan and diff
-      gpudoctor lxc fix 200 --apply --reboot      fix, then restart if no GPU job runs
+      gpudoctor lxc fix 200 --apply --reboot      fix (asks first; --yes without a terminal), then restart
       gpudoctor lxc fix --host ct200 --apply      from anywhere, over SSH to ct200's Proxmox host
       gpudoctor lxc fix --config 200.conf --devices proc-devices.txt --apply
 
@@ -265,5 +266,5 @@ def fix(vmid, config_path, devices_path, running_path, apply, reboot, backup_dir
         # the edit goes to the Proxmox node: it is the one host of this run
         target.host = target.proxmox or target.host
         code = run_fix(target, [LxcCgroupAllow()], facts=facts, apply=apply, as_json=as_json, backup_dir=backup_dir,
-                       audit_log=audit_log, lock_dir=lock_dir, reboot=reboot)
+                       audit_log=audit_log, lock_dir=lock_dir, reboot=reboot, yes=yes)
     raise SystemExit(code)

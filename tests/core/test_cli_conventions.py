@@ -93,10 +93,25 @@ def test_each_v_shows_more_and_q_nothing_but_errors():
     for flags in (["-q"], [], ["-v"], ["-vv"], ["-v", "-v"]):
         r = gpudoctor(*flags[:1], "check", "--timeout", "5", *flags[1:], timeout=120)  # a live check of this machine
         assert r.returncode in (0, 1, 2, 3) and "Traceback" not in r.stderr
-        events[" ".join(flags)] = set(re.findall(r'"event": "([a-z.]+)"', r.stderr))
+        events[" ".join(flags)] = set(re.findall(r'^gpudoctor: [a-z]+: ([a-z_.]+)', r.stderr, re.M))  # plain lines
     assert "probe.finished" in events["-v"] and "command.finished" not in events["-v"]
     assert {"probe.finished", "command.finished"} <= events["-vv"] == events["-v -v"]  # -vv was -v (#41)
     assert "probe.finished" not in events["-q"] | events[""]
+
+
+def test_logs_to_a_person_are_plain_lines_and_json_only_where_asked(tmp_path):
+    """A warning into a pipe was a raw JSON object; `-vv` printed whole probe scripts (#49)."""
+    inv = inventory(tmp_path)
+    r = gpudoctor("daemon", "--once", "-i", inv, "--host", "vm", "--state", tmp_path / "d.json", timeout=120)
+    warn = [ln for ln in r.stderr.splitlines() if "daemon.host_unreachable" in ln]
+    assert warn and warn[0].startswith("gpudoctor: warning: daemon.host_unreachable host=vm error="), r.stderr
+    j = gpudoctor("daemon", "--once", "-i", inv, "--host", "vm", "--state", tmp_path / "d.json", timeout=120,
+                  env={**os.environ, "GPUDOCTOR_LOG_FORMAT": "json"})
+    assert any(json.loads(ln).get("event") == "daemon.host_unreachable" for ln in j.stderr.splitlines()
+               if ln.startswith("{")), j.stderr
+    vv = gpudoctor("-vv", "check", "--timeout", "5", timeout=120)
+    finished = [ln for ln in vv.stderr.splitlines() if "command.finished" in ln]
+    assert finished and max(map(len, finished)) < 400, max(finished, key=len)[:500]  # a script: first line + length
 
 
 def timeless(text: str) -> str:

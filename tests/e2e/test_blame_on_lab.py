@@ -84,11 +84,11 @@ def test_missing_tools_are_their_own_causes_and_the_boundary_outranks_the_nodes_
 def test_a_second_apply_with_the_restart_pending_reports_the_same_state(seed_lab, tmp_path):
     lab = seed_lab
     state = ["--audit-log", str(tmp_path / "audit.jsonl"), "--lock-dir", str(tmp_path / "locks")]
-    first = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", *state)
+    first = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "APPLIED  lxc.cgroup_allow on kpro6:" in first.stdout and "restart pending: pct reboot 200" in first.stdout
     assert f"now allows c {UVM_MAJOR}:* in its live section" in first.stdout
-    second = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", *state)
+    second = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state)
     assert second.returncode == 1, second.stdout + second.stderr
     assert "REFUSED" not in second.stdout and "UNCHANGED  lxc.cgroup_allow on kpro6:" in second.stdout
     assert "restart pending: pct reboot 200 (or re-run with --reboot)" in second.stdout

@@ -37,7 +37,7 @@ def run(inv, tmp_path, capsys, *, apply=True) -> tuple[int, str, str]:
     args = ["lxc", "fix", "--host", "ct200", "--inventory", str(inv), "--backup-dir", "/var/lib/gpudoctor/backups",
             "--audit-log", str(tmp_path / "audit.jsonl"), "--lock-dir", str(tmp_path / "locks")]
     with pytest.raises(SystemExit) as exc:
-        main(args + (["--apply"] if apply else []))
+        main(args + (["--apply", "--yes"] if apply else []))
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
 

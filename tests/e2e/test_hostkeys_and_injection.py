@@ -22,7 +22,7 @@ def state_args(tmp_path) -> list[str]:
 
 COMMANDS = {
     "check": lambda inv, tmp: ["check", "--host", "ct200", "--inventory", str(inv)],
-    "lxc fix --apply": lambda inv, tmp: ["lxc", "fix", "--host", "ct200", "--inventory", str(inv), "--apply",
+    "lxc fix --apply": lambda inv, tmp: ["lxc", "fix", "--host", "ct200", "--inventory", str(inv), "--apply", "--yes",
                                          *state_args(tmp)],
     "fix --apply": lambda inv, tmp: ["fix", "--host", "ct200", "--inventory", str(inv), "--apply", "--yes",
                                      *state_args(tmp)],

@@ -92,9 +92,9 @@ def test_edited_but_not_restarted_is_what_the_running_container_shows(seed_lab, 
     assert f["devices.node.open[/dev/nvidia-uvm]"]["status"] == "fail"  # the kernel still refuses: real
     assert code == 2 and d["root_cause"]["key"] == "boundary.lxc.cgroup_allow[/dev/nvidia-uvm]"
     # without --reboot the fix says what is left; with it, the container restarts and uvm opens
-    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", *state(tmp_path))
+    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state(tmp_path))
     assert "runs with its old rules" in r.stdout + r.stderr and lab.init_pid() == pid, r.stdout + r.stderr
-    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--reboot",
+    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", "--reboot",
            *state(tmp_path))
     assert lab.init_pid() != pid, r.stdout + r.stderr
     lab.wait_ssh()
@@ -132,7 +132,7 @@ def test_a_hybrid_host_ignores_lxc_cgroup2_rules_and_the_audit_says_so(hybrid_la
     assert uvm["data"]["fix_line"] == f"lxc.cgroup.devices.allow: c {M}:* rwm"
     assert f["devices.node.open[/dev/nvidia-uvm]"]["status"] == "fail" and code == 2
     # gpudoctor writes cgroup2 rules only: on this host it refuses and names the v1 line to add
-    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", *state(tmp_path))
+    r = gd("lxc", "fix", "--host", "ct200", "--inventory", str(lab.inventory), "--apply", "--yes", *state(tmp_path))
     assert f"`lxc.cgroup.devices.allow: c {M}:* rwm`" in r.stdout + r.stderr and "hybrid cgroup layout" in \
         r.stdout + r.stderr, r.stdout + r.stderr
     assert lab.config_file.read_bytes() == L.fixed(lab.seed)

@@ -172,7 +172,7 @@ def test_lxc_fix_dry_run_shows_the_diff_then_apply_reboot_restarts_the_container
     r = gd(*args)
     assert f"+lxc.cgroup2.devices.allow: c {M}:* rwm" in r.stdout and f"-c {M}:* rwm" in r.stdout, r.stdout + r.stderr
     assert lab.config_file.read_bytes() == seed and lab.init_pid() == pid
-    r = gd(*args, "--apply", "--reboot")
+    r = gd(*args, "--apply", "--yes", "--reboot")
     assert "APPLIED" in r.stdout and "rebooted and is running" in r.stdout, r.stdout + r.stderr
     assert lab.config_file.read_bytes() == fixed(seed) and [b.read_bytes() for b in lab.backups()] == [seed]
     assert lab.init_pid() != pid

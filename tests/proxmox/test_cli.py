@@ -103,7 +103,7 @@ def test_fix_dry_run_changes_nothing_then_apply_then_nothing_to_do(work):
     assert "dry run: nothing was changed" in r.stdout
     assert conf.read_bytes() == before and not (tmp / "backups").exists() and not (tmp / "audit.jsonl").exists()
 
-    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes", *state)
     assert r.returncode == 1, r.stdout + r.stderr  # applied; the container still has to restart
     assert "APPLIED  lxc.cgroup_allow" in r.stdout and "restart pending: pct reboot 200" in r.stdout
     after = conf.read_bytes()
@@ -116,16 +116,38 @@ def test_fix_dry_run_changes_nothing_then_apply_then_nothing_to_do(work):
     assert rec["result"] == "applied" and rec["remedy"] == "lxc.cgroup_allow" and rec["backup"] == str(bk)
     assert "+lxc.cgroup2.devices.allow: c 511:* rwm" in rec["diff"]
 
-    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes", *state)
     assert r.returncode == 0 and "nothing to fix" in r.stdout
     assert conf.read_bytes() == after and len((tmp / "audit.jsonl").read_text().splitlines()) == 2
     assert gd("lxc", "audit", "--config", conf, "--devices", DEV511).returncode == 1  # only the stale 509 warns
 
 
+def test_lxc_fix_apply_asks_as_fix_does_and_refuses_without_yes_off_a_terminal(work):
+    """One rule for every command that changes a host (conventions.confirm_change; #49: lxc fix edited unasked)."""
+    tmp, conf, state = work
+    before = conf.read_bytes()
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)  # stdin: not a terminal
+    assert r.returncode == 3 and "add --yes to apply unattended (nothing was changed)" in r.stderr, r.stderr
+    assert conf.read_bytes() == before and not (tmp / "backups").exists()
+    import pty
+
+    leader, follower = pty.openpty()  # a person at a terminal, who answers no
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpudoctor", "lxc", "fix", "--config", str(conf), "--devices",
+                              str(DEV511), "--apply", *map(str, state)], stdin=follower, stdout=subprocess.PIPE,
+                             stderr=follower, text=True)
+        os.close(follower)
+        os.write(leader, b"n\n")
+        out, _ = p.communicate(timeout=60)
+    finally:
+        os.close(leader)
+    assert "nothing was changed" in out and conf.read_bytes() == before, out
+
+
 def test_fix_json_and_refusal_exit_2(tmp_path):
     conf = tmp_path / "206.conf"
     shutil.copyfile(CONFIGS / "206-locked.conf", conf)
-    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--json", "--apply", "--lock-dir", tmp_path / "l",
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--json", "--apply", "--yes", "--lock-dir", tmp_path / "l",
            "--audit-log", tmp_path / "a.jsonl", "--backup-dir", tmp_path / "b")
     doc = json.loads(r.stdout)
     assert r.returncode == 2 and doc["exit_code"] == 2 and doc["plan"]["changes"] == []
@@ -148,7 +170,7 @@ def test_fix_apply_while_another_run_holds_the_lock(work):
     try:
         assert holder.stdout.readline().strip() == "held"
         before = conf.read_bytes()
-        r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
+        r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes", *state)
         assert r.returncode == 2
         assert f"another gpudoctor run is changing localhost: pid {holder.pid}" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and conf.read_bytes() == before

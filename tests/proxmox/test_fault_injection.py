@@ -24,7 +24,7 @@ FIXED = ORIGINAL.replace(b"c 511:* rwm\n", b"").replace(
 
 def cmd(d):
     return [sys.executable, "-m", "gpudoctor", "lxc", "fix", "--config", str(d / "pve/200.conf"), "--devices",
-            str(DEV511), "--apply", "--backup-dir", str(d / "backups"), "--audit-log", str(d / "audit.jsonl"),
+            str(DEV511), "--apply", "--yes", "--backup-dir", str(d / "backups"), "--audit-log", str(d / "audit.jsonl"),
             "--lock-dir", str(d / "locks")]
 
 

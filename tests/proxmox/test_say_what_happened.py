@@ -14,7 +14,7 @@ def test_apply_without_devices_off_the_node_changes_nothing_and_says_how(work):
     needs.not_a_proxmox_node()
     tmp, conf, state = work
     before = conf.read_bytes()
-    r = gd("lxc", "fix", "--config", conf, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--apply", "--yes", *state)
     assert r.returncode == 3 and r.stdout == "", r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "this machine is not a Proxmox node (no /etc/pve)" in lines[0]
@@ -30,11 +30,11 @@ def test_audit_hint_repeats_the_audits_own_files(work):
 
 def test_applied_says_what_was_verified_then_nothing_to_fix(work):
     _, conf, state = work
-    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes", *state)
     assert r.returncode == 1, r.stdout + r.stderr  # applied; the restart is pending
     assert "APPLIED" in r.stdout and "now allows c 511:* in its live section; keyless line 20 removed" in r.stdout
     assert "every GPU node it passes is allowed" in r.stdout and "no new majors" not in r.stdout
-    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes", *state)
     assert r.returncode == 0 and r.stdout.strip() == "nothing to fix"
 
 
@@ -43,7 +43,7 @@ def test_a_partial_change_says_what_remains(work, tmp_path):
     _, conf, state = work
     dev = tmp_path / "devices-no-caps.txt"
     dev.write_text("".join(ln for ln in DEV511.read_text().splitlines(True) if "nvidia-caps" not in ln))
-    r = gd("lxc", "fix", "--config", conf, "--devices", dev, "--apply", *state)
+    r = gd("lxc", "fix", "--config", conf, "--devices", dev, "--apply", "--yes", *state)
     assert "not touching: /dev/nvidia-caps" in r.stdout
     assert "APPLIED" in r.stdout and "still not allowed: /dev/nvidia-caps" in r.stdout
     assert "every GPU node it passes is allowed" not in r.stdout
@@ -53,7 +53,7 @@ def test_second_apply_with_restart_pending_reports_the_same_state(work, tmp_path
     _, conf, state = work
     running = tmp_path / "running.config"  # what LXC generated when the container started, before the fix
     running.write_text("".join(f"lxc.cgroup2.devices.allow = c {m}:* rwm\n" for m in (195, 509, 226, 234)))
-    args = ["lxc", "fix", "--config", conf, "--devices", DEV511, "--running", running, "--apply", *state]
+    args = ["lxc", "fix", "--config", conf, "--devices", DEV511, "--running", running, "--apply", "--yes", *state]
     first = gd(*args)
     assert first.returncode == 1 and "restart pending: pct reboot 200" in first.stdout, first.stdout + first.stderr
     second = gd(*args)
