@@ -24,7 +24,8 @@ def completion(shell):
     """
     from click.shell_completion import get_completion_class
 
-    cli = click.get_current_context().find_root().command  # the root group this runs under (cli.py imports us)
+    cli = click.get_current_context().find_root().command  # the root group (gpudoctor/cli.py), never imported here
+
     comp = get_completion_class(shell)(cli, {}, "gpudoctor", "_GPUDOCTOR_COMPLETE")
     click.echo(comp.source(), nl=False)
     raise SystemExit(0)
@@ -45,8 +46,7 @@ def manpage(table):
     """
     from gpudoctor.manpage import render
 
-    cli = click.get_current_context().find_root().command
-
+    cli = click.get_current_context().find_root().command  # the root group (gpudoctor/cli.py), never imported here
     click.echo(conventions_table(cli) if table else render(cli), nl=False)
     raise SystemExit(0)
 
@@ -235,7 +235,8 @@ def _completes(name: str, cmd, ctx) -> str:
 
 
 def conventions_table(cli) -> str:
-    rows = ["| command | asks before changing | `--json` | exit codes in its help | completes |", "|---|---|---|---|---|"]
+    rows = ["| command | asks before changing | `--json` | exit codes in its help | completes |",
+            "|---|---|---|---|---|"]
     for name, cmd in _leaves(cli):
         ctx = click.Context(cmd, info_name=name.split()[-1])
         rows.append(f"| `{name}` | {_asks(_options(cmd, ctx))} | {_json(cmd)} | {_exit_codes(cmd)} | "
