@@ -152,3 +152,27 @@ def test_children_and_the_nccl_probe_start_at_once_and_touch_a_gpu_only_in_turn(
         assert one("NCCL rank: waiting for the measuring children", gpu)["end_s"] >= second["end_s"] - TICK
         assert one("NCCL rank: CUDA context, NCCL init and warm-up", gpu)["start_s"] >= second["end_s"] - TICK
     assert [g.get("seconds_per_op") is not None for g in facts["deep"]["groups"]] == [True]
+
+
+# --- each figure sized by its confidence (#51) ------------------------------------------------------------------
+
+def _until_stable():
+    from gpudoctor.gather.deep_child import PROGRAM
+
+    text = PROGRAM[PROGRAM.index("MIN_REPS = "):PROGRAM.index("def budget_left")]
+    ns = {"A": {"reps": {"gemm": 20, "pinned": 5}}}
+    exec(text, ns)  # noqa: S102 - the child's own text, run as the child runs it
+    return ns["until_stable"]
+
+
+def test_a_stable_figure_stops_at_its_minimum_and_a_noisy_one_takes_every_rep():
+    until_stable = _until_stable()
+    steady = iter([1.000, 1.002, 0.999, 1.001, 1.000] + [1.0] * 20)
+    ts, why = until_stable(lambda: next(steady), "gemm")
+    assert (len(ts), why) == (5, "stable")
+    noisy = iter([1.0, 1.5, 0.7, 1.3, 0.8, 1.2] * 4)
+    ts, why = until_stable(lambda: next(noisy), "gemm")
+    assert (len(ts), why) == (20, "max") and ts == sorted(ts)
+    late = iter([1.0, 1.3, 0.7, 1.02, 1.01, 1.0, 1.0, 1.0])  # settles: stops once half lie within 1 % of the median
+    ts, why = until_stable(lambda: next(late), "pinned")
+    assert why == "stable" and 3 <= len(ts) <= 5
