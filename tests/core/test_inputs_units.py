@@ -227,3 +227,56 @@ def test_as_root_an_input_another_user_can_change_is_refused(tmp_path):
     os.chmod(d, 0o777)
     with pytest.raises(InputError, match="refusing this file as root"):
         inputs.trusted(f)
+
+
+def test_depth_scan_skips_strings_and_escapes_and_counts_both_brackets():
+    f = inputs.json_depth_exceeds
+    assert f("[X[X]]", 1) == 2  # only brackets count
+    assert f("[[]X[]]", 1) == 1
+    assert f('["\\\\", [[]]]', 2) == 8  # an escaped backslash ends before the quote: the string closes there
+    assert f('["\\"[[[[", []]', 2) is None  # an escaped quote does not end the string
+    assert f('["a", "[[[["]', 1) is None and f('[{"a": [1]}]', 2) == 7
+    assert f("{{{}}}", 2) == 2 and f("[]{}[]", 1) is None and f("[[]][[]]", 2) is None
+    assert f("{[", 1) == 1  # "{" counts in the quick check too
+
+
+def test_more_refusals(tmp_path):
+    with pytest.raises(InputError, match=r"^--url must be an http:// or https:// URL, got ''$"):
+        inputs.http_url("", "--url")
+    with pytest.raises(InputError, match=r"got 3$"):
+        inputs.http_url(3, "--url")
+    (tmp_path / "j.jsonl").write_text("[1]\n")
+    with pytest.raises(InputError, match=r"^.*: each line must be a JSON object$"):
+        inputs.read_jsonl(tmp_path / "j.jsonl")
+    with pytest.raises(InputError, match="^.*output file is a directory$"):
+        inputs.output_file(tmp_path)
+    with pytest.raises(InputError, match="^.*output directory exists and is not a directory$"):
+        inputs.output_dir(tmp_path / "j.jsonl")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_text(tmp_path / "none")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_json(tmp_path / "none")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_jsonl(tmp_path / "none")
+    with pytest.raises(InputError, match=r"^.*: file is not valid JSON"):
+        inputs.parse_json("{", "/f")
+    with pytest.raises(InputError, match=r"^.*: file is not UTF-8"):
+        inputs.decode(b"\xff", "/f")
+
+
+def test_tail_reads_the_last_bytes_of_a_long_file(tmp_path):
+    p = tmp_path / "log"
+    p.write_bytes(b"a" * inputs.MiB + b"b" * 10)
+    assert inputs.read_bytes(p, max_bytes=inputs.MiB + 5, tail=True) == b"a" * (inputs.MiB - 5) + b"b" * 10
+    assert inputs.read_bytes(p, max_bytes=inputs.MiB + 10) == b"a" * inputs.MiB + b"b" * 10
+    assert len(inputs.read_bytes(p)) == inputs.MiB + 10
+
+
+def test_the_click_types_defaults():
+    import click
+
+    t = inputs.seconds()
+    assert t.convert("0", None, None) == 0 and t.convert("86400", None, None) == 86400
+    with pytest.raises(click.BadParameter):
+        t.convert("86400.5", None, None)
+    assert inputs.finite(0, 1).convert("0", None, None) == 0 and inputs.finite(0, 1).convert("1", None, None) == 1
