@@ -12,12 +12,14 @@ def test_python_argv_isolates_and_drops_site_on_request():
 
 
 def test_child_env_keeps_the_gpu_stack_and_nothing_of_python():
-    base = {"PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C", "CUDA_VISIBLE_DEVICES": "0",
+    base = {"PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C", "LC_CTYPE": "C.UTF-8", "TZ": "UTC",
+            "TMPDIR": "/var/tmp", "CUDA_VISIBLE_DEVICES": "0",
             "NCCL_DEBUG": "INFO", "NVIDIA_VISIBLE_DEVICES": "all", "LD_LIBRARY_PATH": "/usr/lib/x",
             "PYTHONPATH": "/tmp/evil", "PYTHONHOME": "/tmp/evil", "PYTHONSTARTUP": "/tmp/evil.py",
             "LD_PRELOAD": "/tmp/evil.so", "SECRET_TOKEN": "s3cret", "AWS_SECRET_ACCESS_KEY": "k"}
     env = childpy.child_env(base)
-    for k in ("PATH", "HOME", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "NVIDIA_VISIBLE_DEVICES",
+    for k in ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG",
+              "NVIDIA_VISIBLE_DEVICES",
               "LD_LIBRARY_PATH"):
         assert env.get(k) == base[k], k
     for k in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD", "SECRET_TOKEN", "AWS_SECRET_ACCESS_KEY"):

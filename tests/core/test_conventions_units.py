@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import click
 import pytest
@@ -89,8 +90,8 @@ def test_quiet_and_verbose_contradict():
 def test_the_help_lists_the_global_options_in_one_line():
     r = run("show", "--help")
     assert r.exit_code == 0
-    assert ("Global options, before or after the command: -v/-vv, -q, --json, --color WHEN, -i FILE (docs/cli.md)."
-            in " ".join(r.output.split()))
+    assert re.search(r"(?<![A-Za-z])Global options, before or after the command: -v/-vv, -q, --json, --color WHEN, "
+                     r"-i FILE \(docs/cli\.md\)\.(?![A-Za-z])", " ".join(r.output.split())), r.output
     assert "--inventory" not in r.output  # hidden on a command: the root's help shows them
     root = run("--help").output
     assert "-i, --inventory FILE" in root and "--color WHEN" in root and "[default: auto]" in root
@@ -126,5 +127,116 @@ def test_summaries_are_whole_sentences():
     assert "Print the settings." in h and "No JSON here." in h and "And more" not in h
 
 
-def test_settings_outside_a_command_are_the_defaults():
+def test_settings_outside_a_command_are_the_defaults_and_a_root_object_is_them():
     assert conv.settings() == conv.Settings()
+    r = CliRunner().invoke(_cli(), ["show"], obj=conv.Settings(json=True, inventory="o.yaml"), catch_exceptions=False)
+    doc = json.loads(r.output)
+    assert doc["json"] is True and doc["inventory"] == "o.yaml"
+
+
+def test_the_verbosity_reaches_the_logger():
+    from gpudoctor import log
+
+    shown("-vv", "show")
+    assert log._settings["verbosity"] == 2
+    shown("-q", "show")
+    assert log._settings["verbosity"] == -1
+    shown("show")
+    assert log._settings["verbosity"] == 0
+
+
+def test_the_old_findings_spelling_gains_the_new_name():
+    @click.command("c")
+    @click.option("--verbose-findings", "show_all", is_flag=True)
+    def c(show_all):
+        """C."""
+        click.echo(f"all={show_all}")
+
+    cmd = conv.adopt(c)
+    r = CliRunner().invoke(cmd, ["--all-findings"], catch_exceptions=False)
+    assert r.output == "all=True\n"
+    assert "--all-findings" in CliRunner().invoke(cmd, ["--help"]).output
+
+
+def test_exit_codes_are_nagios_and_a_shells_sigint():
+    assert (conv.EXIT_OK, conv.EXIT_WARN, conv.EXIT_FAIL, conv.EXIT_UNKNOWN, conv.EXIT_INTERRUPTED) == (0, 1, 2, 3, 130)
+
+
+def test_the_root_help_explains_each_global_option():
+    h = " ".join(run("--help").output.split())
+    for text in ("More log detail on stderr (-v info, -vv debug).",
+                 "Say less: only what is not ok and the verdict; no notes on stderr.",
+                 "Machine-readable output with a `schema` field (docs/json-schema.md).",
+                 "Colour: auto (a terminal, unless NO_COLOR), always, never.",
+                 "Inventory file (default: $GPUDOCTOR_INVENTORY, ./inventory.yaml, ~/.config/gpudoctor/inventory.yaml)."):
+        assert re.search(r"(?<![A-Za-z])" + re.escape(text) + r"(?![A-Za-z])", h), text
+    r = run("-q", "show", "-v")
+    assert "Error: -q and -v contradict each other: give one\n" in r.output
+
+
+def test_color_auto_leaves_the_environment_alone(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    shown("show")
+    assert "NO_COLOR" not in os.environ and "FORCE_COLOR" not in os.environ
+
+
+def test_an_inventory_that_is_a_directory_is_refused(tmp_path):
+    r = run("-i", str(tmp_path), "show")
+    assert r.exit_code == 2 and "is a directory" in r.output
+
+
+def test_adopt_is_idempotent_and_keeps_what_a_command_says_itself():
+    @click.group()
+    def grp():
+        """A plain group."""
+
+    @grp.command("leaf", short_help="Short.", epilog="Its own epilog.")
+    @click.option("--json", "as_json", is_flag=True, help="Write the leaf as JSON.")
+    def leaf(as_json):
+        """Long text. More."""
+        click.echo(f"json={as_json}")
+
+    @grp.command("raw", add_help_option=False)
+    def raw():
+        """Raw."""
+
+    @grp.command("nojson")
+    def nojson():
+        """No json."""
+
+    conv.adopt(grp)
+    conv.adopt(grp)
+    assert leaf.epilog.count("Global options") == 1 and leaf.epilog.startswith("Its own epilog.\n\nGlobal options")
+    assert raw.epilog is None and isinstance(grp, conv.DidYouMeanGroup)
+    r = CliRunner().invoke(grp, ["--help"])
+    assert "Short." in r.output and "Long text" not in r.output
+    h = CliRunner().invoke(grp, ["leaf", "--help"]).output
+    assert "Write the leaf as JSON." in h and "Its own epilog." in h
+    assert CliRunner().invoke(grp, ["leaf", "--json"]).output == "json=True\n"
+    r = CliRunner().invoke(grp, ["nojson", "--json"])
+    assert r.exit_code == 2 and "writes no JSON" in r.output
+
+
+def test_a_nested_plain_group_is_adopted_too():
+    @click.group(cls=conv.DidYouMeanGroup)
+    def top():
+        """Top."""
+
+    @top.group("sub")
+    def sub():
+        """Sub."""
+
+    @sub.command("leaf")
+    def leaf():
+        """Leaf."""
+
+    conv.adopt(top)
+    assert isinstance(sub, conv.DidYouMeanGroup)
+    assert "Global options" in (leaf.epilog or "")
+    assert "Did you mean 'leaf'?" in CliRunner().invoke(top, ["sub", "laef"]).output
+
+
+def test_summary_keeps_other_endings_and_unwraps_click_markers():
+    assert conv.summary("Go!") == "Go!"
+    assert conv.summary("\bA\bb c.") == "A b c."

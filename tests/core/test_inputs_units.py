@@ -162,3 +162,121 @@ def test_the_click_types_refuse_nan_and_range():
     t = inputs.finite(1, 2, lo_open=True)
     with pytest.raises(click.BadParameter):
         t.convert("1", None, None)
+
+
+def test_defaults_and_sizes(tmp_path):
+    assert inputs.MiB == 1048576 and inputs.DEFAULT_MAX_BYTES == 16 * 1048576
+    assert inputs._size(1048576) == "1.0 MiB" and inputs._size(1048575) == "1048575 bytes"
+    big = tmp_path / "big"
+    with open(big, "wb") as fh:
+        fh.truncate(16 * 1048576 + 1)
+    with pytest.raises(InputError, match=r"^.*file is 16\.0 MiB, larger than the 16\.0 MiB gpudoctor reads$"):
+        inputs.read_bytes(big)
+    deep = "[" * 65 + "]" * 65
+    with pytest.raises(InputError, match="^.*file nests deeper than 64 levels$"):
+        inputs.parse_json(deep, "/f")
+    assert inputs.parse_json("[" * 64 + "]" * 64, "/f") is not None
+    (tmp_path / "d.json").write_text(deep)
+    with pytest.raises(InputError, match="nests deeper than 64"):
+        inputs.read_json(tmp_path / "d.json")
+    with pytest.raises(InputError, match="^.*file is not UTF-8 text"):
+        inputs.read_text(_bad(tmp_path))
+    (tmp_path / "x.jsonl").write_text("[" * 65 + "]" * 65 + "\n")
+    with pytest.raises(InputError, match="a line of the file nests deeper than 64"):
+        inputs.read_jsonl(tmp_path / "x.jsonl", objects=False)
+
+
+def _bad(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"\xff")
+    return p
+
+
+def test_a_path_through_a_file_cannot_be_read(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="^.*cannot read file: Not a directory$"):
+        inputs.read_bytes(tmp_path / "f" / "x")
+
+
+def test_reads_leave_no_descriptor_open(tmp_path):
+    (tmp_path / "f").write_text("x")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        inputs.read_bytes(tmp_path / "f")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_as_root_an_input_another_user_can_change_is_refused(tmp_path):
+    """trusted(): the file and every directory above it root's and writable by no other user (sshd's StrictModes)."""
+    from tests import needs
+
+    needs.root()
+    d = tmp_path / "conf"
+    d.mkdir()
+    f = d / "inventory.yaml"
+    f.write_text("hosts: {}\n")
+    inputs.trusted(f)  # root's
+    inputs.trusted(d / "missing.yaml")  # the reader says it is missing
+    os.chown(f, 65534, 65534)
+    with pytest.raises(InputError, match="^.*refusing this file as root: .*another user could change what root does") as e:
+        inputs.trusted(f)
+    assert e.value.path == str(f)
+    with pytest.raises(InputError, match="refusing this inventory as root"):
+        inputs.trusted(f, what="inventory")
+    os.chown(f, 0, 0)
+    os.chmod(d, 0o777)
+    with pytest.raises(InputError, match="refusing this file as root"):
+        inputs.trusted(f)
+
+
+def test_depth_scan_skips_strings_and_escapes_and_counts_both_brackets():
+    f = inputs.json_depth_exceeds
+    assert f("[X[X]]", 1) == 2  # only brackets count
+    assert f("[[]X[]]", 1) == 1
+    assert f('["\\\\", [[]]]', 2) == 8  # an escaped backslash ends before the quote: the string closes there
+    assert f('["\\"[[[[", []]', 2) is None  # an escaped quote does not end the string
+    assert f('["a", "[[[["]', 1) is None and f('[{"a": [1]}]', 2) == 7
+    assert f("{{{}}}", 2) == 2 and f("[]{}[]", 1) is None and f("[[]][[]]", 2) is None
+    assert f("{[", 1) == 1  # "{" counts in the quick check too
+
+
+def test_more_refusals(tmp_path):
+    with pytest.raises(InputError, match=r"^--url must be an http:// or https:// URL, got ''$"):
+        inputs.http_url("", "--url")
+    with pytest.raises(InputError, match=r"got 3$"):
+        inputs.http_url(3, "--url")
+    (tmp_path / "j.jsonl").write_text("[1]\n")
+    with pytest.raises(InputError, match=r"^.*: each line must be a JSON object$"):
+        inputs.read_jsonl(tmp_path / "j.jsonl")
+    with pytest.raises(InputError, match="^.*output file is a directory$"):
+        inputs.output_file(tmp_path)
+    with pytest.raises(InputError, match="^.*output directory exists and is not a directory$"):
+        inputs.output_dir(tmp_path / "j.jsonl")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_text(tmp_path / "none")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_json(tmp_path / "none")
+    with pytest.raises(InputError, match="^.*no such file$"):
+        inputs.read_jsonl(tmp_path / "none")
+    with pytest.raises(InputError, match=r"^.*: file is not valid JSON"):
+        inputs.parse_json("{", "/f")
+    with pytest.raises(InputError, match=r"^.*: file is not UTF-8"):
+        inputs.decode(b"\xff", "/f")
+
+
+def test_tail_reads_the_last_bytes_of_a_long_file(tmp_path):
+    p = tmp_path / "log"
+    p.write_bytes(b"a" * inputs.MiB + b"b" * 10)
+    assert inputs.read_bytes(p, max_bytes=inputs.MiB + 5, tail=True) == b"a" * (inputs.MiB - 5) + b"b" * 10
+    assert inputs.read_bytes(p, max_bytes=inputs.MiB + 10) == b"a" * inputs.MiB + b"b" * 10
+    assert len(inputs.read_bytes(p)) == inputs.MiB + 10
+
+
+def test_the_click_types_defaults():
+    import click
+
+    t = inputs.seconds()
+    assert t.convert("0", None, None) == 0 and t.convert("86400", None, None) == 86400
+    with pytest.raises(click.BadParameter):
+        t.convert("86400.5", None, None)
+    assert inputs.finite(0, 1).convert("0", None, None) == 0 and inputs.finite(0, 1).convert("1", None, None) == 1
