@@ -515,3 +515,23 @@ def test_a_failed_cancel_says_so(tmp_path):
     assert "cancelling jobs 1 failed: $ scancel" in exc.value.one_line(), exc.value.one_line()
     st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
     assert st["status"] == "submitted"  # not cancelled: --resume watches it
+
+
+def test_sbatch_refusing_stops_the_campaign_naming_the_jobs_that_go_on(tmp_path):
+    from gpudoctor.bench.campaign.runner import CampaignStopped
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}}")
+                 + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+    fake.run = lambda argv, timeout=None, **kw: (fake.res(argv, rc=1) if argv[0] == "sbatch" and fake.jobs
+                                                 else real(argv, timeout, **kw))
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(CampaignStopped) as exc:
+        sc.run(resume=False)
+    line = exc.value.one_line()
+    assert line.startswith("cannot submit b-tp1: $ sbatch --parsable") and "the jobs already submitted (ar-tp1) go on" \
+        in line and "--resume --slurm watches them" in line, line
