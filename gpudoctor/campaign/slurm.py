@@ -100,7 +100,7 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
         raise InputError(f"no configuration {label!r} in the campaign "
                          f"(it has {', '.join(c.label for c in camp.configs())})", path=path)
     check_gate_profile(camp, None)
-    dfd = safe.owned_dir(str(out_dir), create=False)
+    dfd = safe.owned_dir(str(out_dir))  # ours, as the Runner below requires of its directory in it
     try:
         held_campaign(dfd, Path(out_dir), camp)  # the campaign the submitter put in OUT, not a file edited since
     finally:

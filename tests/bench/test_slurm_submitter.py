@@ -142,6 +142,8 @@ def run(tmp_path, extra="", outcome=None, stay=1, before=None):
 def test_a_refusal_resubmits_excluding_the_node_and_drains_it(tmp_path):
     fake, counts, state, notes = run(tmp_path, outcome=lambda label, job, node: "refuse" if node == "n1" else "ok")
     assert "submitted as Slurm job 1" in notes and "submitted as Slurm job 2 (excluding n1)" in notes, notes
+    assert any(n.startswith("ar-tp1: the gate refused node n1 (job 1): gate: BLOCK x; slurm: n1 drained") for n in notes)
+    assert "job 2 done (Slurm job 2 COMPLETED on n2 ExitCode=0:0)" in notes, notes
     jobs = fake.sbatches()
     assert [j["node"] for j in jobs] == ["n1", "n2"]
     assert "--exclude=n1" in jobs[1]["argv"] and not any(a.startswith("--exclude") for a in jobs[0]["argv"])
@@ -328,7 +330,9 @@ def test_no_submit_keeps_the_campaign_id_and_copies_the_campaign(tmp_path):
     notes = []
     counts = run_slurm_campaign(str(f), str(out), submit=False, on_event=lambda k, **kw: notes.append(kw))
     assert counts == {"ok": 0, "crashed": 0, "error": 0, "skipped": 0}
-    cid = json.loads((out / "slurm" / "state.json").read_text())["campaign_id"]
+    state = json.loads((out / "slurm" / "state.json").read_text())
+    cid = state["campaign_id"]
+    assert state["configs"]["ar-tp1"]["status"] == "pending" and state["configs"]["ar-tp1"]["jobs"] == []
     assert (out / "campaign.yaml").read_text() == f.read_text() and (out / "campaign.json").exists()
     assert any(n.get("text", "").startswith(f"Slurm campaign {cid}: 1 configuration(s), job scripts in")
                for n in notes), notes
@@ -421,3 +425,113 @@ def test_an_unknown_gate_profile_stops_the_submitter_before_anything(tmp_path):
     with pytest.raises(ConfigError, match="gate.command: unknown gate profile 'nosuch'"):
         run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text,message", [("{", "is not JSON"), ('{"x": 1}', "is not a gpudoctor Slurm campaign state")])
+def test_a_broken_state_file_is_one_line(tmp_path, text, message):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.errors import InputError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 1\n")
+    out = tmp_path / "out"
+    run_slurm_campaign(str(f), str(out), submit=False)
+    (out / "slurm" / "state.json").write_text(text)
+    with pytest.raises(InputError, match=message):
+        run_slurm_campaign(str(f), str(out), submit=False, resume=True)
+
+
+def test_resume_collects_what_a_hand_submitted_job_recorded_and_submits_nothing(tmp_path):
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.bench.records.results import ResultStore
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    run_slurm_campaign(str(f), str(out), submit=False)
+
+    def by_hand(out_):  # a person ran the script: the job's records, no job id in state.json
+        fake0 = FakeSlurm(out_)
+        sc0 = SlurmCampaign(campaign.load(str(f)), str(out_), host=fake0)
+        sc0.configs = {c.label: c for c in sc0.camp.configs()}
+        store = ResultStore(out_ / "jobs" / "ar-tp1")
+        for lv in sc0.levels("ar-tp1"):
+            store.append({**lv.spec.head(), "status": "ok", "completed": 1})
+
+    fake, counts, state, notes = run(tmp_path, before=by_hand)
+    assert fake.sbatches() == [] and counts["ok"] == 2 and "complete, not submitted" in notes, notes
+
+
+def test_resume_watches_a_recorded_job_still_in_the_queue(tmp_path):
+    def queued(out_):
+        st = json.loads((out_ / "slurm" / "state.json").read_text())
+        st["configs"]["ar-tp1"].update(job="1", jobs=["1"], status="submitted")
+        (out_ / "slurm" / "state.json").write_text(json.dumps(st))
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+
+    run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=2)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    queued(out)
+    script = (out / "slurm" / "ar-tp1.sh")
+    sc.configs = {c.label: c for c in sc.camp.configs()}
+    fake.sbatch(["sbatch", "--parsable", str(script)])  # job 1, the killed submitter's, still running
+    notes = []
+    sc.emit = lambda kind, **kw: notes.append(kw.get("text") or kw.get("what") or "")
+    counts = sc.run(resume=True)
+    assert len(fake.sbatches()) == 1 and counts["ok"] == 2
+    assert "ar-tp1: job 1 is still RUNNING: watched, not submitted again" in notes, notes
+
+
+def test_a_failed_cancel_says_so(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+    polls = []
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "scancel":
+            return fake.res(argv, rc=1)
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:
+                raise KeyboardInterrupt
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    from gpudoctor.bench.campaign.slurm import Interrupted
+
+    with pytest.raises(Interrupted) as exc:
+        sc.run(resume=False)
+    assert "cancelling jobs 1 failed: $ scancel" in exc.value.one_line(), exc.value.one_line()
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["status"] == "submitted"  # not cancelled: --resume watches it
+
+
+def test_sbatch_refusing_stops_the_campaign_naming_the_jobs_that_go_on(tmp_path):
+    from gpudoctor.bench.campaign.runner import CampaignStopped
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}}")
+                 + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real = fake.run
+    fake.run = lambda argv, timeout=None, **kw: (fake.res(argv, rc=1) if argv[0] == "sbatch" and fake.jobs
+                                                 else real(argv, timeout, **kw))
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(CampaignStopped) as exc:
+        sc.run(resume=False)
+    line = exc.value.one_line()
+    assert line.startswith("cannot submit b-tp1: $ sbatch --parsable") and "the jobs already submitted (ar-tp1) go on" \
+        in line and "--resume --slurm watches them" in line, line
