@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gpudoctor.exitcodes import EXIT_OK
+
 SHELLS = ("bash", "zsh", "fish")
 
 
@@ -26,7 +28,7 @@ def completion(shell):
 
     comp = get_completion_class(shell)(cli, {}, "gpudoctor", "_GPUDOCTOR_COMPLETE")
     click.echo(comp.source(), nl=False)
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 @click.command("manpage")
@@ -45,4 +47,4 @@ def manpage():
     from gpudoctor.cli import cli
 
     click.echo(render(cli), nl=False)
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)

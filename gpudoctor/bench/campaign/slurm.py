@@ -29,13 +29,14 @@ from gpudoctor.bench.campaign.runner import CampaignStopped, GateRefused, Runner
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
 from gpudoctor.errors import GpudoctorError, InputError
+from gpudoctor.exitcodes import EXIT_INTERRUPTED, EXIT_JOB_REFUSED, EXIT_TERMINATED
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
 from gpudoctor.host.childpy import python_argv
 from gpudoctor.target import local_host
 
-JOB_REFUSED = 4  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
+JOB_REFUSED = EXIT_JOB_REFUSED  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
 GPU_REQUESTS = ("gpus", "gres", "none")
 _TIME = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE)$")
 _TOKEN = re.compile(r"^\S+$")
@@ -169,7 +170,7 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
 
 # ---- the submitting side -------------------------------------------------------------------------------------------
 class Interrupted(GpudoctorError):
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 class _Terminated(BaseException):
@@ -259,7 +260,7 @@ class SlurmCampaign(Runner):
             gone = self.cancel_own()
             err = Interrupted(f"interrupted ({'SIGTERM' if isinstance(exc, _Terminated) else 'SIGINT'}): "
                               f"{gone}; continue with {self.resume_hint} --slurm")
-            err.exit_code = 143 if isinstance(exc, _Terminated) else 130
+            err.exit_code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
             raise err from None
         finally:
             signal.signal(signal.SIGTERM, old)
