@@ -9,7 +9,8 @@ import sys
 import click
 
 from gpudoctor import __version__, conventions
-from gpudoctor.errors import EXIT_UNKNOWN, GpudoctorError
+from gpudoctor.errors import GpudoctorError
+from gpudoctor.exitcodes import EXIT_OK, EXIT_PIPE, EXIT_UNKNOWN
 from gpudoctor.term import SafeStream
 
 # name -> "module:attribute"; each command lives in gpudoctor/commands/<module>.py
@@ -112,7 +113,7 @@ def _print_version(ctx) -> None:
         click.echo(json.dumps({"schema": "gpudoctor.version/1", "version": __version__, "commit": commit()}))
     else:
         click.echo(f"gpudoctor {__version__} (commit {commit()})")
-    ctx.exit(0)
+    ctx.exit(EXIT_OK)
 
 
 _ARGV: list[str] | None = None  # the command line main() was given (None: sys.argv)
@@ -187,7 +188,7 @@ def main(argv=None) -> None:
 
 # A reader closed the pipe: the exit status a shell shows for a command killed by SIGPIPE (128 + 13), as `git log |
 # head` gives, without the signal (gpudoctor's own cleanup still runs). Never 0: `gpudoctor gate | head` must not pass.
-EXIT_PIPE = 141
+# EXIT_PIPE (141) is gpudoctor/exitcodes.py's.
 
 
 class OutputLost(GpudoctorError):
@@ -459,7 +460,7 @@ def _run(argv) -> None:
         sys.exit(exc.exit_code)
     except NO_ARGS_IS_HELP as exc:  # a bare `gpudoctor` or group asks for its help: as --help does, exit 0
         click.echo(exc.ctx.get_help())
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     except click.UsageError as exc:  # bad flags are bad input: one line, exit 3
         _drop_notes()
         cmd = exc.ctx.command_path if exc.ctx else "gpudoctor"
@@ -502,4 +503,4 @@ def _run(argv) -> None:
     except RecursionError:  # input nested deeper than a parser could follow: bad input, never a traceback
         click.echo("gpudoctor: input nests too deeply to read", err=True)
         sys.exit(EXIT_UNKNOWN)
-    sys.exit(0)
+    sys.exit(EXIT_OK)

@@ -10,9 +10,9 @@ import os
 
 import click
 
-# Exit codes (docs/cli.md "Exit codes"): Nagios for judgments; 130 for Ctrl-C, as a shell reports SIGINT.
-EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130
+# Exit codes (docs/cli.md "Exit codes"): Nagios for judgments; 130 for Ctrl-C, as a shell reports SIGINT. The table
+# is gpudoctor/exitcodes.py's.
+from gpudoctor.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN  # noqa: F401
 
 COLORS = ("auto", "always", "never")
 _KEY = "gpudoctor.settings"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-# Exit codes follow Nagios: 0 ok, 1 warn, 2 fail/critical, 3 unknown or bad input.
-EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2, 3
+# Exit codes follow Nagios (0 ok, 1 warn, 2 fail/critical, 3 unknown or bad input): the table is exitcodes.py's,
+# handed on here for the modules that import them with the errors.
+from gpudoctor.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARN  # noqa: F401 - re-exported
 
 
 class GpudoctorError(Exception):

@@ -29,6 +29,7 @@ from gpudoctor.campaign.runner import CampaignStopped, GateRefused, Runner, held
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
 from gpudoctor.errors import ConfigError, GpudoctorError, InputError
+from gpudoctor.exitcodes import EXIT_INTERRUPTED, EXIT_JOB_REFUSED, EXIT_TERMINATED
 from gpudoctor.files import safe
 from gpudoctor.files.atomic import atomic_write
 from gpudoctor.host import ops as fs  # the mutation seam (tests/crash)
@@ -37,7 +38,7 @@ from gpudoctor.integrations import slurm as slurmnode
 from gpudoctor.integrations import slurmjobs
 from gpudoctor.target import local_host
 
-JOB_REFUSED = 4  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
+JOB_REFUSED = EXIT_JOB_REFUSED  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
 
 
 def gpudoctor_command() -> list[str]:
@@ -128,7 +129,7 @@ def run_job(path: str, out_dir: str, label: str, on_event: Callable[..., None] |
 
 # ---- the submitting side -------------------------------------------------------------------------------------------
 class Interrupted(GpudoctorError):
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 class _Terminated(BaseException):
@@ -225,7 +226,7 @@ class SlurmCampaign(Runner):
             gone = self.cancel_own()
             err = Interrupted(f"interrupted ({'SIGTERM' if isinstance(exc, _Terminated) else 'SIGINT'}): "
                               f"{gone}; continue with {self.resume_hint} --slurm")
-            err.exit_code = 143 if isinstance(exc, _Terminated) else 130
+            err.exit_code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
             raise err from None
         finally:
             signal.signal(signal.SIGTERM, old)

@@ -7,7 +7,7 @@ import sys
 import click
 
 from gpudoctor.conventions import alias
-from gpudoctor.errors import EXIT_FAIL, EXIT_OK, CannotJudge, InputError
+from gpudoctor.errors import EXIT_FAIL, EXIT_OK, EXIT_WARN, CannotJudge, InputError
 from gpudoctor.files.inputs import http_url, output_dir
 from gpudoctor.options import Count, NumberList, finite, seconds
 
@@ -504,7 +504,7 @@ def compare(a, b, fail_if, effect, min_effect, json_out, by_node):
             raise InputError("bench compare: A and B have no cell in common (nothing to compare)")
         raise SystemExit(EXIT_OK)
     if verdict["outcome"] == "fail":
-        raise SystemExit(1)
+        raise SystemExit(EXIT_WARN)
     if verdict["outcome"] == "unknown":
         first = verdict["unjudged"][0]
         raise CannotJudge(f"bench compare: the gate could not judge {len(verdict['unjudged'])} cell(s), first "

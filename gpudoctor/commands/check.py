@@ -9,6 +9,7 @@ import click
 
 from gpudoctor.conventions import alias, settings
 from gpudoctor.errors import InputError
+from gpudoctor.exitcodes import EXIT_OK
 from gpudoctor.findings import LAYERS
 from gpudoctor.files.inputs import http_url, output_file
 from gpudoctor.options import Count, seconds
@@ -285,7 +286,7 @@ def snapshot(host_name, inventory, expect_gpus, models, sglang_url, timeout, out
     else:
         safe.write_file(output, text)  # 0600, never through a link (#40)
         click.echo(f"wrote {output} ({len(text) // 1024} KiB, {len(doc['transcript'])} recorded reads)", err=True)
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 @click.command("checks")
@@ -319,4 +320,4 @@ def list_checks(markdown, as_json):
     else:
         for c in specs:
             click.echo(f"{c.id:34s} {c.layer:9s} {c.summary}")
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)

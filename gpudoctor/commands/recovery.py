@@ -8,6 +8,7 @@ import time
 
 import click
 
+from gpudoctor.exitcodes import EXIT_OK, EXIT_WARN
 from gpudoctor.options import seconds
 
 _FILE_HELP = ("The ladder's file (default: $STATE_DIRECTORY/recovery.json, /var/lib/gpudoctor/recovery.json as root): "
@@ -72,7 +73,7 @@ def release(host, inventory, recovery_file, timeout, as_json):
     else:
         why = f"verification failed: {v.reason}" if v is not None and not v.passed else adv.ladder.reason
         click.echo(f"not released {adv.host} ({adv.ladder.state}): {why}", err=True)
-    raise SystemExit(0 if released else 1)
+    raise SystemExit(EXIT_OK if released else EXIT_WARN)
 
 
 @click.group("recovery")
@@ -118,4 +119,4 @@ def show(recovery_file, as_json):
         for r in rows:
             click.echo(f"{r['host']}  {r['state']}  since {_when(r['since'])}" + (f"  {r['reason']}" if r["reason"]
                                                                                  else ""))
-    raise SystemExit(0 if all(r["ready"] for r in rows) else 1)
+    raise SystemExit(EXIT_OK if all(r["ready"] for r in rows) else EXIT_WARN)

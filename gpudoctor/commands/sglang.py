@@ -7,6 +7,7 @@ import json
 import click
 
 from gpudoctor.errors import InputError
+from gpudoctor.exitcodes import EXIT_OK, EXIT_WARN
 from gpudoctor.options import Count, Finite
 
 
@@ -157,7 +158,7 @@ def explain_cmd(log, engine, as_json):
 
     text = logscan.read_log(log)
     found = logscan.diagnose(text, None if engine == "any" else engine)
-    code = 0 if found is None or found.known else 1
+    code = EXIT_OK if found is None or found.known else EXIT_WARN
     if as_json:
         click.echo(json.dumps({"schema": "gpudoctor.sglang-explain/1", "log": log, "exit_code": code,
                                "explained": found is None or found.known,
@@ -165,7 +166,7 @@ def explain_cmd(log, engine, as_json):
         raise SystemExit(code)
     if found is None:
         click.echo(f"{_printable(log)}: no failure found ({len(text.splitlines())} lines read)")
-        raise SystemExit(0)
+        raise SystemExit(EXIT_OK)
     click.echo(f"{_printable(log)}:{found.line_no}: {_printable(found.line)}")
     if found.known:
         click.echo(f"cause: {found.cause}")

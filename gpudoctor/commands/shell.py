@@ -6,6 +6,8 @@ import re
 
 import click
 
+from gpudoctor.exitcodes import EXIT_OK
+
 SHELLS = ("bash", "zsh", "fish")
 
 
@@ -28,7 +30,7 @@ def completion(shell):
 
     comp = get_completion_class(shell)(cli, {}, "gpudoctor", "_GPUDOCTOR_COMPLETE")
     click.echo(comp.source(), nl=False)
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 @click.command("manpage")
@@ -48,7 +50,7 @@ def manpage(table):
 
     cli = click.get_current_context().find_root().command  # the root group (gpudoctor/cli.py), never imported here
     click.echo(conventions_table(cli) if table else render(cli), nl=False)
-    raise SystemExit(0)
+    raise SystemExit(EXIT_OK)
 
 
 # --- what completion completes ---------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Every connection must deliver its whole request (at most MAX_REQUEST bytes of head) within READ_TIMEOUT_S of being
 accepted, and take its answer within WRITE_TIMEOUT_S; then it is closed (one request per connection). At most
-MAX_CONNECTIONS are open at once: a new one beyond the cap evicts the oldest connection still waiting for its request
-(an idle or slow client, never one being answered), so a scrape still gets through while a local user holds
-hundreds of idle sockets. Running out of file descriptors (EMFILE) evicts too, then pauses accepting briefly instead
+MAX_CONNECTIONS are open at once: a new one beyond the cap evicts the oldest connection that has sent nothing (each
+looked at first: a request already waiting in its socket is read and answered), else the oldest still sending its
+request (an idle or slow client, never one being answered), so a scrape still gets through while a local user holds
+hundreds of idle sockets or floods the port with fresh connections. Running out of file descriptors (EMFILE) evicts too, then pauses accepting briefly instead
 of spinning on a listener that stays readable. GET and HEAD only; anything else is 405.
 """
 
@@ -22,6 +23,8 @@ MAX_CONNECTIONS = 64
 READ_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 10.0
 MAX_REQUEST = 8192
+ACCEPT_BURST = 256  # accepts per wakeup: a flood's backlog drains in few loops, the open connections still get turns
+BACKLOG = 4096  # the kernel caps it at net.core.somaxconn: room for a scrape's SYN while a flood fills the queue
 ACCEPT_PAUSE_S = 0.1  # after EMFILE with nothing to evict: stop watching the listener this long
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
@@ -141,7 +144,7 @@ class BoundedHTTPServer:
             pass
 
     def _accept(self) -> None:
-        for _ in range(self.max_connections):  # a burst at a time; the next select comes back for more
+        for _ in range(ACCEPT_BURST):  # a burst at a time; the next select comes back for more
             try:
                 s, _addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -156,22 +159,58 @@ class BoundedHTTPServer:
                     continue
                 return  # ECONNABORTED and the like: that one is gone
             self.counters.accepted += 1
-            if len(self._conns) >= self.max_connections and not self._evict_oldest_waiting():
-                self.counters.refused += 1
-                s.close()
-                continue
             s.setblocking(False)
             now = time.monotonic()
             c = _Conn(s, now, now + self.read_timeout)
+            if len(self._conns) >= self.max_connections:
+                # Full: look at this one first (a flood's client has often hung up already, a scrape has sent its
+                # request), so that what has sent nothing goes, not a request that is waiting.
+                try:
+                    data = s.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    data = None
+                except OSError:
+                    data = b""
+                if data == b"":
+                    self.counters.refused += 1
+                    s.close()
+                    continue
+                if data:
+                    c.buf += data
+                if not self._evict_oldest_waiting():
+                    self.counters.refused += 1
+                    s.close()
+                    continue
             self._conns[s] = c
             self._sel.register(s, selectors.EVENT_READ, c)
+            if c.buf:
+                self._parse(c)
 
     def _evict_oldest_waiting(self) -> bool:
-        for c in self._conns.values():
-            if c.out is None:
+        """Free one slot: the oldest connection that has sent nothing, else the oldest still sending its request;
+        never one being answered. A connection is looked at (one non-blocking read) before it counts as having sent
+        nothing: a scrape whose request is waiting in its socket is answered, not evicted (#47: under a flood of
+        fresh connections the next burst evicted the scrapes accepted in the last one)."""
+        partial = None
+        for c in list(self._conns.values()):
+            if c.out is not None or c.sock not in self._conns:
+                continue
+            if not c.buf:
+                self._read(c)
+                if c.sock not in self._conns:  # answered and done, or gone: a slot is free
+                    return True
+                if c.out is not None:  # answered, still sending
+                    continue
+            if not c.buf:
                 self.counters.evicted += 1
                 self._close(c)
                 return True
+            if partial is None:
+                partial = c
+        if partial is not None:
+            self.counters.evicted += 1
+            self._close(partial)
+            return True
         return False
 
     def _expire(self, now: float) -> None:
@@ -200,6 +239,10 @@ class BoundedHTTPServer:
             self._close(c)
             return
         c.buf += data
+        self._parse(c)
+
+    def _parse(self, c: _Conn) -> None:
+        """Answer the request in c.buf once its head is whole (or refuse it); until then, wait for more."""
         end = c.buf.find(b"\r\n\r\n")
         if end < 0:
             end = c.buf.find(b"\n\n")
@@ -253,7 +296,7 @@ class BoundedHTTPServer:
             self._close(c)
 
 
-def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
+def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     """A listening TCP socket on host:port (IPv6 when host has a colon); OSError when it cannot."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)

@@ -18,22 +18,29 @@ facts["procs"] = {
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from pathlib import Path
 from urllib.parse import urlparse
 
 from gpudoctor.gather.marker import PREFIX
 from gpudoctor.gather.context import GatherContext
+from gpudoctor.host import Host, environ
 from gpudoctor.host.childpy import python_argv
-from gpudoctor.host import Host
+from gpudoctor.host.environ import redact_cmdline
 from gpudoctor.host.replay import not_recorded
 
 MAX_PIDS = 20000
 DEFAULT_PORT = 30000  # SGLang's default serving port
 
 # argv: deadline seconds, node prefix (/dev/nvidia, under a test root), max pids, marker prefix, ports...
-_PY_PROCS = r"""
+_PY_HEAD = r"""
 import json, os, pwd, socket, sys, time
+"""
+# Its first line stays the first: a snapshot from before finds this probe by it (host/replay.py). host/environ.py's
+# text follows (redact_argv: the one rule for secret-looking names), so a command line is redacted where it is read.
+_PY_BODY = r"""
 dl, prefix, maxp, mark = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ports = [int(p) for p in sys.argv[5:]]
 end = time.monotonic() + dl
@@ -134,7 +141,8 @@ for pid, (nodes, lports) in info.items():
          "start": st[1] if st else None, "nodes": nodes}
     d["user"] = user(d["uid"])
     try:
-        d["cmdline"] = rd("/proc/%d/cmdline" % pid, 4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()[:1000]
+        args = [a.decode("utf-8", "replace") for a in rd("/proc/%d/cmdline" % pid, 4096).split(b"\0")]
+        d["cmdline"] = " ".join(redact_argv(args)).strip()[:1000]
     except OSError:
         d["cmdline"] = None
     try:
@@ -176,6 +184,22 @@ for s, p in socks.items():
         out["listeners"][str(p)].append({"pid": None, "socket": s})
 print(json.dumps(out))
 """
+
+
+
+def _code_only(path: str) -> str:
+    """A module's code without its docstrings and comments (they name the secrets it redacts, and a snapshot keeps
+    the probe's text)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for node in [tree, *ast.walk(tree)]:
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+_PY_PROCS = _PY_HEAD + _code_only(environ.__file__) + _PY_BODY
 
 _CONTAINER = [(re.compile(r"docker[-/]([0-9a-f]{12,64})"), "docker"), (re.compile(r"libpod-([0-9a-f]{12,64})"), "podman"),
               (re.compile(r"cri-containerd-([0-9a-f]{12,64})"), "containerd"), (re.compile(r"crio-([0-9a-f]{12,64})"), "cri-o"),
@@ -226,6 +250,7 @@ def gather(host: Host, ctx: GatherContext) -> dict | None:
     for d in [*out["holders"].values(), *(x for v in out["listeners"].values() for x in v)]:
         if d.get("pid", 0) is not None:
             d["container"] = container_of(d.get("cgroup"))
+            d["cmdline"] = redact_cmdline(d.get("cmdline"))  # a snapshot from before #47 recorded it whole
             m = d.pop("marker", None)
             d["bench"] = None if not (m or d.get("bench_wrapper")) else {
                 "run": (m or {}).get("GPUDOCTOR_BENCH_RUN"), "label": (m or {}).get("GPUDOCTOR_BENCH_LABEL"),

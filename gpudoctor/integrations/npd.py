@@ -8,7 +8,8 @@ fits 80 bytes of UTF-8 by itself: NPD never cuts it in the middle of a sentence 
 
 from __future__ import annotations
 
-NPD_OK, NPD_PROBLEM, NPD_UNKNOWN = 0, 1, 2
+from gpudoctor.exitcodes import NPD_OK, NPD_PROBLEM, NPD_UNKNOWN  # noqa: F401 - the one table
+
 MAX_BYTES = 80  # NPD's default max_output_length
 
 

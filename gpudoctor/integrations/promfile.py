@@ -18,6 +18,17 @@ def status_value(status) -> int:
     return STATUS_VALUE.get(getattr(status, "value", status), 3)
 
 
+def label(value) -> str:
+    """A label value the exposition can encode: text that is not valid UTF-8 (a lone surrogate, as a snapshot's JSON
+    may carry in a host name) is escaped (`\\udc80`), never a traceback."""
+    s = str(value)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        s = s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return s
+
+
 def _finding_rows(findings):
     """(check id, subject, status) per finding; the same (id, subject) twice keeps the worst."""
     rows: dict[tuple[str, str], int] = {}
@@ -60,11 +71,11 @@ def render(results, *, now: float | None = None) -> str:
     floor = Gauge("gpudoctor_gpu_bandwidth_floor", "Deep tier: the ratio a healthy GPU of that SKU reaches at least "
                   "(gpudoctor/data/gpu_skus.json).", ["host", "gpu", "kind"], registry=reg)
     for r in results:
-        host = r["host"]
+        host = label(r["host"])
         for gpu, kind, rt, fl in _deep_rows(r.get("findings") or []):
-            ratio.labels(host, gpu, kind).set(rt)
+            ratio.labels(host, label(gpu), label(kind)).set(rt)
             if fl is not None:
-                floor.labels(host, gpu, kind).set(fl)
+                floor.labels(host, label(gpu), label(kind)).set(fl)
         st = r["status"]
         reachable = st not in ("unreachable", "error")
         up.labels(host).set(1 if reachable else 0)
@@ -75,7 +86,7 @@ def render(results, *, now: float | None = None) -> str:
         if r.get("duration_s") is not None:
             dur.labels(host).set(r["duration_s"])
         for (cid, subject), value in sorted(_finding_rows(r.get("findings") or []).items()):
-            check.labels(host, cid, subject).set(value)
+            check.labels(host, label(cid), label(subject)).set(value)
     return generate_latest(reg).decode()
 
 

@@ -51,3 +51,28 @@ def test_write_prom_is_atomic_and_readable(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpudoctor.prom"]  # no temp file left behind
     assert oct(target.stat().st_mode & 0o777) == "0o644"  # node_exporter must read it
     assert samples(target.read_text())[("gpudoctor_host_up", (("host", "ct9"),))] == 0
+
+
+def test_a_lone_surrogate_in_a_replayed_host_name_is_escaped_not_a_traceback(tmp_path):
+    """A snapshot's JSON may carry "\\udc80" (not UTF-8) in its host name: `check --snapshot --prom` writes the file
+    with the name escaped, exit as judged, no traceback (#47)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.childenv import pythonpath
+
+    doc = json.loads((Path(__file__).parents[1] / "fixtures" / "snapshots" / "h200-healthy.json").read_text())
+    doc["host"] = doc["context"]["name"] = "gpu\udc80x"
+    snap = tmp_path / "s.json"
+    snap.write_text(json.dumps(doc))  # ensure_ascii: the file is ASCII, "\udc80" escaped in it, as a tool may write
+    prom = tmp_path / "out.prom"
+    env = {**os.environ, "HOME": str(tmp_path), "GPUDOCTOR_INVENTORY": ""}
+    env["PYTHONPATH"] = pythonpath(env=env)
+    r = subprocess.run([sys.executable, "-m", "gpudoctor", "check", "--snapshot", str(snap), "--prom", str(prom)],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert "Traceback" not in r.stderr and r.returncode == 0, r.stderr
+    s = samples(prom.read_text())
+    assert s[("gpudoctor_host_up", (("host", "gpu\\udc80x"),))] == 1
+    assert samples(render([{"host": "a\ud800", "status": "ok", "findings": []}]))[
+        ("gpudoctor_host_up", (("host", "a\\ud800"),))] == 1
