@@ -170,7 +170,13 @@ def held_campaign(dfd: int, out_dir: Path, camp: Campaign) -> None:
     directory with results or Slurm state but no campaign.yaml (nothing proves whose they are)."""
     try:
         fd = safe.open_regular(dfd, "campaign.yaml", os.O_RDONLY, path=str(out_dir / "campaign.yaml"))
+    except safe.Unsafe:
+        if not os.path.islink(out_dir / "campaign.yaml"):
+            raise
+        fd = None  # a link is no campaign of ours: never opened, replaced when the run writes its own
     except FileNotFoundError:
+        fd = None
+    if fd is None:
         for name in ("results.jsonl", "slurm/state.json"):
             if os.path.lexists(out_dir / name):
                 raise InputError(f"holds {name} but no campaign.yaml: nothing proves which campaign it is of; "

@@ -749,7 +749,8 @@ def record_elsewhere(dst: str, root: str = "") -> str | None:
         if os.path.normpath(d) in looked:
             continue
         p = os.path.join(d, STATE_SUBDIR, record_key(dst) + ".json")
-        if trusted_file(p):
+        val, err = read_json_file(p, strict=True)  # trusted by the one rule, read from the fd judged
+        if err is None and isinstance(val, dict):
             return p[len(root):] if root and p.startswith(root) else p
     return None
 

@@ -429,7 +429,7 @@ def test_an_unknown_gate_profile_stops_the_submitter_before_anything(tmp_path):
 
 @pytest.mark.parametrize("text,message", [("{", "is not JSON"), ('{"x": 1}', "is not a gpudoctor Slurm campaign state")])
 def test_a_broken_state_file_is_one_line(tmp_path, text, message):
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
     from gpudoctor.errors import InputError
 
     f = tmp_path / "c.yaml"
@@ -442,7 +442,7 @@ def test_a_broken_state_file_is_one_line(tmp_path, text, message):
 
 
 def test_resume_collects_what_a_hand_submitted_job_recorded_and_submits_nothing(tmp_path):
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
     from gpudoctor.bench.records.results import ResultStore
 
     f = tmp_path / "c.yaml"
@@ -470,7 +470,7 @@ def test_resume_watches_a_recorded_job_still_in_the_queue(tmp_path):
 
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
-    from gpudoctor.bench.campaign.slurm import run_slurm_campaign
+    from gpudoctor.campaign.slurm import run_slurm_campaign
 
     run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
     out = tmp_path / "out"
@@ -508,7 +508,7 @@ def test_a_failed_cancel_says_so(tmp_path):
     fake.run = run_
     sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
     fake.camp = sc
-    from gpudoctor.bench.campaign.slurm import Interrupted
+    from gpudoctor.campaign.slurm import Interrupted
 
     with pytest.raises(Interrupted) as exc:
         sc.run(resume=False)
@@ -518,7 +518,7 @@ def test_a_failed_cancel_says_so(tmp_path):
 
 
 def test_sbatch_refusing_stops_the_campaign_naming_the_jobs_that_go_on(tmp_path):
-    from gpudoctor.bench.campaign.runner import CampaignStopped
+    from gpudoctor.campaign.runner import CampaignStopped
 
     f = tmp_path / "c.yaml"
     f.write_text(BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}}")

@@ -51,7 +51,9 @@ ALLOWED = {
                                 "the door (inputs.read_json obeyed)"), ("resources.files", OWN_TEXT)],
     "catalog/xid.py": [("resources.files", OWN_TEXT)],
     "buildinfo.py": [("open(path", "the install's own build stamp")],
-    "daemon/loop.py": [("/proc/sys/kernel/random/boot_id", PROC)],
+    "host/local.py": [("/proc/sys/kernel/random/boot_id", PROC)],
+    "gather/deep_timeline.py": [("/proc/self/stat", PROC)],
+    "gather/procs.py": [("Path(path).read_text(", OWN_TEXT)],
     "daemon/clock.py": [("self.path.read_text()", "tests' fake clock file ($GPUDOCTOR_TEST_CLOCK)")],
     "daemon/state.py": [(".read_text()", STATE)],
     "recovery/gates.py": [("daemon.json", STATE), ("/proc/", PROC)],
@@ -73,18 +75,16 @@ ALLOWED = {
     "bench/server/remote.py": [("open(self.log_path", "a local mirror of the server's log")],
     "bench/server/logscan.py": [("open(self.path, \"rb\")", "the server's log in --out (root's)"),
                                 ("resources", OWN_TEXT)],
-    "bench/server/marker.py": [("/proc/", PROC)],
+    "gather/marker.py": [("/proc/", PROC)],
     "bench/standin/server.py": [("", "the stand-in inference server (tests and demos): its own logs")],
     "bench/records/report.py": [("heals.jsonl", "a result file in a result directory (read back)")],
     "bench/records/results.py": [("kept_before.read_text()", "a result file in --out (root's, owned_dir)")],
-    "bench/campaign/heal.py": [("heals.jsonl", "a result file in --out (root's, owned_dir)")],
-    "bench/campaign/runner.py": [("os.stat(lock_path)", "the --out lock's identity, after it was opened O_NOFOLLOW"),
+    "campaign/heal.py": [("heals.jsonl", "a result file in --out (root's, owned_dir)")],
+    "campaign/runner.py": [("os.stat(lock_path)", "the --out lock's identity, after it was opened O_NOFOLLOW"),
                                  ("pid_file.read_text()", "the pid file in --out (root's)"),
                                  ("config.json", "gap: the model's config.json for provenance (recorded, never "
-                                  "obeyed)"),
-                                 ("Path(campaign_path).read_bytes()", "gap: the campaign's bytes copied into --out "
-                                  "for the record, by name after campaign/file.py read it through the door")],
-    "bench/campaign/slurm.py": [(".read_text(", "its own state and job output files in --out (root's)")],
+                                  "obeyed)")],
+    "campaign/slurm.py": [(".read_text(", "its own state and job output files in --out (root's)")],
 }
 
 _ATTRS = {("os", "open"), ("os", "stat"), ("os", "lstat"), ("io", "open")}

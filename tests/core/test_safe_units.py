@@ -26,7 +26,7 @@ def model(tmp_path, monkeypatch):
     return tmp_path / "src"
 
 
-@pytest.mark.parametrize("gid,mode,ok", [(65534, 0o775, False), (0, 0o775, True), (65534, 0o757, False),
+@pytest.mark.parametrize("gid,mode,ok", [(65534, 0o775, False), (0, 0o775, False), (65534, 0o757, False),
                                          (65534, 0o755, True)])
 def test_a_destination_another_group_can_write_is_refused(model, tmp_path, gid, mode, ok):
     dst = tmp_path / "shm" / "m"
@@ -37,7 +37,7 @@ def test_a_destination_another_group_can_write_is_refused(model, tmp_path, gid, 
         st.apply_stage(st.plan_stage(str(model), str(dst), check_busy=False), jobs=1)
         assert (dst / probe.MARKER_NAME).exists()
         return
-    with pytest.raises(InputError, match="writable by (others|group)") as e:
+    with pytest.raises(InputError, match="writable by (group|every user)") as e:
         st.plan_stage(str(model), str(dst), check_busy=False)
     assert e.value.path == str(dst)
 
@@ -47,7 +47,7 @@ def test_a_destination_another_user_owns_is_refused(model, tmp_path):
     dst.mkdir()
     os.chown(dst, 65534, 65534)
     os.chmod(dst, 0o755)
-    with pytest.raises(InputError, match="is owned by nobody"):
+    with pytest.raises(InputError, match="owned by nobody"):
         st.plan_stage(str(model), str(dst), check_busy=False)
 
 

@@ -235,7 +235,7 @@ def test_a_server_whose_campaign_runs_is_not_an_orphan_and_a_changed_marker_is_r
 
 
 def test_the_runner_marks_every_server_it_starts():
-    src = (Path(__file__).parents[2] / "gpudoctor" / "bench" / "campaign" / "runner.py").read_text()
+    src = (Path(__file__).parents[2] / "gpudoctor" / "campaign" / "runner.py").read_text()
     assert "server_env(" in src
     env = server_env("/r", "l")
     assert set(env) == {"GPUDOCTOR_BENCH_RUN", "GPUDOCTOR_BENCH_LABEL", "GPUDOCTOR_BENCH_OWNER"}

@@ -432,7 +432,8 @@ def campaign_meta() -> Writer:
         return SimpleNamespace(base=base)
 
     def run(c, f):
-        write_meta(c.base / "out", c.base / "campaign.yaml", {"name": "crash", "methods": ["a"]})
+        camp = SimpleNamespace(text=(c.base / "campaign.yaml").read_text())  # write_meta takes the parsed text
+        write_meta(c.base / "out", camp, {"name": "crash", "methods": ["a"]})
 
     return Writer("bench.campaign_meta", "state", setup, run)
 
