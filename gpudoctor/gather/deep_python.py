@@ -182,4 +182,8 @@ def describe(pick: dict) -> str:
     if t == "unknown":  # replayed from a snapshot taken before the search: its transcript names the interpreter
         return f"python: {pick['source']}, as the snapshot recorded it (taken before gpudoctor searched for torch)"
     has = f"torch {t}" if t and t != "unknown" else ("torch not checked" if t == "unknown" else "no torch")
-    return f"python {py} ({pick['source']}; {has})"
+    # An interpreter another process named but root may not trust is said, so nobody wonders why it was not used.
+    refused = [c for c in pick.get("candidates") or [] if "not trusted as root" in (c.get("error") or "")]
+    skipped = "".join(f"; {c['python']} ({c['source']}) {c['error'].split('; not trusted as root')[0]}: "
+                      "not trusted as root" for c in refused[:2])
+    return f"python {py} ({pick['source']}; {has}){skipped}"

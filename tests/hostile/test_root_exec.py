@@ -111,6 +111,10 @@ def test_a_server_interpreter_root_cannot_trust_is_never_run(tmp_path, stop, how
             "a-script-whose-shebang-names-it": f"owned by nobody (uid {NOBODY})"}[how]
     assert part in cand["error"], cand
     assert pick["python"] != [named]
+    from gpudoctor.gather.deep_python import describe
+
+    said = describe(pick)  # the deep tier's evidence line says why that interpreter was not used
+    assert f"{named} (" in said and said.endswith("not trusted as root") and part in said, said
 
 
 def test_a_root_owned_server_interpreter_is_still_asked(stop):
