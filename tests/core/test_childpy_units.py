@@ -31,3 +31,17 @@ def test_child_env_has_a_path_and_extra_wins():
     assert env == {"PATH": "/opt/bin", "X": "1"}
     env = childpy.child_env({"HOME": "/h"})
     assert env["PATH"] == childpy.DEFAULT_PATH and env["PATH"].startswith("/") and env["HOME"] == "/h"
+
+
+def test_run_refuses_a_cwd_or_env_of_the_callers():
+    """A caller cannot take childpy's argv and start the child in its own directory or environment."""
+    import sys
+
+    import pytest
+
+    for kw in ({"cwd": "/tmp"}, {"env": {"PYTHONPATH": "/tmp"}}):
+        with pytest.raises(TypeError, match="sets cwd and env itself"):
+            childpy.run([sys.executable], "-c", "pass", **kw)
+    r = childpy.run([sys.executable], "-c", "import os, sys; print(os.getcwd(), sys.flags.isolated)",
+                    capture_output=True, text=True, timeout=30)
+    assert r.stdout.split() == ["/", "1"]
