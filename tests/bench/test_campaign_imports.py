@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.bench.conftest import REPO
 
 PKG = "gpudoctor.campaign"
-DIR = REPO / "gpudoctor" / "bench" / "campaign"
+DIR = REPO / "gpudoctor" / "campaign"
 
 
 def imports(path: Path) -> list[tuple[str, bool]]:

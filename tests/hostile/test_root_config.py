@@ -139,7 +139,7 @@ def test_an_ordinary_users_fix_apply_is_one_line_and_changes_nothing(open_tmp):
                                 "facts": {"schema": "gpudoctor.facts/1", "boundary": b}}))
     home = attacker_dir(tmp_path, "home")
     before = conf.read_bytes()
-    r = as_user([console_script(), "lxc", "fix", "--config", conf, "--devices", DEV511, "--apply"],
+    r = as_user([console_script(), "lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes"],
                 cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stdout + r.stderr
     line = r.stderr.strip().splitlines()[-1]

@@ -46,7 +46,7 @@ def test_fix_from_snapshot_plans_and_the_live_config_is_applied(snap):
     r = gd("fix", "--facts", p, "--only", "lxc.cgroup_allow", "--apply", "--yes", "--json", *state)
     assert r.returncode == 3 and "will not apply fixes from a snapshot of ct200" in r.stderr
     assert conf.read_bytes() == before
-    live = ("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply")
+    live = ("lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes")
     r = gd(*live, "--json", *state)
     doc = json.loads(r.stdout)
     assert doc["outcomes"][0]["result"] == "applied" and r.returncode == 1  # restart still pending
