@@ -12,9 +12,9 @@ How, and why not mutmut: the tests import the INSTALLED package (tests/conftest.
 `checks/` and `remedies/` become gpudoctor.checks/gpudoctor.remedies only when installed) and many run the CLI as a
 child process. mutmut 3.x mutates a copy of the source tree (`mutants/`) and switches mutants inside the test process,
 so under this suite every mutant ran against the unmutated installed package (measured on files/edit.py: see
-docs/testing.md). Here each worker builds the installed layout once (`site/gpudoctor`, with checks/ and remedies/
-inside) and puts it first on PYTHONPATH, so the test process and its children (which inherit PYTHONPATH through
-tests/childenv.py) import the mutant. A first run of the module's tests with a line tracer (a sitecustomize in that
+docs/testing.md). Here each worker builds the installed layout once (a venv whose site-packages hold gpudoctor, with
+checks/ and remedies/ inside) and runs the tests with its python, so the test process and its children (`python -I`
+too) import the mutant. A first run of the module's tests with a line tracer (a module its .pth imports, in that
 tree, in the children too) records which test reaches which line; each mutant then runs only those tests (`-x`), or
 all of the module's tests when no test was seen reaching it. The mutant source is the module's syntax tree, mutated
 and unparsed; the unmutated tree must unparse to the same code (checked). Equivalent survivors: docs/testing.md.
@@ -260,12 +260,13 @@ def _replace(tree, old, new) -> None:
     raise AssertionError("node not found")
 
 
-# The line tracer: a sitecustomize in the worker's site-packages, so the test process and every child python (`python
-# -I` included: -I drops PYTHON* variables and the user site, not site-packages) load it at start. Its settings are a
+# The line tracer: a module in the worker's site-packages that a .pth there imports, so the test process and every
+# child python (`python -I` included: -I drops PYTHON* variables and the user site, not site-packages' .pth files)
+# load it at start. Not a sitecustomize: Debian's python3 has its own in the standard library, which is found first. Its settings are a
 # file beside it (a child started with child_env() keeps none of our variables); the test id is GPUDOCTOR_MUT_TEST or,
 # in a child that lost it, the file the plugin rewrites before each test. It appends "test-id<TAB>line" once per pair,
 # at once (a live check leaves through os._exit).
-SITECUSTOMIZE = '''
+TRACER = '''
 import json, os, sys, threading
 try:
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpudoctor_mutation_trace.json")) as _fh:
@@ -350,7 +351,8 @@ class Worker:
         # after this venv's own site-packages: the real install's gpudoctor (or its editable finder, a .pth of that
         # directory that is not processed from here) comes after the copy
         (self.site / "gpudoctor-mutation-deps.pth").write_text("".join(p + "\n" for p in paths))
-        (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        (self.site / "gpudoctor_mutation_trace.py").write_text(TRACER)
+        (self.site / "gpudoctor-mutation-trace.pth").write_text("import gpudoctor_mutation_trace\n")
         (self.site / "gpudoctor_mutation_plugin.py").write_text(PLUGIN)
         self.cfg = self.site / "gpudoctor_mutation_trace.json"
         self.stamp = time.time()

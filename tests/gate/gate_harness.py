@@ -113,7 +113,9 @@ class Live:
         """An executable that runs `gpudoctor ARGS` on this host (ARGS: its own, then --host and the inventory),
         with the environment it needs set inside: slurmd runs a HealthCheckProgram with almost none."""
         exports = "".join(f"{k}='{v}'; export {k}\n" for k, v in self.env.items())
-        path.write_text(f"#!/bin/sh\n{exports}exec {' '.join(self.cli)} \"$@\" {' '.join(self.args)} "
+        # `python -m` puts its cwd first on sys.path, and slurmd may run it in the checkout (whose gpudoctor/ is not
+        # the installed layout): run it from /, as a real HealthCheckProgram's console script does not care where
+        path.write_text(f"#!/bin/sh\n{exports}cd / || exit 1\nexec {' '.join(self.cli)} \"$@\" {' '.join(self.args)} "
                         f"{' '.join(extra)}\n")
         path.chmod(0o755)
         return path

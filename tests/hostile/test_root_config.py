@@ -138,8 +138,10 @@ def test_an_ordinary_users_fix_apply_is_one_line_and_changes_nothing(open_tmp):
     snap.write_text(json.dumps({"schema": "gpudoctor.snapshot/1", "host": "ct200",
                                 "facts": {"schema": "gpudoctor.facts/1", "boundary": b}}))
     home = attacker_dir(tmp_path, "home")
+    devices = tmp_path / "proc-devices"  # readable by uid 65534 wherever the checkout is (CI's is under /root)
+    devices.write_bytes(DEV511.read_bytes())
     before = conf.read_bytes()
-    r = as_user([console_script(), "lxc", "fix", "--config", conf, "--devices", DEV511, "--apply", "--yes"],
+    r = as_user([console_script(), "lxc", "fix", "--config", conf, "--devices", devices, "--apply", "--yes"],
                 cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stdout + r.stderr
     line = r.stderr.strip().splitlines()[-1]
