@@ -25,29 +25,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))  # tests/standins: the stand-in torch
 
-FAKE_TORCH = '''
-import time
-time.sleep(IMPORT_S)  # torch's import, by its length
-__version__ = "0.0-standin"
-float32 = "f32"
-class _Cuda:
-    def is_available(self): return False
-    def set_device(self, d): pass
-    def synchronize(self, *a): pass
-    class nccl:
-        @staticmethod
-        def version(): return (2, 0, 0)
-cuda = _Cuda()
-def ones(n, dtype=None, device=None): return n
-from . import distributed
-'''
-FAKE_DIST = '''
-def init_process_group(backend, init_method, rank, world_size): pass
-def all_reduce(x): pass
-def barrier(): pass
-def destroy_process_group(): pass
-'''
+from tests.standins import torch_venv  # noqa: E402
+
 TOPO_1 = ("\\tGPU0\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID\\nGPU0\\t X \\t0-15\\t0\\t\\tN/A\\n")
 
 # Run inside the tree under test (PYTHONPATH): the deep gather alone, its wall, what it ran.
@@ -91,17 +72,7 @@ def _standins(tmp: Path, gpus: int, import_s: float) -> tuple[str, str]:
     bindir.mkdir()
     (bindir / "nvidia-smi").write_text(_smi(gpus))
     (bindir / "nvidia-smi").chmod(0o755)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                         capture_output=True, text=True, check=True)
-    site = Path(out.stdout.strip())
-    (site / "torch").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text(f"IMPORT_S = {import_s!r}\n" + FAKE_TORCH)
-    (site / "torch" / "distributed.py").write_text(FAKE_DIST)
-    (site / "torch-0.0.dist-info").mkdir()
-    (site / "torch-0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 0.0\n")
-    return str(bindir), str(venv / "bin" / "python3")
+    return str(bindir), torch_venv.make(tmp / "venv", import_s)
 
 
 def _previous(tmp: Path, rev: str) -> str:

@@ -9,6 +9,7 @@ from gpudoctor.gather.deep_timeline import Timeline, render, started_ago
 
 from .test_deep_outputs import SCHEMA
 from .test_deep_tier import _live_deep
+from tests.standins import torch_venv
 
 TICK = 0.02  # /proc/self/stat's start time is in clock ticks (10 ms)
 
@@ -69,46 +70,10 @@ def test_the_clock_starts_at_this_process_start():
 
 # --- the overlap (#51): several children and the NCCL probe start at once, and each touches a GPU only in turn ----
 
-FAKE_TORCH = '''
-import time
-time.sleep(0.4)  # an import that takes its time
-__version__ = "0.0-standin"
-float32 = "f32"
-class _Cuda:
-    def is_available(self): return False
-    def set_device(self, d): pass
-    def synchronize(self, *a): pass
-    class nccl:
-        @staticmethod
-        def version(): return (2, 0, 0)
-cuda = _Cuda()
-def ones(n, dtype=None, device=None): return n
-from . import distributed
-'''
-FAKE_DIST = '''
-def init_process_group(backend, init_method, rank, world_size): pass
-def all_reduce(x): pass
-def barrier(): pass
-def destroy_process_group(): pass
-'''
-
 
 def _standin_torch(tmp_path):
     """A venv whose torch imports in 0.4 s and has no CUDA (the deep child runs `python -I`: its own site only)."""
-    import subprocess
-    import sys
-    import sysconfig
-    from pathlib import Path
-
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-    (site / "torch").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    (site / "torch" / "distributed.py").write_text(FAKE_DIST)
-    (site / "torch-0.0.dist-info").mkdir()  # what the search asks (importlib.metadata), not importing it
-    (site / "torch-0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 0.0\n")
-    return str(venv / "bin" / "python3")
+    return torch_venv.make(tmp_path / "venv", 0.4)
 
 
 _SMI2 = """#!/bin/sh
