@@ -73,7 +73,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # (the in-process unit tests only: the CLI suites reach every line through children, each run a minute)
     "conventions": ("gpudoctor/conventions.py", ["tests/core/test_conventions_units.py"]),
     "files/inputs": ("gpudoctor/files/inputs.py", ["tests/core/test_inputs_units.py"]),
-    "files/safe": ("gpudoctor/files/safe.py", ["tests/core/test_safe_units.py", "tests/files/test_trust.py",
+    "files/safe": ("gpudoctor/files/safe.py", ["tests/files/test_safe_fds.py", "tests/core/test_safe_units.py",
+                                               "tests/files/test_trust.py",
                                                "tests/hostile/test_out_links.py",
                                                "tests/hostile/test_shm_links.py", "tests/model/test_model_stage.py"]),
     "files/trust": ("gpudoctor/files/trust.py", ["tests/files/test_trust.py", "tests/hostile/test_one_door.py",
