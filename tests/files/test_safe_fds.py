@@ -81,6 +81,21 @@ def test_open_dir_creates_only_when_asked_and_0755(base):
     assert open_fds() == n
 
 
+def test_open_dir_walks_another_users_directory_unless_strict(base):
+    """An output directory a user chose may be theirs (write_file writes into it by rename); owned_dir and
+    check_out_dir, strict, refuse it."""
+    eve = base / "eve"
+    eve.mkdir()
+    os.chown(eve, NOBODY, NOBODY)
+    n = open_fds()
+    os.close(safe.open_dir(str(eve)))
+    with pytest.raises(safe.Unsafe) as e:
+        safe.open_dir(str(eve), strict=True)
+    assert line(e) == f"{eve}: owned by nobody (uid {NOBODY}), mode 0755, not root's"
+    safe.write_file(eve / "out.json", "{}\n")
+    assert (eve / "out.json").read_text() == "{}\n" and open_fds() == n
+
+
 def test_owned_dir_creates_0755_by_default_and_refuses_without_leaking(base):
     n = open_fds()
     fd = safe.owned_dir(str(base / "out" / "d"))

@@ -132,8 +132,9 @@ def test_a_link_refused_in_its_exact_words(base):
     (base / "real").mkdir()
     file_in(base / "real")
     lk = _link(base / "L", "real", NOBODY)
-    is_(refused(trust.open_file, lk / "f"), lk, f"is a link owned by nobody (uid {NOBODY}); gpudoctor does not "
-                                                "follow it as root")
+    e = refused(trust.open_file, lk / "f")
+    is_(e, lk, f"is a link owned by nobody (uid {NOBODY}); gpudoctor does not follow it as root")
+    assert e.rule  # the rule refused it (not a type or an OS error)
     os.lchown(lk, 0, 0)
     base.chmod(0o775)
     is_(refused(trust.open_file, lk / "f", strict=False), lk,
@@ -201,10 +202,12 @@ def test_a_link_to_a_directory_is_not_a_file(base, target, why):
     assert e.errno == errno.EISDIR
 
 
-def test_the_root_is_not_a_file():
+def test_the_root_is_not_a_file_and_a_name_below_it_is_shown_once_slashed():
     e = refused(trust.open_file, "/")
     is_(e, "/", "is a directory, not a regular file")
     assert e.errno == errno.EISDIR and trust.refusal("/") is None
+    e = refused(trust.open_file, "/gpudoctor-no-such-file")
+    is_(e, "/gpudoctor-no-such-file", "No such file or directory")
 
 
 def test_open_at_names_a_link_and_a_missing_name(base):
