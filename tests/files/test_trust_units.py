@@ -210,6 +210,12 @@ def test_the_root_is_not_a_file_and_a_name_below_it_is_shown_once_slashed():
     is_(e, "/gpudoctor-no-such-file", "No such file or directory")
 
 
+def test_a_refused_path_is_named_as_walked_whatever_its_last_letter(base):
+    (base / "dirX").mkdir()
+    e = refused(trust.open_file, base / "dirX" / "nope")
+    is_(e, base / "dirX" / "nope", "No such file or directory")
+
+
 def test_open_at_names_a_link_and_a_missing_name(base):
     file_in(base)
     _link(base / "lk", "f")
