@@ -73,10 +73,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # (the in-process unit tests only: the CLI suites reach every line through children, each run a minute)
     "conventions": ("gpudoctor/conventions.py", ["tests/core/test_conventions_units.py"]),
     "files/inputs": ("gpudoctor/files/inputs.py", ["tests/core/test_inputs_units.py"]),
-    "files/safe": ("gpudoctor/files/safe.py", ["tests/core/test_safe_units.py", "tests/files/test_trust.py",
+    "files/safe": ("gpudoctor/files/safe.py", ["tests/files/test_safe_fds.py", "tests/core/test_safe_units.py",
+                                               "tests/files/test_trust.py",
                                                "tests/hostile/test_out_links.py",
                                                "tests/hostile/test_shm_links.py", "tests/model/test_model_stage.py"]),
-    "files/trust": ("gpudoctor/files/trust.py", ["tests/files/test_trust.py", "tests/hostile/test_one_door.py",
+    "files/trust": ("gpudoctor/files/trust.py", ["tests/files/test_trust_units.py", "tests/files/test_trust.py",
+                                                 "tests/hostile/test_one_door.py",
                                                  "tests/hostile/test_root_exec.py", "tests/hostile/test_root_config.py",
                                                  "tests/hostile/test_restage_source.py"]),
     "host/childpy": ("gpudoctor/host/childpy.py", ["tests/core/test_childpy_units.py", "tests/core/test_early_probe.py",
@@ -356,6 +358,10 @@ class Worker:
         (self.site / "gpudoctor_mutation_plugin.py").write_text(PLUGIN)
         self.cfg = self.site / "gpudoctor_mutation_trace.json"
         self.stamp = time.time()
+        # the tests' working directory: an empty one of this worker's, never the checkout (a mutant that loses a
+        # directory fd writes relative to the cwd: model/stage.py's lock and record landed in the checkout)
+        self.cwd = base / f"w{n}" / "cwd"
+        self.cwd.mkdir()
 
     def installed(self, rel: str) -> Path:
         top, _, rest = rel.partition("/")
@@ -379,13 +385,14 @@ class Worker:
     def pytest(self, tests: list[str], timeout: float, trace: Path | None = None, target: str = "") \
             -> tuple[int | None, float, str]:
         argv = [self.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "gpudoctor_mutation_plugin",
-                "-o", "addopts=", "--timeout", str(int(timeout) + 5), *tests]
+                "-o", "addopts=", "--timeout", str(int(timeout) + 5),
+                *(str(ROOT / t) for t in tests)]  # ROOT's pyproject.toml found from them: node ids relative to ROOT
         if trace:
             self.cfg.write_text(json.dumps({"target": target, "trace": str(trace),
                                             "test_file": str(trace) + ".test"}))
         t = time.perf_counter()
         try:
-            p = subprocess.run(argv, cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout,
+            p = subprocess.run(argv, cwd=self.cwd, env=self.env(), capture_output=True, text=True, timeout=timeout,
                                start_new_session=True)
             return p.returncode, time.perf_counter() - t, p.stdout[-3000:] + p.stderr[-2000:]
         except subprocess.TimeoutExpired as exc:
@@ -394,6 +401,8 @@ class Worker:
             if trace:
                 self.cfg.unlink(missing_ok=True)
                 Path(str(trace) + ".test").unlink(missing_ok=True)
+            for left in self.cwd.iterdir():  # what a mutant wrote into its cwd: gone before the next one
+                shutil.rmtree(left) if left.is_dir() and not left.is_symlink() else left.unlink()
 
 
 def run_module(name: str, workers: list[Worker], trust_coverage: bool, say, retry: dict | None = None) -> Report:

@@ -15,7 +15,6 @@ module adds what a writer needs on top, every step through the mutation seam (ho
 - `output_mode(public)`: the one rule for what gpudoctor writes: 0600 (outputs may carry host detail), 0644 only
   for what others must read (a Prometheus textfile, a staged model).
 - `staged_mode(mode)`: a staged copy keeps its permission bits minus setuid/setgid/sticky and group/other write.
-- `scratch(prefix)`: private scratch, tempfile.mkdtemp (0700); no fixed name under /tmp.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 
 from gpudoctor.errors import InputError
 from gpudoctor.files import trust  # the one rule and the fd walk: nothing here judges a path by itself
@@ -183,10 +181,6 @@ def rename_at(dirfd: int, src: str, dst: str) -> None:
     fs.fs_rename(src, dst, dir_fd=dirfd)
 
 
-def fsync_fd(dirfd: int) -> None:
-    fs.fs_fsync_dir("", dirfd)
-
-
 def write_at(dirfd: int, name: str, data: bytes | str, mode: int) -> None:
     """Replace `name` in dirfd with data atomically: temp O_EXCL|O_NOFOLLOW, fsync, fchmod, rename, fsync dir."""
     if isinstance(data, str):
@@ -234,8 +228,3 @@ def write_file(path: str | os.PathLike, data: bytes | str, *, public: bool = Fal
         write_at(dfd, name, data, output_mode(public))
     finally:
         os.close(dfd)
-
-
-def scratch(prefix: str = "gpudoctor-") -> str:
-    """A private scratch directory (tempfile.mkdtemp: a fresh name, mode 0700); the caller removes it."""
-    return tempfile.mkdtemp(prefix=prefix)

@@ -45,3 +45,25 @@ def test_an_isolated_child_imports_the_mutant_and_is_traced(tmp_path):
     hits = {(t, int(n)) for t, _, n in (ln.rpartition("\t") for ln in trace.read_text().splitlines())}
     assert any(t.endswith("test_child.py::test_child") and n == body for t, n in hits), sorted(hits)[:20]
 
+
+
+STRAY_TEST = '''
+import os
+
+
+def test_writes_into_its_cwd():
+    with open("stray-m.json", "w") as fh:  # as a mutant that lost its directory fd writes
+        fh.write("{}")
+    assert os.path.exists("stray-m.json")
+'''
+
+
+def test_a_mutant_writing_into_its_cwd_never_touches_the_checkout(tmp_path):
+    """Round 7: a safe.py mutant made model/stage.py write its lock and record relative to the cwd, which was the
+    checkout. The tests now run in an empty directory of the worker's, emptied after each run."""
+    mut = _tool()
+    w = mut.Worker(tmp_path / "w", 0, sys.executable)
+    (tmp_path / "test_stray.py").write_text(STRAY_TEST)
+    rc, _, out = w.pytest([str(tmp_path / "test_stray.py")], 120)
+    assert rc == 0, out
+    assert not (ROOT / "stray-m.json").exists() and list(w.cwd.iterdir()) == []
