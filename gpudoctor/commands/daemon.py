@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -42,6 +44,35 @@ def _reset_breaker(state_path: str) -> int:
     return EXIT_OK
 
 
+PRIVATE_TMP = ("/tmp", "/var/tmp")  # what the units' PrivateTmp=yes replaces with an empty directory of their own
+
+
+def install_problem(paths=None) -> str | None:
+    """Why the systemd units (systemd/*.service: PrivateTmp=yes) cannot start this install, or None: a gpudoctor,
+    or the python it runs, under /tmp or /var/tmp is hidden from them (systemd says only status=203/EXEC). A path is
+    judged as written and resolved: a venv's bin/python under /tmp is hidden even where it links to /usr/bin."""
+    import gpudoctor
+
+    script = shutil.which("gpudoctor")
+    paths = paths if paths is not None else [p for p in (sys.executable, os.path.dirname(gpudoctor.__file__), script)
+                                             if p]
+    for p in paths:
+        for seen in (os.path.abspath(p), os.path.realpath(p)):
+            for tmp in PRIVATE_TMP:
+                if seen == tmp or seen.startswith(tmp + "/"):
+                    return (f"{p} lies under {tmp}, which the systemd units hide (PrivateTmp=yes): they cannot start "
+                            "it (status=203/EXEC); install gpudoctor elsewhere (./install.sh as root: /opt/gpudoctor)")
+    return None
+
+
+def _check_install() -> int:
+    why = install_problem()
+    if why:
+        raise ConfigError(why)
+    click.echo("the systemd units can start this gpudoctor (it does not lie under /tmp or /var/tmp)")
+    return EXIT_OK
+
+
 @click.command("daemon")
 @click.option("--interval", type=seconds(1.0, 7 * 86400), default=120.0, show_default=True, metavar="SECONDS",
               help="Seconds between checks.")
@@ -62,6 +93,8 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--observe", is_flag=True, help="Never heal, whatever the policy says: only check and report.")
 @click.option("--no-xid", is_flag=True, help="Do not watch NVML for XID errors.")
 @click.option("--reset-breaker", is_flag=True, help="Close the circuit breakers (of the running daemon) and exit.")
+@click.option("--check-install", is_flag=True,
+              help="Say whether the systemd units can start this install (not under /tmp: PrivateTmp=yes) and exit.")
 @click.option("--timeout", type=seconds(1.0, 3600), default=30.0, show_default=True, metavar="SECONDS",
               help="Per-host check budget.")
 @click.option("--clock-file", hidden=True, default=None, help="Tests: read the clock from this file.")
@@ -70,7 +103,7 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--stall", "stall_s", hidden=True, type=seconds(1.0, 7 * 86400), default=900.0,
               help="Seconds one step may run before the watchdog pings stop.")
 def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, heal, observe, no_xid, reset_breaker,
-           timeout, clock_file, engine_spec, stall_s):
+           timeout, clock_file, engine_spec, stall_s, check_install):
     """Watch GPU hosts, heal them within budgets, and export their health.
 
     At start and every --interval the daemon checks each host. For a failing host it applies only the remedies
@@ -90,6 +123,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
       gpudoctor daemon -i inventory.yaml --host ct200   watch ct200 over SSH, heal per its policy
       gpudoctor daemon --once --heal 'devices.*'        one cycle, e.g. from a timer
       gpudoctor daemon --reset-breaker                  let a stopped-healing daemon try again
+      gpudoctor daemon --check-install                  can the systemd units start this install?
       curl -s 127.0.0.1:9835/metrics | grep gpudoctor_check_status
 
     \b
@@ -106,6 +140,8 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     from gpudoctor.daemon.sdnotify import Notifier, take_protocol_env
     from gpudoctor.daemon.state import StateStore
 
+    if check_install:
+        raise SystemExit(_check_install())
     state_path = state_path or _default_state()
     if reset_breaker:
         raise SystemExit(_reset_breaker(state_path))
