@@ -48,7 +48,8 @@ def test_a_cause_block_counts_what_it_leaves_out_and_the_daemon_points_at_check(
     buf = io.StringIO()
     cause_block(Styled(buf, width=None, color=False), other, ("FAIL", ""))
     lines = buf.getvalue().splitlines()
-    assert lines[1:] == [f"    evidence: {e}" for e in EVIDENCE[:3]] + ["    evidence: +4 more evidence lines (-a lists them)"]
+    assert lines[1:] == [*(f"    evidence: {e}" for e in EVIDENCE[:3]),
+                         "    evidence: +4 more evidence lines (-a lists them)"]
     buf = io.StringIO()
     daemon_cycle(Styled(buf, width=None, color=False), {"ct200": {"verdict": "fail", "root_causes": [other]}})
     assert "      evidence: +4 more evidence lines (`gpudoctor check -a` lists them)" in buf.getvalue().splitlines()
