@@ -73,6 +73,17 @@ def _check_install() -> int:
     return EXIT_OK
 
 
+def unread_inventory() -> str | None:
+    """The inventory every other command would find here (./inventory.yaml, ~/.config/gpudoctor/inventory.yaml)
+    and the daemon, given none (-i or $GPUDOCTOR_INVENTORY, which -i defaults to), does not read: a healing policy is
+    never picked up from the working directory or a home (systemd starts it in /). Only whether one exists: nothing
+    of it is opened."""
+    from gpudoctor.inventory import default_locations
+
+    found = next((p for p in default_locations() if p.is_file()), None)
+    return None if found is None else str(found) if found.is_absolute() else f"./{found}"
+
+
 @click.command("daemon")
 @click.option("--interval", type=seconds(1.0, 7 * 86400), default=120.0, show_default=True, metavar="SECONDS",
               help="Seconds between checks.")
@@ -83,7 +94,8 @@ def _check_install() -> int:
               help="State file (budgets, breaker) kept across restarts. Default: $STATE_DIRECTORY/daemon.json, "
                    "/var/lib/gpudoctor/daemon.json as root.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP.")
+              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP. "
+                   "Only one named here (or $GPUDOCTOR_INVENTORY) is read, never ./inventory.yaml.")
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Inventory host(s) to watch (default: this machine).")
 @click.option("--model", "models", multiple=True, metavar="PATH",
               help="Also check this model directory on every host each cycle (e.g. a tmpfs model that the model.stage "
@@ -147,6 +159,12 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
         raise SystemExit(_reset_breaker(state_path))
     if inventory and not Path(inventory).is_file():
         raise ConfigError("inventory file not found", path=inventory)
+    from gpudoctor.conventions import settings
+
+    unread = None if inventory or settings().quiet else unread_inventory()
+    if unread:  # every other command would read it: say once why the daemon does not
+        click.echo(f"gpudoctor daemon: not reading {unread}: the daemon heals only by the policy of an inventory "
+                   "named with -i (-i FILE to use it); watching this machine", err=True)
     serve = metrics_addr.lower() != "off" and not once
     if serve:
         parse_addr(metrics_addr)  # bad input fails before anything starts
@@ -176,8 +194,6 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     if server is not None:
         server.start()
     d.prepare(server.address if server else None)
-    from gpudoctor.conventions import settings
-
     if not settings().quiet:  # in the foreground it said nothing, not even where /metrics listens (#41)
         who = ", ".join(hosts) if hosts else "the inventory's hosts" if inventory else "this machine"
         where = f"/metrics on http://{server.address}/metrics" if server else "no /metrics"
