@@ -170,6 +170,9 @@ else
   rm -f "$man/.gpudoctor.1.$$"
 fi
 say "installed ${version:-gpudoctor}: $bin/gpudoctor -> $home/bin/gpudoctor"
+case $(readlink -f "$home")/ in /tmp/*|/var/tmp/*)  # systemd/*.service: PrivateTmp=yes hides it (status=203/EXEC)
+  say "note: $home lies under /tmp or /var/tmp, which the systemd units hide (PrivateTmp=yes): they cannot start this gpudoctor; install elsewhere for them (GPUDOCTOR_HOME=/opt/gpudoctor)";;
+esac
 # What `gpudoctor` means in the calling shell: this install, nothing yet, or another install found first on PATH.
 found=$(command -v gpudoctor 2>/dev/null || true)
 mine=$(readlink -f "$bin/gpudoctor")

@@ -85,17 +85,23 @@ def privileges(facts):
         return Finding("host.privileges", Status.OK if len(ev) == 1 else Status.INFO,
                        "Probes run as root" + ("" if len(ev) == 1 else " in a restricted container"), evidence=ev,
                        data=data)
-    blind = ["PCIe config space past its first 64 bytes (MaxReadReq, MaxPayload): needs CAP_SYS_ADMIN",
-             "the MIG config capability (nvidia-cap1 is 0400 root by design; only MIG reconfiguration needs it)",
-             "other users' open GPU device nodes and environments (/proc/PID/fd, /proc/PID/environ): their GPU memory "
-             "is seen through NVML only"]
+    # (what the summary names, what the evidence says): every one is named in the summary, not only in evidence
+    blind = [("PCIe config space past 64 bytes",
+              "PCIe config space past its first 64 bytes (MaxReadReq, MaxPayload): needs CAP_SYS_ADMIN"),
+             ("the MIG config capability",
+              "the MIG config capability (nvidia-cap1 is 0400 root by design; only MIG reconfiguration needs it)"),
+             ("other users' GPU processes",
+              "other users' open GPU device nodes and environments (/proc/PID/fd, /proc/PID/environ): their GPU "
+              "memory is seen through NVML only")]
     if restrict == 1:
-        blind.append("the kernel log (kernel.dmesg_restrict = 1 needs CAP_SYSLOG): XIDs are not read")
+        blind.append(("the kernel log (XIDs)",
+                      "the kernel log (kernel.dmesg_restrict = 1 needs CAP_SYSLOG): XIDs are not read"))
     # "usable without root" only where a driver is loaded: on a host without one there is no GPU to use
     drv = driver_loaded(facts)
     gpu = "using the GPU needs no root; " if drv is not None and drv.status == Status.OK else ""
     return Finding("host.privileges", Status.INFO,
-                   f"Probes run as uid {ident['uid']} (not root): {gpu}{len(blind)} kinds of "
-                   "facts are root-only", evidence=[f"/proc/self/status: Uid {ident['uid']}, Gid {ident['gid']}"]
-                   + [f"cannot see: {b}" for b in blind],
+                   f"Probes run as uid {ident['uid']} (not root): {gpu}{len(blind)} kinds of facts are root-only: "
+                   + ", ".join(short for short, _ in blind),
+                   evidence=[f"/proc/self/status: Uid {ident['uid']}, Gid {ident['gid']}"]
+                   + [f"cannot see: {b}" for _, b in blind],
                    hint="Run `sudo gpudoctor check` (or the daemon as root) to see everything.", data=data)

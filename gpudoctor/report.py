@@ -65,6 +65,17 @@ def remedy_line(remedy: str, scope: Scope | None = None) -> str:
 
 
 LIST_HINT = "-a lists them"  # how a reader gets every subject of a healthy row (the CLI's verbose flag)
+EVIDENCE_SHOWN = 3  # evidence lines a finding shows by default; the rest are counted: "+N more evidence lines (HINT)"
+DAEMON_LIST_HINT = "`gpudoctor check -a` lists them"  # the daemon has no verbose flag of its own
+
+
+def evidence_lines(f, limit: int | None, hint: str) -> list[str]:
+    """A finding's evidence, printable: all of it (`limit` None), or the first `limit` lines and one that counts the
+    rest and says how to see them, never a silent cut."""
+    ev = [line(e) for e in f.evidence]
+    if limit is None or len(ev) <= limit:
+        return ev
+    return ev[:limit] + [f"+{len(ev) - limit} more evidence lines ({hint})"]
 # Checks whose findings are figures, not subjects: each is its own row by default (H2D, D2H, device copy, GEMM, P2P,
 # NCCL all-reduce), never counted into one.
 FIGURES = ("fabric.deep.figure", "fabric.nccl.allreduce")
@@ -136,12 +147,13 @@ def render(d: Diagnosis, out, verbose: bool = False, host: str | None = None, sc
 
 
 def cause_block(out, f, head, *, lead: str = "", indent: str = "    ", note: str = "",
-                evidence: int | None = 3) -> None:
-    """One finding as a block: `head` (a word and its style) KEY: summary, then its evidence and fix, indented. The
-    root cause of `check` and of `lxc audit`, each root cause of `daemon --once`."""
+                evidence: int | None = EVIDENCE_SHOWN, list_hint: str = LIST_HINT) -> None:
+    """One finding as a block: `head` (a word and its style) KEY: summary, then its evidence (`evidence` lines, the
+    rest counted; None: all) and fix, indented. The root cause of `check` and of `lxc audit`, each root cause of
+    `daemon --once`."""
     out.print(lead, head, " ", (line(f.key), "bold"), f"{line(note)}: {line(f.summary)}")
-    for e in f.evidence[:evidence]:
-        out.print(f"{indent}evidence: {line(e)}")
+    for e in evidence_lines(f, evidence, list_hint):
+        out.print(f"{indent}evidence: {e}")
     if f.hint:
         out.print(f"{indent}fix: {line(f.hint)}")
 
@@ -207,8 +219,9 @@ def finding_rows(findings, *, verbose: bool = False, quiet: bool = False, list_h
                 cell = [(line(f.summary), "")]
                 if f.blocked_by:
                     cell.append((f" (symptom of {line(f.blocked_by)})", "dim"))
-                if verbose or f.bad:
-                    cell += [("\n" + line(e), "dim") for e in f.evidence[:3]]
+                if verbose or f.bad:  # verbose: every evidence line; else the first few and a count of the rest
+                    cell += [("\n" + e, "dim") for e in evidence_lines(f, None if verbose else EVIDENCE_SHOWN,
+                                                                        list_hint)]
                 key = line(f.key)
             rows.append((layer if i == 0 else "", status_word(f.status), key, cell))
     return rows
@@ -401,7 +414,7 @@ def daemon_cycle(out, found: dict) -> None:
         style = _STYLE.get(Status(v), "") if v in {s.value for s in Status} else _STYLE[Status.UNKNOWN]
         out.print(f"{line(name)}: ", (v.upper(), style), f": {line(r['error'])}" if r.get("error") else "")
         for f in r.get("root_causes") or []:
-            cause_block(out, f, status_word(f.status), lead="  ", indent="      ")
+            cause_block(out, f, status_word(f.status), lead="  ", indent="      ", list_hint=DAEMON_LIST_HINT)
         for remedy, what in r.get("actions") or []:
             out.print(f"  remedy {line(remedy)}: {line(what)}")
         if r.get("verification"):
@@ -425,7 +438,7 @@ def lxc_audit(out, d: Diagnosis, inp, *, verbose: bool = False, quiet: bool = Fa
               else ("OK", _STYLE[Status.OK]))
     roots = {id(f) for f in d.root_causes}
     for f in d.root_causes:
-        cause_block(out, f, status_word(f.status), evidence=None if verbose else 3)
+        cause_block(out, f, status_word(f.status), evidence=None if verbose else EVIDENCE_SHOWN, list_hint=list_hint)
     rest = [f for f in d.findings if id(f) not in roots]
     rows = finding_rows(sorted(rest, key=lambda f: _ORDER[f.status]), verbose=verbose, quiet=quiet,
                         list_hint=list_hint)

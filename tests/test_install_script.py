@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,20 @@ SOURCES = ("pyproject.toml", "README.md", "install.sh", "gpudoctor", "checks", "
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEBIAN_WHEEL = "/usr/lib/python3/dist-packages/wheel"  # python3-wheel: setuptools 66 builds wheels with it
 DEBIAN_SETUPTOOLS = "/usr/lib/python3/dist-packages/setuptools"  # python3-setuptools (Python >= 3.12, below)
+SYSTEMD_HIDES = "which the systemd units hide (PrivateTmp=yes)"  # install.sh's note on an install under /tmp
+
+
+def _under_private_tmp(path) -> bool:
+    real = os.path.realpath(path)
+    return any(real == t or real.startswith(t + "/") for t in ("/tmp", "/var/tmp"))
+
+
+def _lines_but_the_tmp_note(stderr: str, venv: Path) -> list[str]:
+    """stderr's lines less install.sh's PrivateTmp note, which it gives once exactly when the venv lies under /tmp or
+    /var/tmp (the test's HOME does, wherever $TMPDIR puts it): the other notes and the line counts stay exact."""
+    lines = stderr.splitlines()
+    assert sum(SYSTEMD_HIDES in ln for ln in lines) == (1 if _under_private_tmp(venv) else 0), stderr
+    return [ln for ln in lines if SYSTEMD_HIDES not in ln]
 
 
 def _venv_lacks_setuptools() -> bool:
@@ -107,7 +122,16 @@ def test_an_ordinary_users_install_lands_in_local_bin_linked_to_its_own_venv(use
     assert link.is_symlink() and os.readlink(link) == str(venv / "bin/gpudoctor")
     script = (venv / "bin/gpudoctor").read_text()
     assert script.startswith(f"#!{venv}/bin/python")  # the venv's interpreter: no PATH needed to run it
-    assert f"{home}/.local/bin is not on your PATH" in r.stderr and r.stderr.count("\n") <= 4
+    assert f"{home}/.local/bin is not on your PATH" in r.stderr and len(_lines_but_the_tmp_note(r.stderr, venv)) <= 4
+    # the test's HOME lies under /tmp: the systemd units (PrivateTmp=yes) could not start this install (#49: exit 203)
+    assert _under_private_tmp(venv) and SYSTEMD_HIDES in r.stderr, r.stderr
+    from gpudoctor.commands.daemon import install_problem  # what `gpudoctor daemon --check-install` says of it
+
+    why = install_problem([str(venv / "bin/python"), str(link)])  # (this venv has no dependencies to run it)
+    assert why and "which the systemd units hide (PrivateTmp=yes): they cannot start it (status=203/EXEC)" in why
+    here = subprocess.run(["gpudoctor" if shutil.which("gpudoctor") else str(Path(sys.executable).parent / "gpudoctor"),
+                           "daemon", "--check-install"], capture_output=True, text=True, timeout=60)
+    assert here.returncode == (3 if install_problem() else 0) and len((here.stdout + here.stderr).splitlines()) == 1
     meta = subprocess.run([str(venv / "bin/python"), "-c",
                            "import importlib.metadata as m, json; d = m.distribution('gpudoctor');"
                            "print(json.dumps([d.version, d.read_text('direct_url.json')]))"],
@@ -166,17 +190,20 @@ def test_run_uses_this_install_and_says_which_gpudoctor_the_shell_would_run(user
     # trixie stage of .ci/debian runs the real `--run check` as a new user, exit 2)
     r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{other}:/usr/bin:/bin"})
     assert "OTHER-INSTALL-RAN" not in r.stderr  # the other install's --version was read, never its `--run` command
-    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("install.sh: note:")]
+    venv = home / ".local/share/gpudoctor"
+    notes = [ln for ln in _lines_but_the_tmp_note(r.stderr, venv) if ln.startswith("install.sh: note:")]
     assert notes == [f"install.sh: note: `gpudoctor` in this shell is {other}/gpudoctor (another install: gpudoctor "
                      f"0.0.9 (root)), not this one: run {link.parent}/gpudoctor, or put {link.parent} first on PATH"]
     assert f"install.sh: running this install's {link} --version" in r.stderr
     # nothing on PATH at all: the PATH line, and --run still runs this install
     r = run_install(user_home, "--run", "--version")
-    assert f"{home}/.local/bin is not on your PATH yet" in r.stderr and "note:" not in r.stderr
+    rest = "\n".join(_lines_but_the_tmp_note(r.stderr, venv))
+    assert f"{home}/.local/bin is not on your PATH yet" in rest and "note:" not in rest
     assert f"install.sh: running this install's {link} --version" in r.stderr
     # this install first on PATH: not a word about it
     r = run_install(user_home, "--run", "--version", extra_env={"PATH": f"{link.parent}:{other}:/usr/bin:/bin"})
-    assert "note:" not in r.stderr and "running this install's" not in r.stderr and "not on your PATH" not in r.stderr
+    rest = "\n".join(_lines_but_the_tmp_note(r.stderr, venv))
+    assert "note:" not in rest and "running this install's" not in rest and "not on your PATH" not in rest
 
 
 def test_a_checkout_the_user_cannot_write_installs_and_is_left_as_it_was(user_home):

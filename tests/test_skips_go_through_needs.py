@@ -5,6 +5,7 @@ syntax tree of every file under tests/."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,21 @@ def test_an_unknown_lab_in_the_variable_is_a_clear_failure(monkeypatch):
     assert "systemd-lab" in str(exc.value).split("LABS:")[1]
     with pytest.raises(KeyError):
         needs.elsewhere("no-such-lab")
+
+
+def test_the_systemd_lab_says_once_why_it_cannot_start_an_install_under_tmp(monkeypatch):
+    """An install under /tmp is hidden from the units (PrivateTmp=yes: status=203/EXEC in every test): the lab's one
+    line says why, as `gpudoctor daemon --check-install` does, and it goes through needs (a failure under CI=true)."""
+    from tests import systemdlab
+
+    if os.geteuid() != 0:
+        needs.unavailable("the systemd lab's skip reason is judged as root")
+    monkeypatch.setattr(systemdlab, "_install_roots", lambda: ["/tmp/gpudoctor-venv"])
+    line = systemdlab.skip_reason()
+    assert line == ("the systemd lab: /tmp/gpudoctor-venv lies under /tmp, which the systemd units hide "
+                    "(PrivateTmp=yes): they cannot start it (status=203/EXEC); install gpudoctor elsewhere "
+                    "(./install.sh as root: /opt/gpudoctor)")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(BaseException) as exc:
+        needs.unavailable(line)
+    assert type(exc.value).__name__ == "Failed"

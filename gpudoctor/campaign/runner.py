@@ -51,9 +51,13 @@ class GateRefused(CampaignStopped):
     """The gate failed before a configuration (and healing, if any, did not help): the host is refused. `said` is
     what was asked and what it said (a Slurm job reports it; the submitter drains the node with `reason`)."""
 
-    def __init__(self, message: str, said: str, reason: str):
+    def __init__(self, message: str, said: str, reason: str, *, before: str = "", verdict: dict | None = None):
         super().__init__(message)
         self.said, self.reason = said, reason  # reason: the gate's own first words (why), for a drain reason
+        # the configuration it stopped before, and the gate's own verdict: gpudoctor's gate judged in process, its
+        # `gate --json` document (gpudoctor.gate/1); a command, its argv, exit code and last lines
+        self.before, self.verdict = before, verdict
+        self.counts: dict | None = None  # the records of the run so far, by status (run_campaign fills it in)
 
 
 def levels_for(camp: Campaign, cfg: Config, counter: Counter, cache: dict) -> list[Level]:
@@ -143,6 +147,11 @@ def static_context_limit(camp: Campaign, cfg: Config, model_dir: str | None) -> 
         return None
 
 
+def status_counts(recs: list[dict]) -> dict[str, int]:
+    """Records by status, as `bench run` reports them."""
+    return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+
+
 def _tail(text: str, n: int = 3) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return " | ".join(lines[-n:])
@@ -219,6 +228,7 @@ class Runner:
         self.health_nvml = health_nvml  # an NVML-like module for the sampler (default: pynvml)
         self.last_gate: dict | None = None  # the gate's verdict before the current configuration (provenance)
         self.gate_reason = ""  # the last gate's first words: why it refused
+        self.gate_verdict: dict | None = None  # the last gate's verdict, as GateRefused carries it
 
     # ---- the campaign ---------------------------------------------------------------------------------------------
     def cell_watch(self, launcher: Launcher, cfg: Config | None = None):
@@ -333,8 +343,7 @@ class Runner:
         finally:
             if self.healer is not None:
                 self.healer.close()
-        recs = self.store.load()
-        return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+        return status_counts(self.store.load())
 
     def run_config(self, cfg: Config) -> None:
         camp = self.camp
@@ -635,6 +644,8 @@ class Runner:
             res = self.local.run(argv, timeout=camp.timeouts["gate_s"])
             self.gate_reason = next((x.strip() for x in (res.stdout + "\n" + res.stderr).splitlines() if x.strip()),
                                     res.describe())  # its first words: why it refused (a Slurm node's drain reason)
+            self.gate_verdict = {"command": argv, "exit_code": res.rc, "pass": res.ok,
+                                 "output": _tail(res.stdout + res.stderr, 20)}
             return res.ok, " ".join(argv) if res.ok else f"{res.describe()}; {_tail(res.stdout + res.stderr)}"
         from gpudoctor.gate import gate_target
         from gpudoctor.report import gate_lines
@@ -645,6 +656,7 @@ class Runner:
         with open_target(spec, call.inventory or self.inventory_path, expect_gpus=call.expect_gpus, models=models,
                          sglang_url=call.sglang_url, timeout=call.timeout) as target:
             result = gate_target(target, call.profile)
+        self.gate_verdict = result.to_json()
         what = (f"gpudoctor gate, profile {result.profile}, on {result.host}"
                 + "".join(f" --model {m}" for m in models))
         if result.passed:
@@ -675,7 +687,8 @@ class Runner:
                 self.emit("note", text="gate passed after healing")
                 return
         raise GateRefused(f"gate failed before {cfg.label}, campaign stopped (nothing recorded for it): {first}"
-                          + ("" if not camp.heal_command else f"; after healing: {said}"), said, self.gate_reason)
+                          + ("" if not camp.heal_command else f"; after healing: {said}"), said, self.gate_reason,
+                          before=cfg.label, verdict=self.gate_verdict)
 
 
 def _loopback(address: str) -> bool:
@@ -765,9 +778,12 @@ def run_campaign(path: str, out_dir: str, *, resume: bool = False, host: Host | 
             if on_event:
                 on_event("note", text=f"{n} suspect record(s) retracted to retracted.jsonl; their levels run again")
             if not n:
-                recs = runner.store.load()
-                return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+                return status_counts(runner.store.load())
             resume = True
-        return runner.run(resume)
+        try:
+            return runner.run(resume)
+        except GateRefused as exc:  # what the run recorded before the gate stopped it (bench run --json says)
+            exc.counts = status_counts(runner.store.load())
+            raise
     finally:
         host.close()

@@ -25,7 +25,8 @@ from types import SimpleNamespace
 from typing import Callable
 
 from gpudoctor.campaign.file import SlurmSpec, check_gate_profile, check_paths, load
-from gpudoctor.campaign.runner import CampaignStopped, GateRefused, Runner, held_campaign, levels_for
+from gpudoctor.campaign.runner import (CampaignStopped, GateRefused, Runner, held_campaign, levels_for,
+                                       status_counts)
 from gpudoctor.bench.client.levels import skipped_record
 from gpudoctor.bench.records.results import CRASHED, ERROR, ResultStore, key
 from gpudoctor.errors import ConfigError, GpudoctorError, InputError
@@ -211,8 +212,7 @@ class SlurmCampaign(Runner):
                     self.emit("config", label=label, what="complete")
                 else:
                     self.emit("config", label=label, what=f"not complete: sbatch {self.sdir / (label + '.sh')}")
-            recs = self.store.load()
-            return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+            return status_counts(self.store.load())
         old = signal.getsignal(signal.SIGTERM)
 
         def term(_sig, _frame):
@@ -234,8 +234,7 @@ class SlurmCampaign(Runner):
             for r in self.cs(label)["refused"]:
                 self.emit("note", text=f"node {r['node']} refused by the gate for {label}: {r['said'][:300]} "
                                        f"({r['drain']['detail']})")
-        recs = self.store.load()
-        return {s: sum(1 for r in recs if r["status"] == s) for s in ("ok", "crashed", "error", "skipped")}
+        return status_counts(self.store.load())
 
     def cancel_own(self) -> str:
         """scancel exactly this campaign's jobs in the queue (own_jobs: recorded ids, this user)."""

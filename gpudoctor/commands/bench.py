@@ -365,7 +365,7 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
     2 the campaign stopped on an infrastructure failure (gate, port, GPU memory, the target lost),
     3 bad campaign file, inventory or flags, or an unknown SSH host key.
     """
-    from gpudoctor.campaign.runner import run_campaign
+    from gpudoctor.campaign.runner import GateRefused, run_campaign
     from gpudoctor.errors import EXIT_WARN
 
     output_dir(out_dir, "--out")
@@ -380,18 +380,35 @@ def run(campaign, out_dir, resume, inventory, accept_new_host_key, rerun_suspect
 
             counts = run_slurm_campaign(campaign, out_dir, resume=resume, submit=not no_submit, on_event=display)
         else:
-            counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
-                                  host_key_policy="accept-new" if accept_new_host_key else None,
-                                  rerun_suspect=rerun_suspect)
+            try:
+                counts = run_campaign(campaign, out_dir, resume=resume, inventory=inventory, on_event=display,
+                                      host_key_policy="accept-new" if accept_new_host_key else None,
+                                      rerun_suspect=rerun_suspect)
+            except GateRefused as exc:
+                if not json_out:
+                    raise
+                _echo_run_json(out_dir, exc.counts, exc.exit_code, gate=exc)  # the one document, with the verdict
+                raise SystemExit(exc.exit_code) from None
     code = EXIT_OK if counts["ok"] and not (counts["crashed"] + counts["error"] + counts["skipped"]) else EXIT_WARN
     if json_out:
-        import json
-
-        click.echo(json.dumps({"schema": "gpudoctor.bench-run/1", "results": f"{out_dir}/results.jsonl",
-                               "counts": dict(counts), "exit_code": code}, sort_keys=True))
+        _echo_run_json(out_dir, counts, code)
     else:
         click.echo(f"{out_dir}/results.jsonl: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     raise SystemExit(code)
+
+
+def _echo_run_json(out_dir: str, counts, code: int, gate=None) -> None:
+    """`bench run --json`'s one document (gpudoctor.bench-run/1). A campaign the gate stopped says so, with the
+    gate's verdict: what was refused (the configuration it stopped before) and why (`gate --json`'s document for
+    gpudoctor's own gate; a gate command's argv, exit code and last lines)."""
+    import json
+
+    doc = {"schema": "gpudoctor.bench-run/1", "results": f"{out_dir}/results.jsonl",
+           "counts": dict(counts) if counts is not None else None, "exit_code": code}
+    if gate is not None:
+        doc["stopped"] = str(gate)
+        doc["gate"] = {"refused": True, "before": gate.before, "said": gate.said, "verdict": gate.verdict}
+    click.echo(json.dumps(doc, sort_keys=True))
 
 
 @bench.command("job", hidden=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -42,6 +44,46 @@ def _reset_breaker(state_path: str) -> int:
     return EXIT_OK
 
 
+PRIVATE_TMP = ("/tmp", "/var/tmp")  # what the units' PrivateTmp=yes replaces with an empty directory of their own
+
+
+def install_problem(paths=None) -> str | None:
+    """Why the systemd units (systemd/*.service: PrivateTmp=yes) cannot start this install, or None: a gpudoctor,
+    or the python it runs, under /tmp or /var/tmp is hidden from them (systemd says only status=203/EXEC). A path is
+    judged as written and resolved: a venv's bin/python under /tmp is hidden even where it links to /usr/bin."""
+    import gpudoctor
+
+    script = shutil.which("gpudoctor")
+    paths = paths if paths is not None else [p for p in (sys.executable, os.path.dirname(gpudoctor.__file__), script)
+                                             if p]
+    for p in paths:
+        for seen in (os.path.abspath(p), os.path.realpath(p)):
+            for tmp in PRIVATE_TMP:
+                if seen == tmp or seen.startswith(tmp + "/"):
+                    return (f"{p} lies under {tmp}, which the systemd units hide (PrivateTmp=yes): they cannot start "
+                            "it (status=203/EXEC); install gpudoctor elsewhere (./install.sh as root: /opt/gpudoctor)")
+    return None
+
+
+def _check_install() -> int:
+    why = install_problem()
+    if why:
+        raise ConfigError(why)
+    click.echo("the systemd units can start this gpudoctor (it does not lie under /tmp or /var/tmp)")
+    return EXIT_OK
+
+
+def unread_inventory() -> str | None:
+    """The inventory every other command would find here (./inventory.yaml, ~/.config/gpudoctor/inventory.yaml)
+    and the daemon, given none (-i or $GPUDOCTOR_INVENTORY, which -i defaults to), does not read: a healing policy is
+    never picked up from the working directory or a home (systemd starts it in /). Only whether one exists: nothing
+    of it is opened."""
+    from gpudoctor.inventory import default_locations
+
+    found = next((p for p in default_locations() if p.is_file()), None)
+    return None if found is None else str(found) if found.is_absolute() else f"./{found}"
+
+
 @click.command("daemon")
 @click.option("--interval", type=seconds(1.0, 7 * 86400), default=120.0, show_default=True, metavar="SECONDS",
               help="Seconds between checks.")
@@ -52,7 +94,8 @@ def _reset_breaker(state_path: str) -> int:
               help="State file (budgets, breaker) kept across restarts. Default: $STATE_DIRECTORY/daemon.json, "
                    "/var/lib/gpudoctor/daemon.json as root.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP.")
+              help="Inventory with hosts and the healing policy (policy.auto_apply, budgets). Reloaded on SIGHUP. "
+                   "Only one named here (or $GPUDOCTOR_INVENTORY) is read, never ./inventory.yaml.")
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Inventory host(s) to watch (default: this machine).")
 @click.option("--model", "models", multiple=True, metavar="PATH",
               help="Also check this model directory on every host each cycle (e.g. a tmpfs model that the model.stage "
@@ -62,6 +105,8 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--observe", is_flag=True, help="Never heal, whatever the policy says: only check and report.")
 @click.option("--no-xid", is_flag=True, help="Do not watch NVML for XID errors.")
 @click.option("--reset-breaker", is_flag=True, help="Close the circuit breakers (of the running daemon) and exit.")
+@click.option("--check-install", is_flag=True,
+              help="Say whether the systemd units can start this install (not under /tmp: PrivateTmp=yes) and exit.")
 @click.option("--timeout", type=seconds(1.0, 3600), default=30.0, show_default=True, metavar="SECONDS",
               help="Per-host check budget.")
 @click.option("--clock-file", hidden=True, default=None, help="Tests: read the clock from this file.")
@@ -70,7 +115,7 @@ def _reset_breaker(state_path: str) -> int:
 @click.option("--stall", "stall_s", hidden=True, type=seconds(1.0, 7 * 86400), default=900.0,
               help="Seconds one step may run before the watchdog pings stop.")
 def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, heal, observe, no_xid, reset_breaker,
-           timeout, clock_file, engine_spec, stall_s):
+           timeout, clock_file, engine_spec, stall_s, check_install):
     """Watch GPU hosts, heal them within budgets, and export their health.
 
     At start and every --interval the daemon checks each host. For a failing host it applies only the remedies
@@ -90,6 +135,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
       gpudoctor daemon -i inventory.yaml --host ct200   watch ct200 over SSH, heal per its policy
       gpudoctor daemon --once --heal 'devices.*'        one cycle, e.g. from a timer
       gpudoctor daemon --reset-breaker                  let a stopped-healing daemon try again
+      gpudoctor daemon --check-install                  can the systemd units start this install?
       curl -s 127.0.0.1:9835/metrics | grep gpudoctor_check_status
 
     \b
@@ -106,11 +152,19 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     from gpudoctor.daemon.sdnotify import Notifier, take_protocol_env
     from gpudoctor.daemon.state import StateStore
 
+    if check_install:
+        raise SystemExit(_check_install())
     state_path = state_path or _default_state()
     if reset_breaker:
         raise SystemExit(_reset_breaker(state_path))
     if inventory and not Path(inventory).is_file():
         raise ConfigError("inventory file not found", path=inventory)
+    from gpudoctor.conventions import settings
+
+    unread = None if inventory or settings().quiet else unread_inventory()
+    if unread:  # every other command would read it: say once why the daemon does not
+        click.echo(f"gpudoctor daemon: not reading {unread}: the daemon heals only by the policy of an inventory "
+                   "named with -i (-i FILE to use it); watching this machine", err=True)
     serve = metrics_addr.lower() != "off" and not once
     if serve:
         parse_addr(metrics_addr)  # bad input fails before anything starts
@@ -140,8 +194,6 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     if server is not None:
         server.start()
     d.prepare(server.address if server else None)
-    from gpudoctor.conventions import settings
-
     if not settings().quiet:  # in the foreground it said nothing, not even where /metrics listens (#41)
         who = ", ".join(hosts) if hosts else "the inventory's hosts" if inventory else "this machine"
         where = f"/metrics on http://{server.address}/metrics" if server else "no /metrics"

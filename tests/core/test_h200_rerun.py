@@ -6,6 +6,9 @@ to WARN (exit 1, open(nvidia-cap1) EACCES as root cause); today's code to ok (ex
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gpudoctor import snapshot
@@ -51,6 +54,15 @@ def test_the_user_is_told_what_it_cannot_see():
     for words in ("PCIe config space past its first 64 bytes", "nvidia-cap1 is 0400 root", "/proc/PID/fd",
                   "kernel.dmesg_restrict = 1"):
         assert words in text
+    # every kind is named where a reader sees it: the summary, and each on its own line under `check -a` (#49: the
+    # row showed 3 evidence lines, the uid and 2 of the 4)
+    for short in ("PCIe config space past 64 bytes", "the MIG config capability", "other users' GPU processes",
+                  "the kernel log (XIDs)"):
+        assert short in priv.summary
+    r = subprocess.run([sys.executable, "-m", "gpudoctor", "check", "--snapshot",
+                        str(SNAPSHOTS / "h200-user-healthy.json"), "-a"], capture_output=True, text=True, timeout=60)
+    row = r.stdout[r.stdout.index("host.privileges"):].splitlines()
+    assert sum(ln.strip().startswith("cannot see: ") for ln in row[:8]) == 4, r.stdout
     xid = by["driver.xid"]
     assert xid.status.value == "info" and "Could not read the kernel log (kernel.dmesg_restrict = 1" in xid.summary
     assert xid.evidence[:1] == ["/dev/kmsg → EPERM"]

@@ -74,4 +74,6 @@ def test_fix_as_a_user_without_a_driver_blames_the_driver_first(as_nobody):
 def test_with_a_driver_loaded_the_user_is_told_the_gpu_needs_no_root():
     _, d = _diag("h200-user-healthy")
     priv = d.by_key()["host.privileges"]
-    assert priv.summary == "Probes run as uid 1001 (not root): using the GPU needs no root; 4 kinds of facts are root-only"
+    assert priv.summary == ("Probes run as uid 1001 (not root): using the GPU needs no root; 4 kinds of facts are "
+                            "root-only: PCIe config space past 64 bytes, the MIG config capability, other users' GPU "
+                            "processes, the kernel log (XIDs)")
