@@ -4,7 +4,6 @@ test_slurm_campaign.py)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
