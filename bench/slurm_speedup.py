@@ -145,10 +145,16 @@ def run(c: SlurmLab, d: Path, partition: str, decode: float) -> tuple[float, dic
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--decode-tok-s", type=float, default=40.0)
+    ap.add_argument("--scheduler-parameters", metavar="LIST",
+                    help="the lab's SchedulerParameters (a site's setting, e.g. batch_sched_delay=1; default: Slurm's "
+                         "defaults), to see what slurmctld's batch scheduling costs")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="gpd-slurm-speedup-"))
     try:
         with SlurmLab(d / "cluster", nodes=3, gpus=2) as c:
+            if args.scheduler_parameters:
+                c.write_conf(SchedulerParameters=args.scheduler_parameters)
+                c.scontrol("reconfigure")
             one, _ = run(c, d, "one", args.decode_tok_s)
             three, _ = run(c, d, "lab", args.decode_tok_s)
     finally:
