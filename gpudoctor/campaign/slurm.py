@@ -258,17 +258,14 @@ class SlurmCampaign(Runner):
         have = self.store.keys()
         return all(lv.key in have for lv in self.levels(label))
 
-    def collect(self, label: str) -> int:
-        """The job directory's records into OUT/results.jsonl, each key once; how many were new."""
+    def collect(self, label: str) -> None:
+        """The job directory's records into OUT/results.jsonl, each key once."""
         path = self.dir / "jobs" / label
         have = self.store.keys()
-        n = 0
         for rec in ResultStore(path).load():
             if key(rec) not in have:
                 self.emit("level_done", record=self.store.append(rec))
                 have.add(key(rec))
-                n += 1
-        return n
 
     def loop(self) -> None:
         order = list(self.configs)

@@ -4,7 +4,6 @@ test_slurm_campaign.py)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,12 @@ gate: {command: false}
 """
 
 
-def test_job_script_is_plain_and_names_everything(tmp_path):
+def test_job_script_is_plain_and_names_everything(tmp_path, monkeypatch):
+    gd = tmp_path / "bin" / "gpudoctor"  # the console script beside the interpreter, as install.sh lays it out
+    gd.parent.mkdir()
+    gd.write_text("#!/bin/sh\n")
+    gd.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(gd.with_name("python3")))
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  partition: gpu\n  account: perf\n  qos: high\n  time_limit: '1-02:00:00'\n"
                         "  gpu_request: gres\n  sbatch_args: [--constraint=h100, --mem=0]\n")
@@ -38,7 +42,6 @@ def test_job_script_is_plain_and_names_everything(tmp_path):
                   f"--output={tmp_path}/out/slurm/ar-tp4-%j.out", f"--chdir={tmp_path}/out", "--nodes=1",
                   "--ntasks=1", "--no-requeue", "--exclusive", "--gres=gpu:4", "--partition=gpu", "--account=perf",
                   "--qos=high", "--time=1-02:00:00", "--constraint=h100", "--mem=0"]
-    gd = Path(sys.executable).with_name("gpudoctor")
     assert lines[-1] == f"exec {gd} bench job {f} --out {tmp_path}/out --config ar-tp4"
 
 

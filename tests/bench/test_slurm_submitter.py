@@ -99,7 +99,7 @@ class FakeSlurm:
         d = self.out / "jobs" / label
         d.mkdir(parents=True, exist_ok=True)
         state, rc = "COMPLETED", 0
-        if what == "ok":
+        if what in ("ok", "ok-refuse"):
             from gpudoctor.bench.records.results import ResultStore
 
             store = ResultStore(d)
@@ -107,11 +107,12 @@ class FakeSlurm:
             for lv in self.camp.levels(label):
                 if lv.key not in store.keys():
                     store.append({**lv.spec.head(), "status": "ok", "completed": 1})
-        elif what == "refuse":
-            (d / "refused.json").write_text(json.dumps({"node": node, "job_id": jid, "said": "gate: BLOCK x",
-                                                        "reason": "BLOCK x"}))
+        if what in ("refuse", "ok-refuse") or isinstance(what, dict):  # a dict: refused.json's fields over these
+            fields = {"node": node, "job_id": jid, "said": "gate: BLOCK x", "reason": "BLOCK x"}
+            fields.update(what if isinstance(what, dict) else {})
+            (d / "refused.json").write_text(json.dumps({k: v for k, v in fields.items() if v is not None}))
             state, rc = "FAILED", JOB_REFUSED
-        else:
+        elif what == "crash":
             state = "NODE_FAIL"
             (self.out / "slurm" / f"{label}-{jid}.out").write_text("starting\nready in 1.0 s\nlost\nNODE_FAIL\n")
         self.jobs[jid] = {"id": jid, "uid": os.getuid(), "name": name, "node": node, "state": state, "rc": rc,
@@ -131,7 +132,13 @@ def run(tmp_path, extra="", outcome=None, stay=1, before=None):
     sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
     fake.camp = sc
     notes = []
-    sc.emit = lambda kind, **kw: notes.append(kw.get("text") or kw.get("what") or "")
+    fake.events = []  # (kind, what was said): the CLI renders each kind its own way
+
+    def emit(kind, **kw):
+        notes.append(kw.get("text") or kw.get("what") or "")
+        fake.events.append((kind, kw.get("text") or kw.get("what") or kw.get("record")))
+
+    sc.emit = emit
     if before:
         before(out)
     counts = sc.run(resume=before is not None)
@@ -185,7 +192,9 @@ def test_node_retries_resubmissions_then_the_levels_are_errors(tmp_path, retries
     st = state["configs"]["ar-tp1"]
     assert st["status"] == "failed" and len(st["refused"]) == retries + 1
     recs = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
-    assert all(f"slurm.node_retries ({retries}) resubmissions are spent" in r["error"] for r in recs)
+    nodes = ", ".join(["n1", "n2", "n3"][:retries + 1])
+    assert all(r["error"] == f"not run: the gate refused node(s) {nodes} and slurm.node_retries ({retries}) "
+               "resubmissions are spent" for r in recs), recs[0]["error"]
 
 
 def test_max_jobs_bounds_the_jobs_in_the_queue(tmp_path):
@@ -290,7 +299,7 @@ def fds() -> int:
 
 
 @pytest.mark.parametrize("case,message", [
-    ("remote", "the campaign's target must be local"),
+    ("remote", "c.yaml: bench job runs a configuration on this node: the campaign's target must be local"),
     ("label", "no configuration 'nope-tp1' in the campaign (it has ar-tp1)"),
     ("profile", "gate.command: unknown gate profile 'nosuch'"),
     ("other", "holds another campaign"),
@@ -349,8 +358,10 @@ def test_a_run_without_resume_into_a_slurm_campaign_is_refused(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(BASE + "slurm:\n  poll_s: 1\n")
     run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
-    with pytest.raises(InputError, match="holds a Slurm campaign"):
+    with pytest.raises(InputError) as exc:
         run_slurm_campaign(str(f), str(tmp_path / "out"), submit=False)
+    assert exc.value.one_line() == (f"{tmp_path / 'out'}: holds a Slurm campaign (slurm/state.json): pass --resume to "
+                                    "continue it, or choose another --out")
 
 
 @pytest.mark.parametrize("sig,code", [("INT", 130), ("TERM", 143)])
@@ -437,8 +448,9 @@ def test_a_broken_state_file_is_one_line(tmp_path, text, message):
     out = tmp_path / "out"
     run_slurm_campaign(str(f), str(out), submit=False)
     (out / "slurm" / "state.json").write_text(text)
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError) as exc:
         run_slurm_campaign(str(f), str(out), submit=False, resume=True)
+    assert exc.value.one_line().startswith(f"{out / 'slurm' / 'state.json'}: {message}"), exc.value.one_line()
 
 
 def test_resume_collects_what_a_hand_submitted_job_recorded_and_submits_nothing(tmp_path):
@@ -521,8 +533,7 @@ def test_sbatch_refusing_stops_the_campaign_naming_the_jobs_that_go_on(tmp_path)
     from gpudoctor.campaign.runner import CampaignStopped
 
     f = tmp_path / "c.yaml"
-    f.write_text(BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}}")
-                 + "slurm:\n  poll_s: 0.1\n")
+    f.write_text(three_methods() + "slurm:\n  poll_s: 0.1\n")
     out = tmp_path / "out"
     fake = FakeSlurm(out, stay=100)
     real = fake.run
@@ -533,5 +544,345 @@ def test_sbatch_refusing_stops_the_campaign_naming_the_jobs_that_go_on(tmp_path)
     with pytest.raises(CampaignStopped) as exc:
         sc.run(resume=False)
     line = exc.value.one_line()
-    assert line.startswith("cannot submit b-tp1: $ sbatch --parsable") and "the jobs already submitted (ar-tp1) go on" \
+    assert line.startswith("cannot submit b-tp1: $ sbatch --parsable") and "; the jobs already submitted (ar-tp1) go on" \
         in line and "--resume --slurm watches them" in line, line
+
+
+# ---- round 8: each rule the mutation survivors of round 7 showed unheld (bench/mutation.py campaign/slurm) -----------
+def three_methods():
+    return BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}, c: {}}")
+
+
+def prepared(tmp_path, text=BASE, edit=None):
+    """A campaign written with --no-submit (its state.json, its scripts), state.json then edited as `edit` says:
+    the directory a killed or interrupted submitter left behind."""
+    from gpudoctor.campaign.slurm import run_slurm_campaign
+
+    f = tmp_path / "c.yaml"
+    f.write_text(text + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    run_slurm_campaign(str(f), str(out), submit=False)
+    st = json.loads((out / "slurm" / "state.json").read_text())
+    if edit:
+        edit(st)
+    (out / "slurm" / "state.json").write_text(json.dumps(st))
+    return f, out, st
+
+
+def resumed(f, out, fake, before=None):
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    sc.configs = {c.label: c for c in sc.camp.configs()}
+    notes, fake.events = [], []
+
+    def emit(kind, **kw):
+        notes.append(kw.get("text") or kw.get("what") or "")
+        fake.events.append((kind, kw.get("text") or kw.get("what") or kw.get("record")))
+
+    sc.emit = emit
+    if before:
+        before(sc)
+    counts = sc.run(resume=True)
+    return counts, json.loads((out / "slurm" / "state.json").read_text()), notes
+
+
+def old_job(fake, sc, jid, label, node, state, polls=1, stay=None):
+    """A job Slurm ran before this submitter started: in the queue while polls < stay, then ended as `state`."""
+    cid = json.loads((fake.out / "slurm" / "state.json").read_text())["campaign_id"]
+    fake.jobs[jid] = {"id": jid, "uid": os.getuid(), "name": f"gpd-{cid}-{label}", "node": node, "state": state,
+                      "rc": 0, "polls": polls, "label": label, "argv": []}
+
+
+@pytest.mark.parametrize("on_crash", ["restart", "skip"])
+def test_a_job_that_ended_while_no_submitter_watched_is_judged_on_resume(tmp_path, on_crash):
+    f, out, _ = prepared(tmp_path, BASE + f"on_crash: {on_crash}\n",
+                         lambda st: st["configs"]["ar-tp1"].update(job="1", jobs=["1"], status="submitted"))
+    long = "c" * 600
+    (out / "slurm" / "ar-tp1-1.out").write_bytes(b"starting\na\nb\xff\n" + long.encode() + b"\n")
+    fake = FakeSlurm(out)
+    counts, state, notes = resumed(f, out, fake, lambda sc: old_job(fake, sc, "1", "ar-tp1", "n2", "NODE_FAIL"))
+    st = state["configs"]["ar-tp1"]
+    tail = ("a | b\ufffd | " + long)[:500]
+    assert st["ended"][0] == {"job_id": "1", "why": "Slurm job 1 NODE_FAIL on n2 ExitCode=0:0", "output": tail}
+    assert ("note", f"ar-tp1: Slurm job 1 NODE_FAIL on n2 ExitCode=0:0 before every level was recorded; its output: "
+                    f"{tail}") in fake.events
+    if on_crash == "restart":  # submitted once more: the new job records every level
+        assert [j["id"] for j in fake.sbatches()] == ["1", "2"] and fake.jobs["2"]["argv"][-1].endswith("ar-tp1.sh")
+        assert counts["ok"] == 2 and st["jobs"] == ["1", "2"] and st["restarts"] == 1 and st["status"] == "done"
+        return
+    assert fake.sbatches() == [fake.jobs["1"]] and st["status"] == "failed" and st["restarts"] == 0
+    assert counts == {"ok": 0, "crashed": 1, "error": 0, "skipped": 1}
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert recs[0]["status"] == "crashed" and recs[0]["completed"] == 0
+    assert recs[0]["error"] == f"Slurm job 1 NODE_FAIL on n2 ExitCode=0:0; job output: {tail}"
+    assert recs[1]["status"] == "skipped" and recs[1]["error"].startswith("not run: Slurm job 1 NODE_FAIL on n2")
+    assert all(r["provenance"]["slurm"] == {"node": "n2", "job_id": "1"} for r in recs)
+    assert [k for k, _ in fake.events if k == "level_done"] == ["level_done"] * 2
+
+
+def test_a_crashed_job_without_output_says_nothing_of_it(tmp_path):
+    f, out, _ = prepared(tmp_path, edit=lambda st: st["configs"]["ar-tp1"].update(job="1", jobs=["1"],
+                                                                                  status="submitted"))
+    fake = FakeSlurm(out)
+    counts, state, _ = resumed(f, out, fake, lambda sc: old_job(fake, sc, "1", "ar-tp1", "n2", "NODE_FAIL"))
+    assert state["configs"]["ar-tp1"]["ended"][0]["output"] == ""
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert recs[0]["error"] == "Slurm job 1 NODE_FAIL on n2 ExitCode=0:0"
+
+
+def test_a_crash_after_some_levels_records_only_the_missing_ones(tmp_path):
+    from gpudoctor.bench.records.results import ResultStore
+
+    f, out, _ = prepared(tmp_path, edit=lambda st: st["configs"]["ar-tp1"].update(job="1", jobs=["1"],
+                                                                                  status="submitted"))
+    fake = FakeSlurm(out)
+
+    def first_level(sc):
+        old_job(fake, sc, "1", "ar-tp1", "n2", "NODE_FAIL")
+        lv = sc.levels("ar-tp1")[0]
+        ResultStore(out / "jobs" / "ar-tp1").append({**lv.spec.head(), "status": "ok", "completed": 1})
+
+    counts, state, _ = resumed(f, out, fake, first_level)
+    assert counts == {"ok": 1, "crashed": 1, "error": 0, "skipped": 0}
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["concurrency"], r["status"]) for r in recs] == [(1, "ok"), (2, "crashed")]
+
+
+def test_resume_submits_a_cancelled_configuration_again_and_never_a_failed_one(tmp_path):
+    def edit(st):
+        st["configs"]["ar-tp1"].update(status="failed")
+        st["configs"]["b-tp1"].update(job="1", jobs=["1"], status="cancelled")
+
+    f, out, _ = prepared(tmp_path, three_methods(), edit)
+    fake = FakeSlurm(out)
+    counts, state, notes = resumed(f, out, fake, lambda sc: old_job(fake, sc, "1", "b-tp1", "n1", "CANCELLED"))
+    assert [j["label"] for j in fake.sbatches()[1:]] == ["b-tp1", "c-tp1"]
+    assert ("note", "b-tp1: job 1 was cancelled by an interrupted run: submitted again") in fake.events
+    assert state["configs"]["ar-tp1"]["status"] == "failed" and state["configs"]["ar-tp1"]["jobs"] == []
+    assert state["configs"]["b-tp1"]["jobs"] == ["1", "2"] and counts["ok"] == 4
+
+
+def test_resume_watches_a_queued_job_and_submits_the_configurations_after_it(tmp_path):
+    f, out, _ = prepared(tmp_path, three_methods(),
+                         lambda st: st["configs"]["ar-tp1"].update(job="1", jobs=["1"], status="submitted"))
+    fake = FakeSlurm(out)
+    counts, state, _ = resumed(f, out, fake, lambda sc: old_job(fake, sc, "1", "ar-tp1", "n1", "COMPLETED", 0,
+                                                                 fake.stay))
+    assert [j["label"] for j in fake.sbatches()[1:]] == ["b-tp1", "c-tp1"]
+    assert ("note", "ar-tp1: job 1 is still RUNNING: watched, not submitted again") in fake.events
+
+
+def test_a_job_still_queued_is_on_disk_as_the_configurations_job_before_the_submitter_waits(tmp_path):
+    """A cancel whose job had not left the queue yet (scancel returns first): --resume watches that job, and says so
+    in state.json before it waits, so a submitter killed then (SIGKILL: no finally) leaves it watched, not lost."""
+
+    class Killed(BaseException):
+        pass
+
+    f, out, _ = prepared(tmp_path, edit=lambda st: st["configs"]["ar-tp1"].update(job=None, jobs=["1"],
+                                                                                  status="cancelled"))
+    fake = FakeSlurm(out, stay=100)
+    real, polls = fake.run, []
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:
+                raise Killed
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    with pytest.raises(Killed):
+        resumed(f, out, fake, lambda sc: old_job(fake, sc, "1", "ar-tp1", "n1", "COMPLETED", 0))
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["job"] == "1" and st["status"] == "submitted" and fake.sbatches() == [fake.jobs["1"]]
+
+
+def test_no_submit_resume_collects_each_record_once_and_says_what_is_left(tmp_path):
+    from gpudoctor.campaign.slurm import run_slurm_campaign
+
+    text = BASE.replace("methods: {ar: {baseline: true}}", "methods: {ar: {baseline: true}, b: {}}")
+    f, out, _ = prepared(tmp_path, text)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=FakeSlurm(out))
+    sc.configs = {c.label: c for c in sc.camp.configs()}
+    d = out / "jobs" / "ar-tp1"
+    d.mkdir(parents=True)
+    lines = [json.dumps({**lv.spec.head(), "status": "ok", "completed": 1}) for lv in sc.levels("ar-tp1")]
+    (d / "results.jsonl").write_text("\n".join([lines[0], *lines]) + "\n")  # a level written twice by two jobs
+    events = []
+    counts = run_slurm_campaign(str(f), str(out), submit=False, resume=True,
+                                on_event=lambda kind, **kw: events.append((kind, kw.get("label"), kw.get("what"))))
+    assert counts == {"ok": 2, "crashed": 0, "error": 0, "skipped": 0}
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    assert [k for k, _, _ in events].count("level_done") == 2
+    assert ("config", "ar-tp1", "complete") in events
+    assert ("config", "b-tp1", f"not complete: sbatch {out}/slurm/b-tp1.sh") in events
+
+
+@pytest.mark.parametrize("name,prefix", [("demo", "demo"), ("my demo/x", "my_demo_x"),
+                                         ("a" * 30, "a" * 24)])
+def test_the_campaign_id_is_the_name_made_one_word_then_random(tmp_path, name, prefix):
+    f, out, st = prepared(tmp_path, BASE.replace("name: demo", f"name: '{name}'"))
+    assert re.fullmatch(re.escape(prefix) + "-[0-9a-f]{8}", st["campaign_id"]), st["campaign_id"]
+    assert st["configs"]["ar-tp1"] == {"job": None, "jobs": [], "refused": [], "ended": [], "restarts": 0,
+                                       "status": "pending"}
+    assert (out / "slurm" / "ar-tp1.sh").stat().st_mode & 0o7777 == 0o700
+
+
+@pytest.mark.parametrize("drain,drains_again", [({"action": "drained", "detail": "n1 drained by the job"}, False),
+                                               ({"action": "failed", "detail": "no rights"}, True),
+                                               ({"action": "drained"}, True), ("drained", True)])
+def test_the_submitter_drains_a_refused_node_only_when_the_job_could_not(tmp_path, drain, drains_again):
+    fake, counts, state, notes = run(
+        tmp_path, outcome=lambda label, job, node: {"drain": drain} if node == "n1" else "ok")
+    r = state["configs"]["ar-tp1"]["refused"]
+    assert [x["job_id"] for x in r] == ["1"] and r[0]["node"] == "n1" and r[0]["said"] == "gate: BLOCK x"
+    if drains_again:
+        assert fake.drained == {"n1": "gpudoctor: bench gate: BLOCK x"} and r[0]["drain"]["action"] == "drained"
+    else:
+        assert fake.drained == {} and r[0]["drain"] == drain
+        assert ("note", "ar-tp1: the gate refused node n1 (job 1): gate: BLOCK x; slurm: n1 drained by the job") \
+            in fake.events
+        assert ("note", "node n1 refused by the gate for ar-tp1: gate: BLOCK x (n1 drained by the job)") in fake.events
+    assert counts["ok"] == 2 and state["excluded"] == ["n1"]
+
+
+def test_a_refusal_without_the_gates_reason_drains_with_what_it_said(tmp_path):
+    fake, _, _, _ = run(tmp_path, outcome=lambda label, job, node: {"reason": None} if node == "n1" else "ok")
+    assert fake.drained == {"n1": "gpudoctor: bench gate: gate: BLOCK x"}
+
+
+def test_a_refused_job_that_recorded_every_level_is_done_not_resubmitted(tmp_path):
+    fake, counts, state, _ = run(tmp_path, outcome=lambda label, job, node: "ok-refuse")
+    assert len(fake.sbatches()) == 1 and counts["ok"] == 2 and fake.drained.keys() == {"n1"}
+    assert state["configs"]["ar-tp1"]["status"] == "done" and state["excluded"] == ["n1"]
+
+
+def test_the_runs_events_are_of_their_kinds(tmp_path):
+    fake, _, state, _ = run(tmp_path)
+    cid = state["campaign_id"]
+    assert ("note", f"Slurm campaign {cid}: 1 configuration(s), job scripts in {tmp_path / 'out' / 'slurm'}") \
+        in fake.events
+    assert ("config", "submitted as Slurm job 1") in fake.events
+    assert ("config", "job 1 done (Slurm job 1 COMPLETED on n1 ExitCode=0:0)") in fake.events
+    assert [k for k, _ in fake.events].count("level_done") == 2
+
+
+def test_run_slurm_campaign_submits_by_default(tmp_path, monkeypatch):
+    from gpudoctor.campaign import slurm
+    from gpudoctor.campaign.slurm import run_slurm_campaign
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    fake = FakeSlurm(tmp_path / "out", outcome=lambda label, job, node: "crash")
+    monkeypatch.setattr(slurm, "local_host", lambda: fake)
+    assert run_slurm_campaign(str(f), str(tmp_path / "out"))["crashed"] == 1 and len(fake.sbatches()) == 1
+
+
+def test_a_second_sigterm_while_cancelling_does_not_stop_the_cancel(tmp_path):
+    import signal as signals
+
+    from gpudoctor.campaign.slurm import Interrupted
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real, polls = fake.run, []
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:
+                os.kill(os.getpid(), signals.SIGTERM)
+        if argv[0] == "scancel":  # systemd's stop, or an impatient user: TERM again
+            os.kill(os.getpid(), signals.SIGTERM)
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(Interrupted) as exc:
+        sc.run(resume=False)
+    assert exc.value.exit_code == 143 and "cancelled this campaign's 1 job(s) (1)" in exc.value.one_line()
+
+
+def test_an_interrupted_submitter_that_cannot_list_its_jobs_says_so(tmp_path):
+    from gpudoctor.campaign.slurm import Interrupted
+
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    real, polls = fake.run, []
+
+    def run_(argv, timeout=None, **kw):
+        if argv[0] == "squeue":
+            polls.append(1)
+            if len(polls) == 2:
+                raise KeyboardInterrupt
+            if len(polls) > 2:
+                return fake.res(argv, rc=1)
+        return real(argv, timeout, **kw)
+
+    fake.run = run_
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(Interrupted) as exc:
+        sc.run(resume=False)
+    line = exc.value.one_line()
+    assert line.startswith("interrupted (SIGINT): could not list this campaign's jobs to cancel them ($ squeue"), line
+    assert not [c for c in fake.calls if c[0] == "scancel"]
+
+
+def test_the_refused_job_drains_its_node_with_the_gates_reason_and_keeps_what_earlier_jobs_recorded(tmp_path):
+    """`bench job` into a job directory an earlier job of the configuration wrote (resumed, not refused as "holds
+    results"), its gate refusing: the node drained by the job with the gate's reason (a stand-in scontrol that keeps
+    the drain), refused.json naming the node, the job, what was said, the reason, the drain and when."""
+    import time
+
+    from gpudoctor.bench.records.results import ResultStore
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log, drained = tmp_path / "scontrol.log", tmp_path / "drained"
+    (bindir / "scontrol").write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$1 $2" in
+"show node")
+  echo "NodeName=n7 Arch=x86_64"
+  if [ -e {drained} ]; then echo "   State=IDLE+DRAIN ThreadsPerCore=1"; else echo "   State=IDLE ThreadsPerCore=1"; fi
+  echo "   Version=22.05.8"
+  if [ -e {drained} ]; then echo "   Reason=$(cat {drained}) [root@2026-12-07T06:00:00]"; fi ;;
+"show reservation") echo "No reservations in the system" ;;
+"update nodename=n7") for a in "$@"; do case "$a" in reason=*) echo "${{a#reason=}}" > {drained} ;; esac; done ;;
+*) exit 1 ;;
+esac
+""")
+    (bindir / "scontrol").chmod(0o755)
+    (tmp_path / "model").mkdir()
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace("/models/llama", str(tmp_path / "model")).replace("gate: {command: false}",
+                                                                                 "gate: {command: 'false'}"))
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, "-m", "gpudoctor", "bench", "job", str(f), "--out", str(out), "--config", "ar-tp1"]
+    e = {**env(), "PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": "n7", "SLURM_JOB_ID": "41"}
+    assert subprocess.run(argv, capture_output=True, env=e, timeout=120, cwd=tmp_path).returncode == 4  # job 41
+    drained.unlink()
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=FakeSlurm(out))
+    sc.configs = {c.label: c for c in sc.camp.configs()}
+    lv = sc.levels("ar-tp1")[0]
+    ResultStore(out / "jobs" / "ar-tp1").append({**lv.spec.head(), "status": "ok", "completed": 1})  # job 41's
+    t0 = time.time()
+    p = subprocess.run(argv, capture_output=True, text=True, env={**e, "SLURM_JOB_ID": "42"}, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 4, p.stderr[-2000:]
+    r = json.loads((out / "jobs" / "ar-tp1" / "refused.json").read_text())
+    assert sorted(r) == ["at", "drain", "job_id", "node", "reason", "said"]
+    assert r["node"] == "n7" and r["job_id"] == "42" and r["reason"] and r["said"] and r["reason"] != r["said"]
+    assert t0 <= r["at"] <= time.time()
+    assert r["drain"]["action"] == "drained", r["drain"]
+    assert drained.read_text().strip() == f"gpudoctor: bench gate: {r['reason']}"[:200]
+    assert f"the gate refused node n7 for ar-tp1: {r['said'].strip()}" in p.stderr
+    assert len(ResultStore(out / "jobs" / "ar-tp1").load()) == 1  # job 41's record kept
