@@ -162,9 +162,11 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     from gpudoctor.conventions import settings
 
     unread = None if inventory or settings().quiet else unread_inventory()
-    if unread:  # every other command would read it: say once why the daemon does not
-        click.echo(f"gpudoctor daemon: not reading {unread}: the daemon heals only by the policy of an inventory "
-                   "named with -i (-i FILE to use it); watching this machine", err=True)
+
+    def say_unread() -> None:  # every other command would read it: say once why the daemon does not (once it runs:
+        if unread:             # bad input stays one line)
+            click.echo(f"gpudoctor daemon: not reading {unread}: the daemon heals only by the policy of an "
+                       "inventory named with -i (-i FILE to use it); watching this machine", err=True)
     serve = metrics_addr.lower() != "off" and not once
     if serve:
         parse_addr(metrics_addr)  # bad input fails before anything starts
@@ -184,6 +186,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
                recovery_store=RecoveryStore(Path(state_path).parent / FILE))
     d.load()
     if once:
+        say_unread()
         code = d.run_once()
         from gpudoctor.report import daemon_cycle, writer
 
@@ -194,6 +197,7 @@ def daemon(interval, metrics_addr, once, state_path, inventory, hosts, models, h
     if server is not None:
         server.start()
     d.prepare(server.address if server else None)
+    say_unread()
     if not settings().quiet:  # in the foreground it said nothing, not even where /metrics listens (#41)
         who = ", ".join(hosts) if hosts else "the inventory's hosts" if inventory else "this machine"
         where = f"/metrics on http://{server.address}/metrics" if server else "no /metrics"

@@ -85,7 +85,10 @@ def test_no_shipped_file_or_message_cites_an_issue_number():
 
 def test_the_installed_description_cites_no_issue_number():
     """README.md is the distribution's long description: `pip show -v`, PyPI and every installed copy carry it."""
-    meta = importlib.metadata.metadata("gpudoctor")
+    # the distribution beside the gpudoctor these tests import (not a stale gpudoctor.egg-info in the cwd, which an
+    # old editable install of the checkout leaves and importlib.metadata would find first)
+    site = str(Path(gpudoctor.__file__).resolve().parent.parent)
+    meta = next(importlib.metadata.distributions(name="gpudoctor", path=[site])).metadata
     desc = meta.get_payload() or meta.get("Description") or ""
     assert "gpudoctor" in desc and len(desc) > 2000  # the README itself, not an empty field
     cited = [ln.strip()[:80] for ln in desc.splitlines() if _cited(ln)]
