@@ -179,7 +179,8 @@ def test_a_refused_json_naming_another_node_than_slurm_drains_nothing(tmp_path):
 
     fake, counts, state, notes = run(tmp_path, outcome=lying)
     assert fake.drained == {} and state["configs"]["ar-tp1"]["refused"] == [] and state["excluded"] == []
-    assert any("refused.json names node n3, but Slurm ran job 1 on n1: no node drained" in n for n in notes), notes
+    assert ("note", "ar-tp1: refused.json names node n3, but Slurm ran job 1 on n1: no node drained") in fake.events, \
+        notes
     assert counts["crashed"] == 1 and counts["skipped"] == 1
 
 
@@ -471,7 +472,8 @@ def test_resume_collects_what_a_hand_submitted_job_recorded_and_submits_nothing(
             store.append({**lv.spec.head(), "status": "ok", "completed": 1})
 
     fake, counts, state, notes = run(tmp_path, before=by_hand)
-    assert fake.sbatches() == [] and counts["ok"] == 2 and "complete, not submitted" in notes, notes
+    assert fake.sbatches() == [] and counts["ok"] == 2 and ("config", "complete, not submitted") in fake.events, notes
+    assert state["configs"]["ar-tp1"]["status"] == "done"
 
 
 def test_resume_watches_a_recorded_job_still_in_the_queue(tmp_path):
