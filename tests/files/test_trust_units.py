@@ -18,21 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.files import trust
-from tests import needs
 
-NOBODY = 65534
-NO_SUCH_UID = 4242421  # no passwd entry
-
-
-@pytest.fixture
-def base(tmp_path):
-    needs.root()
-    old = os.umask(0o022)
-    d = tmp_path / "base"
-    d.mkdir()
-    d.chmod(0o755)
-    yield d
-    os.umask(old)
+from .conftest import NO_SUCH_UID, NOBODY  # and the fixture `base`
 
 
 def file_in(d: Path, name: str = "f", data: bytes = b"root's\n", mode: int = 0o644) -> Path:
