@@ -32,12 +32,36 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Ctrl-C or SIGTERM: the test runs (each in a session of its own, so the signal never reaches them) are killed by
+# process group and no further mutant starts, so the run ends within a second and removes its trees
+_STOP = threading.Event()
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.RLock()  # the signal handler runs in the main thread, which may hold it
+
+
+class Stopped(Exception):
+    """The run was interrupted: no further test run starts."""
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> None:
+    _STOP.set()
+    with _LIVE_LOCK:
+        for p in list(_LIVE):
+            _kill_group(p)
 LAYOUT = {"gpudoctor": "gpudoctor", "checks": "gpudoctor/checks", "remedies": "gpudoctor/remedies"}  # pyproject
 
 # module name -> (source file in the checkout, the tests that exercise it: fast ones, no lab that boots a system)
@@ -392,11 +416,24 @@ class Worker:
                                             "test_file": str(trace) + ".test"}))
         t = time.perf_counter()
         try:
-            p = subprocess.run(argv, cwd=self.cwd, env=self.env(), capture_output=True, text=True, timeout=timeout,
-                               start_new_session=True)
-            return p.returncode, time.perf_counter() - t, p.stdout[-3000:] + p.stderr[-2000:]
-        except subprocess.TimeoutExpired as exc:
-            return None, time.perf_counter() - t, str(exc)
+            with _LIVE_LOCK:
+                if _STOP.is_set():
+                    raise Stopped()
+                p = subprocess.Popen(argv, cwd=self.cwd, env=self.env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+                _LIVE.add(p)
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                _kill_group(p)  # the whole run: its children too
+                p.communicate()
+                return None, time.perf_counter() - t, str(exc)
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.discard(p)
+            if _STOP.is_set():
+                raise Stopped()  # killed by the interrupt: not a verdict on the mutant
+            return p.returncode, time.perf_counter() - t, out[-3000:] + err[-2000:]
         finally:
             if trace:
                 self.cfg.unlink(missing_ok=True)
@@ -527,7 +564,12 @@ def main(argv=None) -> int:
             print(f"{n:24} {rel:40} {count:4} mutants  tests: {' '.join(tests)}{'' if here else '  (not here yet)'}")
         return 0
     retries = {r["module"]: r for r in json.loads(Path(a.retry).read_text())} if a.retry else {}
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the worker trees (finally)
+    def on_signal(signum, _frame):
+        stop_all()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)  # a kill still removes the worker trees (finally)
+    signal.signal(signal.SIGINT, on_signal)
     base = Path(tempfile.mkdtemp(prefix="gpudoctor-mutation-"))
     reports = []
     t0 = time.perf_counter()
@@ -547,7 +589,10 @@ def main(argv=None) -> int:
             reports.append(rep)
             lines = (ROOT / rep.source).read_text().splitlines() if (ROOT / rep.source).exists() else []
             print("\n".join(summary(rep, lines)), flush=True)
+    except Stopped:
+        return 130
     finally:
+        stop_all()
         shutil.rmtree(base, ignore_errors=True)
     print(f"# {sum(len(r.mutants) for r in reports)} mutants in {time.perf_counter() - t0:.0f} s, "
           f"{a.jobs} at once, tests run by {a.python}")
