@@ -39,6 +39,7 @@ from gpudoctor.integrations import slurm as slurmnode
 from gpudoctor.integrations import slurmjobs
 from gpudoctor.target import local_host
 
+SQUEUE_OUTAGE_S = 60.0  # squeue failing this long while jobs run (slurmctld restarting takes seconds): stop watching
 JOB_REFUSED = EXIT_JOB_REFUSED  # `bench job`'s exit code when the gate refused the node (OUT/jobs/LABEL/refused.json says why)
 
 
@@ -147,6 +148,7 @@ class SlurmCampaign(Runner):
         self.spec: SlurmSpec = camp.slurm or SlurmSpec()
         self.sdir = self.dir / "slurm"
         self.state: dict = {}
+        self._squeue_down: float | None = None  # when squeue began failing (poll), None while it answers
 
     # state -----------------------------------------------------------------------------------------------------
     @property
@@ -302,7 +304,9 @@ class SlurmCampaign(Runner):
                 label = waiting.pop(0)
                 active[label] = self.submit(label)
             time.sleep(self.spec.poll_s)
-            queued = self.own_jobs(active)
+            queued = self.poll(active)
+            if queued is None:
+                continue
             for label, jid in list(active.items()):
                 if jid in queued:
                     continue
@@ -310,6 +314,26 @@ class SlurmCampaign(Runner):
                 if self.finish(label, jid) == "again":
                     waiting.append(label)
             self.save()
+
+    def poll(self, active: dict[str, str]) -> dict[str, dict] | None:
+        """own_jobs(active), riding out a squeue that fails for less than SQUEUE_OUTAGE_S (None: ask again); past it
+        the campaign stops, its jobs going on for --resume to watch."""
+        try:
+            queued = self.own_jobs(active)
+        except slurmjobs.SlurmCommandError as exc:
+            now = time.monotonic()
+            if self._squeue_down is None:
+                self._squeue_down = now
+                self.emit("note", text=f"squeue failed ({exc}): asking again for up to {SQUEUE_OUTAGE_S:g} s")
+            if now - self._squeue_down < SQUEUE_OUTAGE_S:
+                return None
+            raise CampaignStopped(f"squeue has failed for {now - self._squeue_down:.0f} s ({exc}): the jobs "
+                                  f"submitted ({', '.join(sorted(active))}) go on, and {self.resume_hint} --slurm "
+                                  "watches them") from None
+        if self._squeue_down is not None:
+            self.emit("note", text=f"squeue answers again after {time.monotonic() - self._squeue_down:.1f} s")
+            self._squeue_down = None
+        return queued
 
     def submit(self, label: str) -> str:
         st = self.cs(label)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpudoctor.errors import GpudoctorError
 from gpudoctor.integrations.slurm import show_job
 
 # how a job can end when Slurm, not the job, ended it (scontrol's JobState words)
@@ -21,8 +22,9 @@ ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDE
                     "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 
 
-class SlurmCommandError(Exception):
-    pass
+class SlurmCommandError(GpudoctorError):
+    """A Slurm command failed or answered what it never does: where no caller handles it, one line, exit 3 (the
+    campaign's state could not be learned; nothing was judged)."""
 
 
 @dataclass

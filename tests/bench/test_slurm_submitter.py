@@ -888,3 +888,67 @@ esac
     assert drained.read_text().strip() == f"gpudoctor: bench gate: {r['reason']}"[:200]
     assert f"the gate refused node n7 for ar-tp1: {r['said'].strip()}" in p.stderr
     assert len(ResultStore(out / "jobs" / "ar-tp1").load()) == 1  # job 41's record kept
+
+
+# ---- a squeue that fails while jobs run (slurmctld restarting, a lost controller) ---------------------------------
+def _squeue_failing(fake, times):
+    """squeue fails `times` times (all: None) once a job is queued; the other commands answer as before."""
+    real, left = fake.run, [times]
+
+    def run(argv, timeout=None, **kw):
+        if argv[0] == "squeue" and fake.jobs and (left[0] is None or left[0] > 0):
+            if left[0] is not None:
+                left[0] -= 1
+            return fake.res(argv, rc=1)
+        return real(argv, timeout, **kw)
+
+    fake.run = run
+
+
+def test_a_squeue_that_fails_a_while_is_asked_again_and_the_campaign_completes(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out)
+    _squeue_failing(fake, 3)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    notes = []
+    sc.emit = lambda kind, **kw: notes.append(kw.get("text") or kw.get("what") or "")
+    counts = sc.run(resume=False)
+    assert counts["ok"] == 2 and len(fake.sbatches()) == 1, (counts, notes)  # never submitted twice
+    failed = [n for n in notes if n.startswith("squeue failed ($ squeue")]
+    assert len(failed) == 1 and failed[0].endswith("asking again for up to 60 s"), notes
+    assert any(re.fullmatch(r"squeue answers again after \d+\.\d s", n) for n in notes), notes
+
+
+def test_a_squeue_that_keeps_failing_stops_the_campaign_in_one_line_its_jobs_going_on(tmp_path, monkeypatch):
+    from gpudoctor.campaign import slurm
+    from gpudoctor.campaign.runner import CampaignStopped
+
+    monkeypatch.setattr(slurm, "SQUEUE_OUTAGE_S", 0.3)
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE + "slurm:\n  poll_s: 0.1\n")
+    out = tmp_path / "out"
+    fake = FakeSlurm(out, stay=100)
+    _squeue_failing(fake, None)
+    sc = SlurmCampaign(campaign.load(str(f)), str(out), host=fake)
+    fake.camp = sc
+    with pytest.raises(CampaignStopped) as exc:
+        sc.run(resume=False)
+    line = exc.value.one_line()
+    assert re.match(r"squeue has failed for \d+ s \(\$ squeue ", line) and "the jobs submitted (ar-tp1) go on, and " \
+        in line and line.endswith("--resume --slurm watches them"), line
+    assert not [c for c in fake.calls if c[0] == "scancel"]  # its jobs go on: --resume watches them
+    st = json.loads((out / "slurm" / "state.json").read_text())["configs"]["ar-tp1"]
+    assert st["status"] == "submitted" and st["job"] == "1"
+
+
+def test_a_slurm_command_error_is_one_of_gpudoctors_errors():
+    """Where no caller handles it (a squeue failing before anything was submitted), the CLI prints it in one line,
+    exit 3, as every other error it raises on purpose: never an "internal error"."""
+    from gpudoctor.errors import GpudoctorError
+    from gpudoctor.exitcodes import EXIT_UNKNOWN
+    from gpudoctor.integrations.slurmjobs import SlurmCommandError
+
+    assert issubclass(SlurmCommandError, GpudoctorError) and SlurmCommandError("x").exit_code == EXIT_UNKNOWN
